@@ -1,0 +1,5 @@
+import sys
+
+from trainop.cli import main
+
+sys.exit(main())

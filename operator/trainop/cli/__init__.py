@@ -1,0 +1,33 @@
+"""The `trainop` command. Each verb lives in its own module that exposes
+`register(subparsers)`; the parser it adds sets `func=callable(args) -> int`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that add verbs, in the order `trainop --help` lists them.
+VERB_MODULES = [
+    "trainop.cli.devcluster",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="trainop", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for name in VERB_MODULES:
+        importlib.import_module(name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
