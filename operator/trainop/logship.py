@@ -1,0 +1,335 @@
+"""`python -m trainop.logship`: the log sidecar. Ships a pod's log (and the trainer's metrics file)
+to Append Blobs while the job runs, flushes everything on SIGTERM, uploads the job's output
+directory at the end, and reports the trainer's latest metrics into the job's status.
+
+The training container tees its stdout/stderr into a file on an emptyDir shared with this
+sidecar. The sidecar runs as a native sidecar (an init container with restartPolicy Always), so
+the kubelet stops it only after the training container has exited: when SIGTERM arrives the log
+file is complete, and a final drain ships every byte.
+
+Resume without duplicates or losses: the offset is not kept in a local file. The Append Blob's
+own committed length is the truth: on (re)start the shipper reads the blob's length and continues
+reading the local file from there, and every Append Block carries an append-position condition
+(the offset it expects the blob to have), so a retry of a block that did land (reply lost, crash
+right after the append) is refused by the service instead of appended twice; the shipper then
+re-reads the length and moves on. An offset written beside the append could never be made
+atomic with it; the blob's length is.
+
+A pod recreated under the same name (a worker) gets a fresh emptyDir whose file starts at byte 0,
+while the blob already holds the previous pod's bytes. The blob's metadata records which pod UID
+owns it and at which blob offset that pod's file begins (`base`); a new pod takes the blob over
+(one conditional metadata write) and appends after the old content.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from trainop import blob
+
+log = logging.getLogger("trainop.logship")
+
+# Largest Append Block every service version accepts; also the most the shipper holds in memory.
+CHUNK = 4 * 1024 * 1024
+# The keys of the trainer's metrics contract (docs/DEVELOPING.md); nothing else reaches the status.
+METRIC_KEYS = ("epoch", "step", "loss", "imagesPerSec", "imagesPerSecPerGPU", "stepTime", "worldSize", "final")
+# How much of the metrics file's tail is read to find its last complete line.
+METRICS_TAIL = 64 * 1024
+POD_UID_META = "trainoppoduid"
+BASE_META = "trainopbase"
+
+
+class AppendShipper:
+    """Appends what is new in `path` to the Append Blob behind `client` (a BlobClient)."""
+
+    def __init__(self, client, path: Path, pod_uid: str):
+        self.client = client
+        self.path = Path(path)
+        self.pod_uid = pod_uid
+        self.base: int | None = None  # blob offset of this file's byte 0; None until resumed
+        self.shipped = 0  # bytes of the file the blob holds
+
+    def resume(self) -> None:
+        """Learn from the blob how much of the file it already holds (create it if missing)."""
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+
+        while True:
+            try:
+                props = self.client.get_blob_properties()
+            except ResourceNotFoundError:
+                try:
+                    self.client.create_append_blob(
+                        metadata={POD_UID_META: self.pod_uid, BASE_META: "0"}, if_none_match="*")
+                except ResourceExistsError:
+                    pass  # another incarnation created it first: read what it wrote
+                continue
+            if props.blob_type != "AppendBlob":
+                raise blob.BlobConfigError(
+                    f"blob {self.client.blob_name}: is a {props.blob_type}, not an append blob; delete it or use another output prefix")
+            meta = props.metadata or {}
+            if meta.get(POD_UID_META) != self.pod_uid:
+                # A new pod under the same name: append after the previous pod's bytes.
+                try:
+                    self.client.set_blob_metadata(
+                        {POD_UID_META: self.pod_uid, BASE_META: str(props.size)},
+                        etag=props.etag, match_condition=MatchConditions.IfNotModified)
+                except ResourceModifiedError:
+                    continue
+                self.base, self.shipped = props.size, 0
+            else:
+                self.base = int(meta.get(BASE_META, "0"))
+                self.shipped = props.size - self.base
+            log.info("resuming %s at byte %d", self.client.blob_name, self.shipped)
+            return
+
+    def ship(self) -> int:
+        """Append everything the file holds beyond what the blob has; returns bytes appended.
+        Streams in CHUNK-sized blocks: memory stays bounded whatever the file's size."""
+        from azure.core.exceptions import HttpResponseError
+
+        if self.base is None:
+            self.resume()
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            return 0  # the training container has not written anything yet
+        appended = 0
+        with f:
+            while True:
+                f.seek(self.shipped)
+                data = f.read(CHUNK)
+                if not data:
+                    return appended
+                try:
+                    self.client.append_block(data, appendpos_condition=self.base + self.shipped)
+                except HttpResponseError as exc:
+                    if exc.error_code != "AppendPositionConditionNotMet":
+                        raise
+                    # An earlier try of this block landed (or another writer appended): the
+                    # blob's length is the truth, re-read it and continue from there.
+                    self.resume()
+                    continue
+                self.shipped += len(data)
+                appended += len(data)
+
+
+def last_metrics(path: Path) -> dict[str, Any] | None:
+    """The last complete JSON line of the trainer's metrics file, reduced to the contract's keys
+    (reads only the file's tail)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - METRICS_TAIL))
+            tail = f.read()
+    except FileNotFoundError:
+        return None
+    for line in reversed(tail.split(b"\n")[:-1]):  # the part after the last newline is incomplete
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            metrics = {k: obj[k] for k in METRIC_KEYS if isinstance(obj.get(k), (int, float, bool))}
+            if metrics:
+                return metrics
+    return None
+
+
+class StatusReporter:
+    """Puts the trainer's latest metrics into `status.metrics` of this pod's own job, at most once
+    per `interval` seconds and only when they changed.
+
+    Least privilege: the operator gives each job a Role that allows only `get`/`patch` on the
+    status subresource of that one job (resourceNames), bound to the pod's ServiceAccount (see
+    render/logship.py). The pod can neither read nor change the spec, nor any other job, and the
+    operator needs no access to the job's storage account to learn its progress."""
+
+    def __init__(self, path: Path, job: str, namespace: str, interval: float, patch: Callable[[dict], Any]):
+        self.path, self.job, self.namespace, self.interval = Path(path), job, namespace, interval
+        self.patch = patch
+        self.sent: dict[str, Any] | None = None
+        self.last_try = float("-inf")
+
+    def tick(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last_try < self.interval:
+            return
+        self.last_try = now
+        metrics = last_metrics(self.path)
+        if metrics is None or metrics == self.sent:
+            return
+        self.patch({"status": {"metrics": metrics}})
+        self.sent = metrics
+
+
+def kube_status_patcher(job: str, namespace: str) -> Callable[[dict], Any]:
+    """A function that merge-patches the status subresource of DistributedTrainingJob `job`."""
+    import kubernetes
+    from trainop import GROUP, VERSION
+
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()  # outside a pod (local runs, tests): $KUBECONFIG
+    api = kubernetes.client.CustomObjectsApi()
+
+    def patch(body: dict) -> Any:
+        return api.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, "distributedtrainingjobs", job, body,
+            _content_type="application/merge-patch+json")
+    return patch
+
+
+def upload_dir(container, src: Path, dest: str) -> int:
+    """Upload every file under `src` to block blobs under `dest/`; files whose blob already has
+    the same size are skipped, so a restarted sidecar does not upload them again. Returns the
+    number of files uploaded."""
+    from azure.core.exceptions import ResourceNotFoundError
+
+    uploaded = 0
+    for path in sorted(p for p in Path(src).rglob("*") if p.is_file()):
+        client = container.get_blob_client(f"{dest}/{path.relative_to(src).as_posix()}")
+        size = path.stat().st_size
+        try:
+            if client.get_blob_properties().size == size:
+                continue
+        except ResourceNotFoundError:
+            pass
+        with open(path, "rb") as f:
+            client.upload_blob(f, length=size, overwrite=True, max_concurrency=1)
+        uploaded += 1
+    return uploaded
+
+
+class Stop:
+    """Set by SIGTERM/SIGINT. A plain flag polled in short slices: a threading.Event set from a
+    signal handler can deadlock if the signal lands while the main thread holds its lock."""
+
+    requested = False
+
+    def wait(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.requested and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+@dataclass
+class Shipper:
+    """One sidecar's work: files to append, an optional output dir, an optional status reporter."""
+    appenders: list[AppendShipper]
+    interval: float
+    output: tuple[Any, Path, str] | None = None  # (container client, local dir, blob prefix)
+    reporter: StatusReporter | None = None
+
+    def run(self, stop: "Stop", drain_timeout: float) -> int:
+        while not stop.requested:
+            self._step(final=False)
+            stop.wait(self.interval)
+        return self.drain(drain_timeout)
+
+    def _step(self, final: bool) -> bool:
+        ok = True
+        for appender in self.appenders:
+            ok &= _attempt(f"shipping {appender.path}", appender.ship)
+        if self.reporter:
+            ok &= _attempt("reporting metrics", lambda: self.reporter.tick(force=final))
+        return ok
+
+    def drain(self, timeout: float) -> int:
+        """Ship everything left, then the output dir; retry failures until `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ok = self._step(final=True)
+            if ok and self.output:
+                ok = _attempt("uploading output", lambda: log.info(
+                    "uploaded %d output file(s) to %s/", upload_dir(*self.output), self.output[2]))
+            if ok:
+                log.info("drained: %s", ", ".join(f"{a.path} {a.shipped} bytes" for a in self.appenders))
+                return 0
+            if time.monotonic() >= deadline:
+                log.error("giving up: not everything reached Blob Storage within %ss", timeout)
+                return 1
+            time.sleep(1)
+
+
+_secret: str | None = None  # the credential, to be redacted from any message
+
+
+def _attempt(what: str, fn: Callable[[], Any]) -> bool:
+    """Run `fn`; a failure is logged in one line without secrets and retried on the next pass."""
+    try:
+        fn()
+        return True
+    except Exception as exc:  # the sidecar must outlive transient storage/API faults
+        log.warning("%s failed: %s", what, blob.explain(exc, _secret))
+        return False
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m trainop.logship", description=__doc__.splitlines()[0])
+    p.add_argument("--account-url", help="Blob endpoint, e.g. https://acct.blob.core.windows.net (not used with a connection string)")
+    p.add_argument("--container", required=True)
+    p.add_argument("--dest", required=True, help="blob folder of this run: <prefix>/<job>/<attempt>")
+    p.add_argument("--file", action="append", default=[], metavar="PATH=BLOB",
+                   help="append PATH to the Append Blob <dest>/BLOB (repeatable)")
+    p.add_argument("--output-dir", type=Path, help="uploaded to <dest>/output/ when the sidecar stops")
+    p.add_argument("--metrics-file", type=Path, help="the trainer's JSON-lines metrics, reported to the job's status")
+    p.add_argument("--job", help="the DistributedTrainingJob whose status.metrics is updated (needs --metrics-file)")
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"))
+    p.add_argument("--pod-uid", default=os.environ.get("POD_UID", ""),
+                   help="this pod's UID (downward API); tells a recreated pod from a restarted sidecar")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between shipping passes")
+    p.add_argument("--metrics-interval", type=float, default=15.0, help="least seconds between status patches")
+    p.add_argument("--drain-timeout", type=float, default=25.0,
+                   help="seconds to keep retrying the final flush after SIGTERM (keep below the pod's grace period)")
+    args = p.parse_args(argv)
+    for spec in args.file:
+        if "=" not in spec or not spec.split("=", 1)[1]:
+            p.error(f"--file {spec!r}: expected PATH=BLOB, e.g. /var/log/trainop/train.log=launcher.log")
+    if args.job and not (args.metrics_file and args.namespace):
+        p.error("--job: needs --metrics-file and --namespace (or $POD_NAMESPACE)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    global _secret
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s logship: %(message)s")
+    logging.getLogger("azure").setLevel(logging.WARNING)  # the SDK's request logs are not ours to print
+    args = parse_args(argv)
+    stop = Stop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: setattr(stop, "requested", True))
+    try:
+        method, _secret = blob.auth_from_env()
+        url = args.account_url if method == "ConnectionString" else blob.check_account_url(args.account_url, "--account-url")
+        service = blob.service_client(url, method, _secret, max_single_put_size=CHUNK, max_block_size=CHUNK)
+    except blob.BlobConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    container = service.get_container_client(args.container)
+    dest = args.dest.strip("/")
+    appenders = []
+    for spec in args.file:
+        path, name = spec.split("=", 1)
+        appenders.append(AppendShipper(container.get_blob_client(f"{dest}/{name}"), Path(path), args.pod_uid))
+    reporter = None
+    if args.job:
+        reporter = StatusReporter(args.metrics_file, args.job, args.namespace, args.metrics_interval,
+                                  kube_status_patcher(args.job, args.namespace))
+    output = (container, args.output_dir, f"{dest}/output") if args.output_dir else None
+    log.info("shipping %d file(s) to %s/%s every %ss", len(appenders), args.container, dest, args.interval)
+    return Shipper(appenders, args.interval, output, reporter).run(stop, args.drain_timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
