@@ -1,0 +1,19 @@
+# The two commands of the README's quickstart are `make demo` and `make test`.
+.PHONY: demo test unit devcluster lint
+
+PYTEST ?= .venv/bin/pytest
+
+demo:  ## set up, then run the main job locally (ResNet-50, 2 workers, synthetic data)
+	scripts/bootstrap.sh demo
+	.venv/bin/trainop run examples/pytorch-horovod-synthetic.yaml --local
+
+test:  ## set up, then run the whole test suite (what CI runs)
+	scripts/bootstrap.sh test
+	$(PYTEST) -ra --durations=20; rc=$$?; \
+	  if [ $$rc = 5 ]; then echo "make test: no tests ran; that is a failure" >&2; exit 1; fi; exit $$rc
+
+unit:  ## only the tests that need no cluster, Azurite or training
+	$(PYTEST) tests/unit -q
+
+devcluster:  ## start the local control plane with simulated AKS GPU pools
+	.venv/bin/trainop devcluster up

@@ -1,0 +1,68 @@
+"""`trainop devcluster up|down|status|build`: a local API server with simulated AKS GPU pools."""
+
+from __future__ import annotations
+
+import sys
+
+from trainop import paths
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "devcluster", help="run a local Kubernetes control plane with simulated GPU/InfiniBand node pools",
+        description=__doc__,
+    )
+    verbs = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    up = verbs.add_parser("up", help="start it (builds the binaries on first use) and write a kubeconfig")
+    up.add_argument("--pools", default="", metavar="system=N,gpu=N,ibgpu=N",
+                    help="node counts per pool (default system=2,gpu=4,ibgpu=4)")
+    up.add_argument("--no-crds", action="store_true", help="do not install trainop's CRDs")
+    verbs.add_parser("down", help="stop it and throw its state away")
+    verbs.add_parser("status", help="show which components run and where the kubeconfig is")
+    verbs.add_parser("build", help="only build (or find cached) control-plane binaries")
+    parser.set_defaults(func=run)
+
+
+def _cluster(pools_text: str = ""):
+    from trainop.devcluster.cluster import DevCluster
+    from trainop.devcluster.pools import parse_pools
+
+    return DevCluster(paths.state_dir() / "devcluster", pools=parse_pools(pools_text))
+
+
+def run(args) -> int:
+    from trainop.devcluster import build
+    from trainop.devcluster.cluster import ClusterError, install_crds
+
+    if args.action == "build":
+        print(build.ensure_binaries())
+        return 0
+    try:
+        cluster = _cluster(getattr(args, "pools", ""))
+    except ValueError as err:
+        print(f"trainop devcluster: {err}", file=sys.stderr)
+        return 2
+    if args.action == "down":
+        cluster.down()
+        print("devcluster stopped")
+        return 0
+    if args.action == "status":
+        states = cluster.status()
+        for name, alive in states.items():
+            print(f"{name:26s} {'running' if alive else 'stopped'}")
+        up = all(states.values()) and cluster.is_up()
+        print(f"\nAPI server {'ready' if up else 'not ready'}; kubeconfig: {cluster.kubeconfig}")
+        return 0 if up else 1
+    try:
+        seconds = cluster.up()
+        if not args.no_crds:
+            install_crds(cluster.kubeconfig)
+    except (ClusterError, RuntimeError) as err:
+        print(f"trainop devcluster up: {err}", file=sys.stderr)
+        return 1
+    nodes = sum(p.count for p in cluster.pools)
+    print(f"devcluster up in {seconds:.1f}s: {nodes} KWOK nodes in pools "
+          f"{', '.join(f'{p.name}={p.count}' for p in cluster.pools)}")
+    print(f"\n  export KUBECONFIG={cluster.kubeconfig}\n  kubectl get nodes -L kubernetes.azure.com/agentpool\n"
+          f"  trainop operator --all-namespaces   # in another shell\n\nStop it with: trainop devcluster down")
+    return 0

@@ -1,0 +1,297 @@
+"""Runs the local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler
+and KWOK as plain processes (no containers), with AKS-shaped simulated node pools.
+
+The same class backs `trainop devcluster up|down|status` (processes detached, state in
+~/.trainop/devcluster) and the test suite's session fixture (state in a temp folder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from trainop.devcluster import build, pki
+from trainop.devcluster.pools import NodePool, default_pools
+
+SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
+POD_CIDR = "10.244.0.1/16"
+COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
+SIM_STAGES = Path(__file__).resolve().parent / "sim-stages.yaml"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); treat it as dead.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+@dataclass
+class DevCluster:
+    state_dir: Path
+    pools: list[NodePool] = field(default_factory=default_pools)
+
+    # ---- files ---------------------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.state_dir / "pki"
+
+    @property
+    def _state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def log_file(self, component: str) -> Path:
+        return self.state_dir / "logs" / f"{component}.log"
+
+    def _state(self) -> dict:
+        try:
+            return json.loads(self._state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def status(self) -> dict[str, bool]:
+        pids = self._state().get("pids", {})
+        return {name: bool(pids.get(name)) and _alive(pids[name]) for name in COMPONENTS}
+
+    def is_up(self) -> bool:
+        return all(self.status().values()) and self._ready("/readyz")
+
+    def up(self, timeout: float = 120.0) -> float:
+        """Start everything (building binaries first if needed); return seconds taken to start."""
+        if self.is_up():
+            return 0.0
+        self.down()
+        bins = build.ensure_binaries()
+        started = time.monotonic()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "logs").mkdir(exist_ok=True)
+        pki.write_pki(self.pki_dir, SERVICE_IP)
+        ports = {name: _free_port() for name in ("etcd", "etcd-peer", "apiserver", "cm", "sched", "kwok")}
+        self._write_kubeconfig(ports["apiserver"])
+        state = {"ports": ports, "pids": {}, "bin_dir": str(bins)}
+        for name in COMPONENTS:
+            proc = subprocess.Popen(
+                [str(bins / name), *self._args(name, ports, bins)],
+                stdout=self.log_file(name).open("ab"), stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.state_dir,
+            )
+            state["pids"][name] = proc.pid
+            self._state_file.write_text(json.dumps(state, indent=1))
+            if name == "etcd":
+                self._wait(lambda: self._port_open(ports["etcd"]), timeout, "etcd")
+            if name == "kube-apiserver":
+                self._wait(lambda: self._ready("/readyz"), timeout, "kube-apiserver /readyz")
+        self._create_nodes()
+        self._wait(self._nodes_ready, timeout, "KWOK nodes Ready")
+        self._wait(self._default_service_account, timeout, "the default ServiceAccount")
+        return time.monotonic() - started
+
+    def down(self) -> None:
+        pids = self._state().get("pids", {})
+        for name in reversed(COMPONENTS):
+            pid = pids.get(name)
+            if pid and _alive(pid):
+                try:
+                    os.killpg(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        deadline = time.monotonic() + 15
+        for name in reversed(COMPONENTS):
+            pid = pids.get(name)
+            while pid and _alive(pid) and time.monotonic() < deadline:
+                try:
+                    os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+                time.sleep(0.1)
+            if pid and _alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+        if self._state_file.exists():
+            self._state_file.unlink()
+        # etcd data is thrown away: every `up` is a clean cluster, like a fresh kind cluster.
+        shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
+
+    # ---- process arguments ---------------------------------------------------------------
+    def _args(self, name: str, ports: dict, bins: Path) -> list[str]:
+        p = self.pki_dir
+        kubeconfig = str(self.kubeconfig)
+        if name == "etcd":
+            return [
+                "--name=trainop-dev", f"--data-dir={self.state_dir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{ports['etcd']}",
+                f"--advertise-client-urls=http://127.0.0.1:{ports['etcd']}",
+                f"--listen-peer-urls=http://127.0.0.1:{ports['etcd-peer']}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{ports['etcd-peer']}",
+                f"--initial-cluster=trainop-dev=http://127.0.0.1:{ports['etcd-peer']}",
+                # A throwaway dev cluster: skip fsync, which dominates etcd's latency on small disks.
+                "--unsafe-no-fsync", "--quota-backend-bytes=2147483648", "--log-level=warn",
+            ]
+        if name == "kube-apiserver":
+            return [
+                f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                f"--secure-port={ports['apiserver']}",
+                f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
+                f"--client-ca-file={p / 'ca.crt'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={p / 'sa.pub'}",
+                f"--service-account-signing-key-file={p / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC", "--allow-privileged=true",
+                "--enable-priority-and-fairness=false", "--v=1",
+            ]
+        if name == "kube-controller-manager":
+            return [
+                f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}", "--leader-elect=false",
+                "--bind-address=127.0.0.1", f"--secure-port={ports['cm']}",
+                f"--service-account-private-key-file={p / 'sa.key'}", f"--root-ca-file={p / 'ca.crt'}",
+                f"--cluster-signing-cert-file={p / 'ca.crt'}", f"--cluster-signing-key-file={p / 'ca.key'}",
+                "--use-service-account-credentials=false", "--controllers=*",
+                # React quickly: tests wait on garbage collection, quota recount and job status.
+                "--concurrent-gc-syncs=10", "--resource-quota-sync-period=10s", "--v=1",
+            ]
+        if name == "kube-scheduler":
+            return [
+                f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+                f"--authorization-kubeconfig={kubeconfig}", "--leader-elect=false",
+                "--bind-address=127.0.0.1", f"--secure-port={ports['sched']}", "--v=1",
+            ]
+        if name == "kwok":
+            stages = sorted((bins / "stages").glob("*.yaml")) + [SIM_STAGES]
+            return [
+                f"--kubeconfig={kubeconfig}", "--manage-all-nodes=false",
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+                f"--cidr={POD_CIDR}", "--node-ip=10.240.0.4", f"--node-port={ports['kwok']}",
+                f"--server-address=127.0.0.1:{ports['kwok']}", "--node-lease-duration-seconds=40",
+                *[f"--config={s}" for s in stages],
+            ]
+        raise ValueError(name)
+
+    def _write_kubeconfig(self, port: int) -> None:
+        p = self.pki_dir
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "trainop-dev",
+            "clusters": [{"name": "trainop-dev", "cluster": {
+                "server": f"https://127.0.0.1:{port}", "certificate-authority": str(p / "ca.crt")}}],
+            "users": [{"name": "trainop-admin", "user": {
+                "client-certificate": str(p / "admin.crt"), "client-key": str(p / "admin.key")}}],
+            "contexts": [{"name": "trainop-dev", "context": {
+                "cluster": "trainop-dev", "user": "trainop-admin", "namespace": "default"}}],
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.kubeconfig.chmod(0o600)
+
+    # ---- readiness -----------------------------------------------------------------------
+    def _port_open(self, port: int) -> bool:
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        port = self._state().get("ports", {}).get("apiserver")
+        if not port:
+            return 0, b""
+        ctx = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki_dir / "admin.crt"), str(self.pki_dir / "admin.key"))
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", context=ctx, timeout=5) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+        except OSError:
+            return 0, b""
+
+    def _ready(self, path: str) -> bool:
+        return self._get(path)[0] == 200
+
+    def _wait(self, predicate, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            dead = [n for n, ok in self.status().items() if not ok and n in self._state().get("pids", {})]
+            if dead:
+                tail = self.log_file(dead[0]).read_text(errors="replace")[-3000:]
+                raise ClusterError(f"{dead[0]} exited while waiting for {what}; its log ends:\n{tail}")
+            time.sleep(0.2)
+        raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what} (logs in {self.state_dir / 'logs'})")
+
+    def _kubectl_apply(self, docs: list[dict]) -> None:
+        from trainop.devcluster import kubectl
+
+        kubectl.run(self.kubeconfig, "apply", "--server-side", "-f", "-",
+                    input=yaml.safe_dump_all(docs), check=True)
+
+    def _create_nodes(self) -> None:
+        from trainop.devcluster import kubectl
+
+        nodes = [node for pool in self.pools for node in pool.nodes()]
+        # Node status is part of the object on create (as a kubelet registers it), so capacity and
+        # allocatable arrive in one call; `kubectl create` keeps it, `apply` would drop it.
+        existing = set(kubectl.run(self.kubeconfig, "get", "nodes", "-o", "name", check=True).stdout.split())
+        todo = [n for n in nodes if f"node/{n['metadata']['name']}" not in existing]
+        if todo:
+            kubectl.run(self.kubeconfig, "create", "-f", "-", input=yaml.safe_dump_all(todo), check=True)
+
+    def _nodes_ready(self) -> bool:
+        code, body = self._get("/api/v1/nodes")
+        if code != 200:
+            return False
+        items = json.loads(body)["items"]
+        ready = [n for n in items if any(c["type"] == "Ready" and c["status"] == "True"
+                                         for c in n.get("status", {}).get("conditions", []))]
+        return len(ready) >= sum(p.count for p in self.pools)
+
+    def _default_service_account(self) -> bool:
+        return self._get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
+
+
+def install_crds(kubeconfig: Path, crds_dir: Path | None = None) -> list[str]:
+    """Apply every CRD in crds/ (the single source the chart also uses) and wait until served."""
+    from trainop.devcluster import kubectl
+    from trainop.paths import CRDS_DIR
+
+    files = sorted((crds_dir or CRDS_DIR).glob("*.yaml"))
+    if not files:
+        return []
+    args = [arg for f in files for arg in ("-f", str(f))]
+    kubectl.run(kubeconfig, "apply", "--server-side", "--force-conflicts", *args, check=True)
+    names = [yaml.safe_load(f.read_text())["metadata"]["name"] for f in files]
+    kubectl.run(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
+                *[f"crd/{n}" for n in names], check=True)
+    return names
