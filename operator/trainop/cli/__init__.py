@@ -10,6 +10,7 @@ import sys
 # Modules that add verbs, in the order `trainop --help` lists them.
 VERB_MODULES = [
     "trainop.cli.devcluster",
+    "trainop.cli.operator",
 ]
 
 

@@ -1,0 +1,52 @@
+"""`trainop operator`: run the operator (kopf with the entry module trainop.main)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("operator", help="run the operator against the current cluster",
+                              description=__doc__)
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", dest="namespaces", default=[],
+                       metavar="NS", help="watch this namespace (repeatable; globs allowed)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="watch every namespace (the default when no -n is given)")
+    p.add_argument("--config", metavar="FILE",
+                   help="operator configuration YAML (default: $TRAINOP_CONFIG)")
+    p.add_argument("--peering", metavar="NAME",
+                   help="kopf peering object: replicas with the same name never act together")
+    p.add_argument("--standalone", action="store_true",
+                   help="no peering at all (a single replica, e.g. tests and local runs)")
+    p.add_argument("--liveness", metavar="URL",
+                   help="serve kopf's health probe, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf  # heavy import only for this verb
+
+    if args.config:
+        os.environ["TRAINOP_CONFIG"] = args.config
+    # Fail before connecting if the configuration is wrong: one line, naming the key.
+    from trainop import config
+    try:
+        config.load()
+    except config.ConfigError as exc:
+        raise SystemExit(f"trainop operator: {exc}") from None
+
+    import trainop.main  # noqa: F401  (registers every handler)
+    kopf.configure(verbose=args.verbose)
+    kopf.run(
+        standalone=args.standalone,
+        peering_name=None if args.standalone else args.peering,
+        priority=args.priority,
+        namespaces=args.namespaces or None,
+        clusterwide=not args.namespaces,
+        liveness_endpoint=args.liveness,
+    )
+    return 0

@@ -1,0 +1,146 @@
+"""Operator configuration: node pools, default images, limits. YAML at $TRAINOP_CONFIG (the Helm
+chart renders it from values); without it, defaults that match `trainop devcluster` (AKS-shaped
+pools `system`, `gpu`, `ibgpu`).
+
+    from trainop import config
+    cfg = config.load()              # $TRAINOP_CONFIG or defaults; ConfigError names the key
+    pool = cfg.node_pools["gpu"]     # NodePool(name, node_selector, tolerations, ...)
+    cfg.section("logship")           # raw dict of a section other modules own (or {})
+
+Format (every key optional; camelCase like Helm values):
+
+    resyncSeconds: 2                 # how often a job is re-checked while nothing changes
+    gpuResource: nvidia.com/gpu      # default GPU resource name of every pool
+    rdmaResource: rdma/ib            # default RDMA device resource of every pool
+    nodePools:
+      gpu:
+        nodeSelector: {kubernetes.azure.com/agentpool: gpu}
+        tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+        infiniband: false            # true: the pool's nodes have the RDMA resource
+        gpuResource: nvidia.com/gpu  # per-pool override
+        rdmaResource: rdma/ib        # per-pool override
+    defaultNodePools: {cpu: system, gpu: gpu, infiniband: ibgpu}
+    images: {pytorch: IMAGE, tensorflow: IMAGE, keras: IMAGE}
+    launcherResources: {requests: {cpu: 500m, memory: 512Mi}}
+    limits: {maxGpusPerJob: 64}      # null: no limit
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+POOL_LABEL = "kubernetes.azure.com/agentpool"
+
+DEFAULTS: dict = {
+    "resyncSeconds": 2,
+    "gpuResource": "nvidia.com/gpu",
+    "rdmaResource": "rdma/ib",
+    "nodePools": {
+        "system": {"nodeSelector": {POOL_LABEL: "system"}},
+        "gpu": {"nodeSelector": {POOL_LABEL: "gpu"}, "tolerations": [GPU_TOLERATION]},
+        "ibgpu": {"nodeSelector": {POOL_LABEL: "ibgpu"}, "tolerations": [GPU_TOLERATION],
+                  "infiniband": True},
+    },
+    "defaultNodePools": {"cpu": "system", "gpu": "gpu", "infiniband": "ibgpu"},
+    "images": {
+        "pytorch": "trainop/trainer-pytorch:0.1.0",
+        "tensorflow": "trainop/trainer-tensorflow:0.1.0",
+        "keras": "trainop/trainer-keras:0.1.0",
+    },
+    "launcherResources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
+    "limits": {"maxGpusPerJob": None},
+}
+
+
+class ConfigError(ValueError):
+    """The configuration file is wrong; the message names the key."""
+
+
+@dataclass(frozen=True)
+class NodePool:
+    name: str
+    node_selector: dict[str, str]
+    tolerations: list[dict] = field(default_factory=list)
+    infiniband: bool = False
+    gpu_resource: str = "nvidia.com/gpu"
+    rdma_resource: str = "rdma/ib"
+
+
+@dataclass(frozen=True)
+class Config:
+    resync_seconds: float
+    node_pools: dict[str, NodePool]
+    default_node_pools: dict[str, str]
+    images: dict[str, str]
+    launcher_resources: dict
+    max_gpus_per_job: int | None
+    raw: dict
+
+    def section(self, name: str) -> dict:
+        return copy.deepcopy(self.raw.get(name) or {})
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "nodePools":
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _pool(name: str, raw: dict, top: dict) -> NodePool:
+    where = f"nodePools.{name}"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping with nodeSelector")
+    selector = raw.get("nodeSelector")
+    if not isinstance(selector, dict) or not selector:
+        raise ConfigError(f"{where}.nodeSelector: required, a non-empty map of node labels")
+    tolerations = raw.get("tolerations") or []
+    if not isinstance(tolerations, list):
+        raise ConfigError(f"{where}.tolerations: must be a list of tolerations")
+    return NodePool(name=name, node_selector={str(k): str(v) for k, v in selector.items()},
+                    tolerations=tolerations, infiniband=bool(raw.get("infiniband", False)),
+                    gpu_resource=raw.get("gpuResource") or top["gpuResource"],
+                    rdma_resource=raw.get("rdmaResource") or top["rdmaResource"])
+
+
+def from_dict(data: dict | None) -> Config:
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError("the configuration must be a YAML mapping")
+    raw = _merge(DEFAULTS, data or {})
+    pools = {name: _pool(name, spec, raw) for name, spec in (raw["nodePools"] or {}).items()}
+    for kind, name in raw["defaultNodePools"].items():
+        if name is not None and name not in pools:
+            raise ConfigError(f"defaultNodePools.{kind}: {name!r} is not in nodePools "
+                              f"({', '.join(sorted(pools))})")
+    resync = raw["resyncSeconds"]
+    if not isinstance(resync, (int, float)) or resync <= 0:
+        raise ConfigError("resyncSeconds: must be a positive number")
+    max_gpus = raw["limits"].get("maxGpusPerJob")
+    if max_gpus is not None and (not isinstance(max_gpus, int) or max_gpus < 0):
+        raise ConfigError("limits.maxGpusPerJob: must be a non-negative integer or null")
+    return Config(resync_seconds=float(resync), node_pools=pools,
+                  default_node_pools=dict(raw["defaultNodePools"]), images=dict(raw["images"]),
+                  launcher_resources=raw["launcherResources"], max_gpus_per_job=max_gpus, raw=raw)
+
+
+def load(path: str | os.PathLike | None = None) -> Config:
+    """Read `path`, else $TRAINOP_CONFIG, else the built-in defaults."""
+    path = path or os.environ.get("TRAINOP_CONFIG")
+    if not path:
+        return from_dict(None)
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read the configuration {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from None
+    return from_dict(data)

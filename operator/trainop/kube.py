@@ -1,0 +1,208 @@
+"""The only module that talks to the Kubernetes API (besides kopf itself).
+
+Objects are plain dicts (what render/ produces). Calls are synchronous: kopf runs sync handlers
+in its thread pool. The client is created on first use (never at import time) from the in-cluster
+service account or $KUBECONFIG.
+
+    from trainop import kube
+    kube.ensure(manifest, owner=job_body)        # create if missing, check ownership, fix drift
+    kube.ensure(secret, owner=job_body, update=False)  # create once, never touch again
+    pods = kube.list_objects("v1", "Pod", ns, labels={"trainop.io/job-name": name})
+    kube.get("trainop.io/v1alpha1", "DataStage", name, ns)   # None when absent
+    kube.delete("v1", "Pod", name, ns)                        # False when already gone
+    kube.patch_status(job_body, {"phase": "Running"})
+
+Errors: kubernetes.client.ApiException for API failures; OwnershipError when an object with
+the child's name exists but belongs to someone else (never adopted, never overwritten).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+HASH_ANNOTATION = "trainop.io/spec-hash"
+FIELD_MANAGER = "trainop"
+# Kinds whose plural is not kind.lower() + "s".
+_PLURALS = {"Endpoints": "endpoints", "NetworkPolicy": "networkpolicies",
+            "PriorityClass": "priorityclasses", "StorageClass": "storageclasses",
+            "IngressClass": "ingressclasses", "RuntimeClass": "runtimeclasses"}
+
+_lock = threading.Lock()
+_client: k8s.ApiClient | None = None
+
+
+class OwnershipError(RuntimeError):
+    """A child's name is taken by an object this owner does not control."""
+
+
+def configure(api_client: k8s.ApiClient | None = None) -> k8s.ApiClient:
+    """Use `api_client`, or build one from the service account / $KUBECONFIG."""
+    global _client
+    with _lock:
+        if api_client is not None:
+            _client = api_client
+        elif _client is None:
+            try:
+                k8s_config.load_incluster_config()
+            except k8s_config.ConfigException:
+                k8s_config.load_kube_config()
+            _client = k8s.ApiClient()
+        return _client
+
+
+def plural(kind: str) -> str:
+    return _PLURALS.get(kind, kind.lower() + "s")
+
+
+def path(api_version: str, kind: str, namespace: str | None = None, name: str | None = None,
+         subresource: str | None = None) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    parts = [base]
+    if namespace:
+        parts.append(f"namespaces/{namespace}")
+    parts.append(plural(kind))
+    if name:
+        parts.append(name)
+    if subresource:
+        parts.append(subresource)
+    return "/".join(parts)
+
+
+def request(method: str, url_path: str, *, body=None, query: list | None = None,
+            content_type: str = "application/json"):
+    """One API call; returns the decoded JSON body; raises ApiException on non-2xx."""
+    api = configure()
+    _, url, headers, body_, _ = api.param_serialize(
+        method, url_path, query_params=query or [], body=body,
+        header_params={"Content-Type": content_type, "Accept": "application/json"},
+        auth_settings=["BearerToken"])
+    resp = api.call_api(method, url, header_params=headers, body=body_)
+    resp.read()
+    if not 200 <= resp.status <= 299:
+        raise ApiException(http_resp=resp)
+    return json.loads(resp.data) if resp.data else None
+
+
+def _ref(obj: dict) -> tuple[str, str, str, str | None]:
+    meta = obj["metadata"]
+    return obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace")
+
+
+def get(api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
+    try:
+        return request("GET", path(api_version, kind, namespace, name))
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def list_objects(api_version: str, kind: str, namespace: str | None = None,
+                 labels: dict[str, str] | None = None) -> list[dict]:
+    query = [("labelSelector", ",".join(f"{k}={v}" for k, v in labels.items()))] if labels \
+        else []
+    result = request("GET", path(api_version, kind, namespace), query=query)
+    items = result.get("items") or []
+    for item in items:  # list responses leave these out of each item
+        item.setdefault("apiVersion", api_version)
+        item.setdefault("kind", kind)
+    return items
+
+
+def create(obj: dict) -> dict:
+    api_version, kind, _, namespace = _ref(obj)
+    return request("POST", path(api_version, kind, namespace), body=obj)
+
+
+def delete(api_version: str, kind: str, name: str, namespace: str | None = None, *,
+           propagation: str = "Background", grace_seconds: int | None = None,
+           uid: str | None = None) -> bool:
+    """Delete; False if it was already gone. `uid` deletes only that incarnation."""
+    body: dict = {"propagationPolicy": propagation}
+    if grace_seconds is not None:
+        body["gracePeriodSeconds"] = grace_seconds
+    if uid:
+        body["preconditions"] = {"uid": uid}
+    try:
+        request("DELETE", path(api_version, kind, namespace, name), body=body)
+        return True
+    except ApiException as exc:
+        if exc.status in (404, 409):  # 409: the uid precondition failed, a newer object
+            return False
+        raise
+
+
+def patch(api_version: str, kind: str, name: str, namespace: str | None, body: dict, *,
+          subresource: str | None = None) -> dict:
+    """JSON merge patch (RFC 7386): maps merge, lists and scalars replace, None deletes."""
+    return request("PATCH", path(api_version, kind, namespace, name, subresource), body=body,
+                   content_type="application/merge-patch+json")
+
+
+def patch_status(obj: dict, status: dict) -> dict:
+    api_version, kind, name, namespace = _ref(obj)
+    return patch(api_version, kind, name, namespace, {"status": status}, subresource="status")
+
+
+def owner_reference(owner: dict) -> dict:
+    return {"apiVersion": owner["apiVersion"], "kind": owner["kind"],
+            "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def controlled_by(obj: dict, owner: dict) -> bool:
+    uid = owner["metadata"]["uid"]
+    return any(ref.get("controller") and ref.get("uid") == uid
+               for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def spec_hash(obj: dict) -> str:
+    """Stable digest of a rendered manifest; stored on the child to detect drift cheaply."""
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def with_owner(obj: dict, owner: dict | None) -> dict:
+    """Copy of `obj` carrying its hash annotation and (if given) the owner reference."""
+    out = json.loads(json.dumps(obj))
+    meta = out.setdefault("metadata", {})
+    meta.setdefault("annotations", {})[HASH_ANNOTATION] = spec_hash(obj)
+    if owner is not None:
+        meta["ownerReferences"] = [owner_reference(owner)]
+    return out
+
+
+def ensure(obj: dict, owner: dict | None = None, *, update: bool = True) -> dict:
+    """Create `obj` if missing; otherwise check that `owner` controls it and, when `update`
+    and the rendered hash differs, merge-patch the rendered fields onto it (drift fix).
+    Returns the live object. Use update=False for immutable or generate-once children
+    (Pods, Jobs, the SSH Secret): the caller compares HASH_ANNOTATION itself if it cares."""
+    desired = with_owner(obj, owner)
+    api_version, kind, name, namespace = _ref(desired)
+    live = get(api_version, kind, name, namespace)
+    if live is None:
+        try:
+            return create(desired)
+        except ApiException as exc:
+            if exc.status != 409:  # 409: created meanwhile (another reconcile); re-read it
+                raise
+            live = get(api_version, kind, name, namespace)
+            if live is None:
+                raise
+    if owner is not None and not controlled_by(live, owner):
+        raise OwnershipError(f"{kind} {namespace}/{name} already exists and is not controlled "
+                             f"by {owner['kind']} {owner['metadata']['name']}; delete or "
+                             f"rename it")
+    live_hash = (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION)
+    if update and live_hash != desired["metadata"]["annotations"][HASH_ANNOTATION]:
+        body = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind", "status")}
+        body["metadata"] = {k: desired["metadata"][k] for k in ("labels", "annotations")
+                            if k in desired["metadata"]}
+        live = patch(api_version, kind, name, namespace, body)
+    return live
