@@ -1,0 +1,231 @@
+"""The log shipper as real processes (`python -m trainop.logship`) against the real Azurite."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.waiting import wait_until
+from trainop import blob, logship
+
+pytestmark = pytest.mark.azurite
+
+
+class Sidecar:
+    """One shipper process with the env a rendered pod gives it (auth method + secret by env)."""
+
+    def __init__(self, azurite, container: str, tmp: Path, files: dict[str, Path], *, method="AccountKey",
+                 secret=None, https=False, pod_uid="uid-1", interval=0.2, extra_env=None, args=()):
+        self.log = tmp / f"sidecar-{random.randrange(1 << 30)}.log"
+        secret = azurite.account_key if secret is None and method == "AccountKey" else secret
+        env = {**os.environ, blob.METHOD_ENV: method, "POD_UID": pod_uid, **(extra_env or {})}
+        if secret:
+            env[blob.SECRET_ENV] = secret
+        cmd = [sys.executable, "-m", "trainop.logship", "--account-url", azurite.url(https),
+               "--container", container, "--dest", "runs/job-a/0", "--interval", str(interval), *args]
+        for name, path in files.items():
+            cmd += ["--file", f"{path}={name}"]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def stop(self, sig=signal.SIGTERM, timeout=60) -> int:
+        # A pod's sidecar starts before its training container: signal it once it is running.
+        wait_until(lambda: "shipping " in self.output() or self.proc.poll() is not None, timeout=30,
+                   what="the sidecar to start")
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+def blob_bytes(container, name="runs/job-a/0/pod.log") -> bytes:
+    from azure.core.exceptions import ResourceNotFoundError
+    try:
+        return container.get_blob_client(name).download_blob().readall()
+    except ResourceNotFoundError:
+        return b""
+
+
+def lines(start: int, count: int) -> bytes:
+    """Numbered lines of varying length, so a duplicated or lost range shows in a diff."""
+    return b"".join(b"step %06d loss=%s\n" % (i, b"x" * (i % 97)) for i in range(start, start + count))
+
+
+@pytest.fixture
+def container(azurite):
+    return azurite.new_container()
+
+
+def test_lines_appear_within_seconds(azurite, container, tmp_path):
+    log = tmp_path / "train.log"
+    sidecar = Sidecar(azurite, container.container_name, tmp_path, {"pod.log": log})
+    try:
+        with open(log, "ab", buffering=0) as f:
+            f.write(b"epoch 1 started\n")
+            wait_until(lambda: blob_bytes(container) == b"epoch 1 started\n", timeout=10, what="first line in the blob")
+            f.write(b"epoch 1 done\n")
+            wait_until(lambda: blob_bytes(container).endswith(b"epoch 1 done\n"), timeout=10, what="second line in the blob")
+    finally:
+        assert sidecar.stop() == 0, sidecar.output()
+    assert blob_bytes(container) == b"epoch 1 started\nepoch 1 done\n"
+
+
+def test_sigterm_flushes_every_byte(azurite, container, tmp_path):
+    # A shipping interval far beyond the test: what is written after the sidecar's first pass over
+    # pod.log (done once it moves on to metrics.jsonl) only the drain on SIGTERM can ship.
+    log = tmp_path / "train.log"
+    metrics = tmp_path / "metrics.jsonl"
+    sidecar = Sidecar(azurite, container.container_name, tmp_path, {"pod.log": log, "metrics.jsonl": metrics},
+                      interval=3600)
+    wait_until(lambda: "resuming runs/job-a/0/metrics.jsonl" in sidecar.output(), timeout=30,
+               what="the sidecar's first pass")
+    payload = lines(0, 150_000) + b"last line without newline"  # ~10 MB: several 4 MiB blocks
+    log.write_bytes(payload)
+    metrics.write_bytes(b'{"step": 1, "loss": 2.5}\n')
+    assert sidecar.stop() == 0, sidecar.output()
+    assert len(payload) > 2 * logship.CHUNK
+    assert blob_bytes(container) == payload
+    assert blob_bytes(container, "runs/job-a/0/metrics.jsonl") == b'{"step": 1, "loss": 2.5}\n'
+
+
+def test_sigkill_and_restart_neither_lose_nor_duplicate(azurite, container, tmp_path):
+    log = tmp_path / "train.log"
+    expected = b""
+    with open(log, "ab", buffering=0) as f:
+        for round_ in range(3):
+            sidecar = Sidecar(azurite, container.container_name, tmp_path, {"pod.log": log}, interval=0.05)
+            chunk = lines(round_ * 40_000, 40_000)
+            f.write(chunk)
+            expected += chunk
+            # Kill while the blob holds part of what is written: mid-stream, no chance to flush.
+            wait_until(lambda: len(blob_bytes(container)) > len(expected) - len(chunk), timeout=30,
+                       what="the sidecar to ship part of this round")
+            sidecar.proc.kill()
+            sidecar.proc.wait()
+    sidecar = Sidecar(azurite, container.container_name, tmp_path, {"pod.log": log})
+    assert sidecar.stop() == 0, sidecar.output()
+    assert blob_bytes(container) == expected
+
+
+def test_append_that_already_landed_is_not_appended_twice(azurite, container, tmp_path):
+    """The case an offset file could not handle: a block reached the blob, but this shipper's idea
+    of the offset is stale (reply lost, or killed right after the append). Two shippers of the
+    same pod stand in for "before" and "after"; the append-position condition makes the stale one
+    re-read the blob's length instead of appending the same bytes again."""
+    log = tmp_path / "train.log"
+    log.write_bytes(lines(0, 1000))
+    client = container.get_blob_client("runs/job-a/0/pod.log")
+    stale = logship.AppendShipper(client, log, "uid-1")
+    stale.resume()
+    landed = logship.AppendShipper(client, log, "uid-1")
+    assert landed.ship() == log.stat().st_size
+    with open(log, "ab") as f:
+        f.write(lines(1000, 10))
+    assert stale.ship() == len(lines(1000, 10))
+    assert blob_bytes(container) == log.read_bytes()
+
+
+def test_recreated_pod_appends_after_the_previous_pods_log(azurite, container, tmp_path):
+    first, second = tmp_path / "first.log", tmp_path / "second.log"
+    first.write_bytes(b"pod incarnation 1\n")
+    second.write_bytes(b"pod incarnation 2\n")
+    client = container.get_blob_client("runs/job-a/0/pod.log")
+    logship.AppendShipper(client, first, "uid-1").ship()
+    # Same pod name, new UID, fresh emptyDir: its file starts at 0 again.
+    assert logship.AppendShipper(client, second, "uid-2").ship() == len(b"pod incarnation 2\n")
+    # Its own sidecar restarting resumes inside its own file, not the previous pod's.
+    with open(second, "ab") as f:
+        f.write(b"more\n")
+    assert logship.AppendShipper(client, second, "uid-2").ship() == len(b"more\n")
+    assert blob_bytes(container) == b"pod incarnation 1\npod incarnation 2\nmore\n"
+
+
+def test_output_dir_uploaded_on_stop_and_not_again_after_restart(azurite, container, tmp_path):
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "model.pt").write_bytes(os.urandom(5 * 1024 * 1024 + 3))
+    (out / "metrics.json").write_bytes(b'{"final": true}')
+    log = tmp_path / "train.log"
+    log.write_bytes(b"done\n")
+    args = ("--output-dir", str(out))
+    sidecar = Sidecar(azurite, container.container_name, tmp_path, {"pod.log": log}, args=args)
+    assert sidecar.stop() == 0, sidecar.output()
+    for rel in ("checkpoints/model.pt", "metrics.json"):
+        assert blob_bytes(container, f"runs/job-a/0/output/{rel}") == (out / rel).read_bytes()
+    sidecar = Sidecar(azurite, container.container_name, tmp_path, {"pod.log": log}, args=args)
+    assert sidecar.stop() == 0, sidecar.output()
+    assert "uploaded 0 output file(s)" in sidecar.output()
+
+
+def test_workload_identity(azurite, entra_double, tmp_path):
+    container = azurite.new_container(https=True)
+    log = tmp_path / "train.log"
+    log.write_bytes(lines(0, 100))
+    env = {**entra_double.workload_identity_env(tmp_path), **azurite.tls_env()}
+    sidecar = Sidecar(azurite, container.container_name, tmp_path, {"pod.log": log}, method="WorkloadIdentity",
+                      https=True, extra_env=env)
+    assert sidecar.stop() == 0, sidecar.output()
+    assert blob_bytes(container) == lines(0, 100)
+    assert any(r.get("client_assertion") == entra_double.federated_token for r in entra_double.requests)
+
+
+def test_no_secret_in_logs_or_blobs(azurite, container, tmp_path):
+    """Every auth mode, including refused ones, with the secret values grepped for in everything the
+    sidecar printed and in everything it wrote to storage."""
+    log = tmp_path / "train.log"
+    log.write_bytes(b"training output\n")
+    sas_write = azurite.container_sas(container.container_name, permission="racwl")
+    sas_read_only = azurite.container_sas(container.container_name, permission="rl")
+    wrong_key = "V3Jvbmcga2V5IG9mIGV4YWN0bHkgc2l4dHktZm91ciBieXRlcyBmb3IgdGVzdGluZyEhISE="
+    runs = [("AccountKey", azurite.account_key, 0), ("SASToken", sas_write, 0),
+            ("ConnectionString", azurite.connection_string, 0),
+            ("SASToken", sas_read_only, 1), ("AccountKey", wrong_key, 1)]
+    outputs = []
+    for i, (method, secret, code) in enumerate(runs):
+        sidecar = Sidecar(azurite, container.container_name, tmp_path, {f"pod-{i}.log": log}, method=method,
+                          secret=secret, args=("--drain-timeout", "1"))
+        if code:  # a refused credential: the sidecar keeps retrying (and says why) until stopped
+            wait_until(lambda: "failed: authentication failed" in sidecar.output(), timeout=30,
+                       what=f"{method} refusal in the sidecar's log")
+        assert sidecar.stop() == code, sidecar.output()
+        outputs.append(sidecar.output())
+        if not code:
+            assert blob_bytes(container, f"runs/job-a/0/pod-{i}.log") == b"training output\n"
+    stored = [blob_bytes(container, b.name) for b in container.list_blobs()]
+    metadata = [str(container.get_blob_client(b.name).get_blob_properties().metadata) for b in container.list_blobs()]
+    secrets = [azurite.account_key, sas_write, sas_read_only, wrong_key]
+    secrets += [s.split("sig=", 1)[1].split("&", 1)[0] for s in (sas_write, sas_read_only)]
+    for text in outputs + [b.decode() for b in stored] + metadata:
+        for secret in secrets:
+            assert secret not in text
+
+
+def test_last_metrics_reads_the_last_complete_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    assert logship.last_metrics(path) is None
+    path.write_bytes(b'{"epoch": 0, "step": 10, "loss": 6.9, "imagesPerSec": 120.5, "host": "w0"}\n'
+                     b'not json\n'
+                     b'{"epoch": 1, "step": 20, "loss": 5.1, "final": false, "note": {"a": 1}}\n'
+                     b'{"epoch": 1, "step": 3')  # being written
+    assert logship.last_metrics(path) == {"epoch": 1, "step": 20, "loss": 5.1, "final": False}
+
+
+def test_status_reporter_patches_at_a_bounded_rate_and_only_changes(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    patches = []
+    reporter = logship.StatusReporter(path, "job-a", "ns", interval=3600, patch=patches.append)
+    path.write_bytes(b'{"step": 1, "loss": 3.0}\n')
+    reporter.tick()
+    path.write_bytes(b'{"step": 2, "loss": 2.0}\n')
+    reporter.tick()  # within the interval: nothing sent
+    reporter.tick(force=True)
+    reporter.tick(force=True)  # unchanged: nothing sent
+    assert patches == [{"status": {"metrics": {"step": 1, "loss": 3.0}}},
+                       {"status": {"metrics": {"step": 2, "loss": 2.0}}}]
