@@ -229,3 +229,27 @@ def test_status_reporter_patches_at_a_bounded_rate_and_only_changes(tmp_path):
     reporter.tick(force=True)  # unchanged: nothing sent
     assert patches == [{"status": {"metrics": {"step": 1, "loss": 3.0}}},
                        {"status": {"metrics": {"step": 2, "loss": 2.0}}}]
+
+
+def test_memory_stays_bounded_whatever_the_log_size(azurite, container, tmp_path):
+    """Peak RSS of a shipper that ships 1 MiB against one that ships 64 MiB, each measured alone
+    (os.wait4): holding the log in memory would add >= 64 MiB; streaming adds about one block.
+    (bench/logship_rss.py does the same with 1 GiB.)"""
+    def peak_rss_mib(size: int, name: str) -> int:
+        log = tmp_path / name
+        with open(log, "wb") as f:
+            for start in range(0, size, 1 << 20):
+                f.write(os.urandom(min(1 << 20, size - start)))
+        sidecar = Sidecar(azurite, container.container_name, tmp_path, {name: log}, interval=3600,
+                          args=("--drain-timeout", "120"))
+        wait_until(lambda: "resuming" in sidecar.output(), timeout=30, what="the sidecar's first pass")
+        sidecar.proc.send_signal(signal.SIGTERM)
+        _, status, usage = os.wait4(sidecar.proc.pid, 0)
+        sidecar.proc.returncode = os.waitstatus_to_exitcode(status)
+        assert sidecar.proc.returncode == 0, sidecar.output()
+        assert len(blob_bytes(container, f"runs/job-a/0/{name}")) == size
+        return usage.ru_maxrss // 1024
+
+    small = peak_rss_mib(1 << 20, "small.log")
+    large = peak_rss_mib(64 << 20, "large.log")
+    assert large - small < 32, (small, large)
