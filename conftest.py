@@ -1,4 +1,5 @@
 # Fixture modules shared by every test folder (see docs/DEVELOPING.md).
 pytest_plugins = [
     "tests.fixtures.cluster",
+    "tests.fixtures.azurite",
 ]
