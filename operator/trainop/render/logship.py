@@ -1,0 +1,242 @@
+"""Logs and results that outlive pods: what a DistributedTrainingJob's pods need so that their
+output reaches `spec.output`. Pure: spec in, manifest fragments out.
+
+The DTJ renderer calls `pod_parts(...)` for each pod it renders and merges the result:
+
+    parts = logship.pod_parts(job, "launcher", None, attempt, command, cfg.section("logship"))
+    pod["spec"]["initContainers"] += parts.init_containers     # the native sidecar
+    pod["spec"]["volumes"] += parts.volumes
+    main["volumeMounts"] += parts.mounts; main["command"] = parts.command
+    pod["metadata"]["labels"].update(parts.labels)
+    pod["spec"]["serviceAccountName"] = parts.service_account_name  (when not None)
+
+and applies `rbac(job, cfg)` once per job. The trainer gets `--output-dir` / `--metrics-file`
+from `trainer_paths(job, attempt)`; `status_urls(job, attempt)` fills `status.logsURL/outputURL`.
+
+Blob output: the training container tees stdout+stderr into LOG_FILE on an emptyDir shared with
+the `logship` native sidecar (`python -m trainop.logship`), which appends it to
+`<prefix>/<job>/<attempt>/<pod>.log`. The rank-0 pod (worker 0: first in the hostfile for MPI,
+node rank 0 for torchrun) also uploads the trainer's output dir and reports its metrics to the
+job's status. PVC output: no sidecar; the tee writes straight onto the claim, under the same
+`<job>/<attempt>/` layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainop import GROUP, blob
+from trainop.render import common
+from trainop.spec import Job, SpecError
+
+SIDECAR = "logship"
+VOLUME = "trainop-run"
+RUN_DIR = "/var/trainop"  # the shared emptyDir, in the training container and the sidecar
+LOG_FILE = f"{RUN_DIR}/train.log"
+OUTPUT_DIR = f"{RUN_DIR}/output"
+PVC_VOLUME = "trainop-output"
+PVC_MOUNT = "/output"  # where the output claim is mounted (the CRD's documented path)
+METRICS_NAME = "metrics.jsonl"  # the trainer's metrics file, inside its output dir
+DEFAULTS = {
+    "image": "trainop/operator:0.1.0",  # the sidecar runs the operator's own package
+    "intervalSeconds": 2,
+    "metricsIntervalSeconds": 15,  # status.metrics is patched at most this often
+    "shipWorkerLogs": False,  # True: every worker ships its log; False: only worker 0 (rank 0)
+    # Shipping streams 4 MiB blocks: ~60 MiB RSS whatever the log's size (bench/logship_rss.py).
+    "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "256Mi"}},
+    # Seconds the sidecar keeps retrying its final flush and output upload after SIGTERM; the
+    # pod's grace period is set above it.
+    "drainSeconds": 300,
+}
+
+# The training container's wrapper: stdout+stderr go both to the container's own stream (what
+# `kubectl logs` shows) and, byte for byte the same, to LOG_FILE. A fifo instead of a pipeline
+# keeps the shell as PID 1 with the command's exit status, and forwards SIGTERM to the command;
+# `tee -a` only appends, so the file only grows (the shipper's resume relies on that).
+TEE_SCRIPT = """\
+log="$1"; shift
+mkdir -p "${log%/*}"
+fifo="$log.fifo"; rm -f "$fifo"; mkfifo "$fifo"
+tee -a "$log" < "$fifo" & tee_pid=$!
+"$@" > "$fifo" 2>&1 & pid=$!
+trap 'kill -TERM "$pid" 2>/dev/null' TERM INT
+wait "$pid"; rc=$?
+while kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done
+wait "$tee_pid"; rm -f "$fifo"
+exit "$rc"
+"""
+
+
+@dataclass(frozen=True)
+class Output:
+    """`spec.output`, checked. `blob` xor `claim`."""
+    account_url: str | None = None
+    container: str | None = None
+    prefix: str = ""
+    auth: blob.BlobAuth | None = None
+    claim: str | None = None
+
+
+_AUTH_METHODS = {"sasSecretRef": "SASToken", "accountKeySecretRef": "AccountKey",
+                 "connectionStringSecretRef": "ConnectionString"}
+
+
+def parse_output(output: dict | None, cfg: dict, field_: str = "spec.output") -> Output | None:
+    """The CRD's output block as an Output; SpecError naming the field for what the schema
+    cannot reject."""
+    if not output:
+        return None
+    if "pvc" in output:
+        return Output(claim=output["pvc"]["claimName"])
+    spec = output["blob"]
+    where = f"{field_}.blob"
+    try:
+        url = blob.check_account_url(spec.get("accountURL"), f"{where}.accountURL")
+    except blob.BlobConfigError as exc:
+        raise SpecError(f"{where}.accountURL", str(exc).split(": ", 1)[1]) from None
+    auth = spec.get("auth") or {"workloadIdentity": True}
+    ref_key = next((k for k in _AUTH_METHODS if k in auth), None)
+    if ref_key:
+        ref = auth[ref_key]
+        parsed = blob.BlobAuth(_AUTH_METHODS[ref_key], secret_name=ref["name"], secret_key=ref["key"])
+    else:
+        account = auth.get("serviceAccountName") or {**DEFAULTS, **cfg}.get("workloadIdentityServiceAccount")
+        if not account:
+            raise SpecError(f"{where}.auth.serviceAccountName",
+                            "required with workloadIdentity: name the ServiceAccount federated with the "
+                            "managed identity that may write the container (or set "
+                            "logship.workloadIdentityServiceAccount in the operator's configuration)")
+        parsed = blob.BlobAuth("WorkloadIdentity", service_account_name=account)
+    return Output(account_url=url, container=spec["container"], prefix=spec.get("prefix", "").strip("/"), auth=parsed)
+
+
+def run_path(job: Job, attempt: int, out: Output) -> str:
+    """`<prefix>/<job>/<attempt>`: the blob folder (or claim subfolder) of one attempt."""
+    return "/".join(p for p in (out.prefix, job.name, str(attempt)) if p)
+
+
+def status_urls(job: Job, attempt: int, cfg: dict) -> dict[str, str]:
+    """`logsURL` and `outputURL` for the job's status (empty without output). No credential:
+    the URL is the account endpoint, never a SAS."""
+    out = parse_output(job.output, cfg)
+    if out is None:
+        return {}
+    path = run_path(job, attempt, out)
+    base = f"{out.account_url}/{out.container}/{path}/" if out.claim is None else f"pvc://{out.claim}/{path}/"
+    return {"logsURL": base, "outputURL": f"{base}output/"}
+
+
+def trainer_paths(job: Job, attempt: int, cfg: dict) -> tuple[str, str] | None:
+    """(--output-dir, --metrics-file) for the trainer, or None without output."""
+    out = parse_output(job.output, cfg)
+    if out is None:
+        return None
+    output_dir = OUTPUT_DIR if out.claim is None else f"{PVC_MOUNT}/{run_path(job, attempt, out)}/output"
+    return output_dir, f"{output_dir}/{METRICS_NAME}"
+
+
+def service_account_name(job: Job, out: Output) -> str:
+    """The identity of pods that ship: the federated ServiceAccount for workload identity, else a
+    per-job one (created by `rbac`)."""
+    return out.auth.service_account_name or f"{job.name}-{SIDECAR}"
+
+
+@dataclass(frozen=True)
+class PodParts:
+    command: list[str]
+    init_containers: list[dict] = field(default_factory=list)
+    volumes: list[dict] = field(default_factory=list)
+    mounts: list[dict] = field(default_factory=list)
+    env: list[dict] = field(default_factory=list)  # for the training container
+    labels: dict[str, str] = field(default_factory=dict)
+    service_account_name: str | None = None
+    termination_grace_period_seconds: int | None = None
+
+
+def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: list[str],
+              cfg: dict) -> PodParts | None:
+    """What the pod of `role` (launcher | worker) / `index` needs, with `command` the training
+    container's full command line. None when the pod does not ship (no output, or a worker other
+    than 0 without shipWorkerLogs)."""
+    cfg = {**DEFAULTS, **cfg}
+    out = parse_output(job.output, cfg)
+    primary = role == "worker" and index == 0  # where rank 0 writes the model and its metrics
+    if out is None or (role == "worker" and not primary and not cfg["shipWorkerLogs"]):
+        return None
+    if out.claim is not None:
+        log_dir = f"{PVC_MOUNT}/{run_path(job, attempt, out)}"
+        return PodParts(command=_tee(f"{log_dir}/$(POD_NAME).log", command), env=_field_env()[:1],
+                        volumes=[{"name": PVC_VOLUME, "persistentVolumeClaim": {"claimName": out.claim}}],
+                        mounts=[{"name": PVC_VOLUME, "mountPath": PVC_MOUNT}])
+    shared = {"name": VOLUME, "mountPath": RUN_DIR}
+    return PodParts(
+        command=_tee(LOG_FILE, command),
+        init_containers=[_sidecar(job, attempt, out, cfg, primary, shared)],
+        volumes=[{"name": VOLUME, "emptyDir": {}}],
+        mounts=[shared],
+        labels=out.auth.pod_labels(),
+        service_account_name=service_account_name(job, out),
+        termination_grace_period_seconds=int(cfg["drainSeconds"]) + 30,
+    )
+
+
+def _tee(log_file: str, command: list[str]) -> list[str]:
+    return ["/bin/sh", "-c", TEE_SCRIPT, "trainop-tee", log_file, *command]
+
+
+def _field_env() -> list[dict]:
+    """POD_NAME (names the log blob, expanded as $(POD_NAME) in args), POD_NAMESPACE, POD_UID."""
+    return [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+            for name, path in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"),
+                               ("POD_UID", "metadata.uid"))]
+
+
+def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, primary: bool, mount: dict) -> dict:
+    args = ["--account-url", out.account_url, "--container", out.container,
+            "--dest", run_path(job, attempt, out), "--file", f"{LOG_FILE}=$(POD_NAME).log",
+            "--interval", str(cfg["intervalSeconds"]), "--drain-timeout", str(cfg["drainSeconds"])]
+    if primary:
+        args += ["--output-dir", OUTPUT_DIR, "--metrics-file", f"{OUTPUT_DIR}/{METRICS_NAME}",
+                 "--job", job.name, "--metrics-interval", str(cfg["metricsIntervalSeconds"])]
+    return {
+        "name": SIDECAR,
+        "image": cfg["image"],
+        # Native sidecar: started before, stopped after the training container (Kubernetes >= 1.29).
+        "restartPolicy": "Always",
+        "command": ["python", "-m", "trainop.logship"],
+        "args": args,
+        "env": _field_env() + out.auth.container_env(),
+        "volumeMounts": [dict(mount)],
+        "resources": cfg["resources"],
+    }
+
+
+def rbac(job: Job, cfg: dict) -> list[dict]:
+    """The identity through which worker 0's sidecar writes `status.metrics`: a Role that may only
+    get/patch the status subresource of this one job, bound to the shipping pods' ServiceAccount
+    (created here unless it is the federated workload-identity one, which the user owns).
+
+    Why this path: the pod already runs next to the metrics file, so it reports them itself; the
+    operator needs no access to the job's storage account (which, with workload identity, it
+    could not get without holding a broad identity of its own), and the pod's credential cannot
+    read or change any spec, pod or other job."""
+    out = parse_output(job.output, {**DEFAULTS, **cfg})
+    if out is None or out.claim is not None:
+        return []
+    name = f"{job.name}-{SIDECAR}"
+    account = service_account_name(job, out)
+    labels = common.labels(job.name)
+    objs = []
+    if account == name:
+        objs.append({"apiVersion": "v1", "kind": "ServiceAccount",
+                     "metadata": common.metadata(name, job.namespace, labels),
+                     "automountServiceAccountToken": True})
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                 "metadata": common.metadata(name, job.namespace, labels),
+                 "rules": [{"apiGroups": [GROUP], "resources": ["distributedtrainingjobs/status"],
+                            "resourceNames": [job.name], "verbs": ["get", "patch"]}]})
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                 "metadata": common.metadata(name, job.namespace, labels),
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                 "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": job.namespace}]})
+    return objs

@@ -1,0 +1,191 @@
+"""render/logship.py: the sidecar, shared volume, identity and RBAC a shipping pod gets."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.fixtures.waiting import wait_until
+from trainop import config, spec
+from trainop.render import logship
+
+ACCOUNT = "https://acct.blob.core.windows.net"
+
+
+def job(output: dict | None, name: str = "j1") -> spec.Job:
+    body = {"metadata": {"name": name, "namespace": "team-a"}, "spec": {"workers": 2, "gpusPerWorker": 1}}
+    if output is not None:
+        body["spec"]["output"] = output
+    return spec.parse(body, config.from_dict(None))
+
+
+def blob_output(auth: dict | None = None, prefix: str = "runs/") -> dict:
+    out = {"accountURL": ACCOUNT, "container": "results", "prefix": prefix}
+    if auth is not None:
+        out["auth"] = auth
+    return {"blob": out}
+
+
+SAS = {"sasSecretRef": {"name": "storage", "key": "sas"}}
+WI = {"workloadIdentity": True, "serviceAccountName": "trainer-wi"}
+FIELD_ENV = [
+    {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+    {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+]
+
+
+def test_launcher_gets_native_sidecar_shared_volume_and_tee():
+    parts = logship.pod_parts(job(blob_output(SAS)), "launcher", None, 2, ["mpirun", "python", "train.py"], {})
+    assert parts.init_containers == [{
+        "name": "logship",
+        "image": "trainop/operator:0.1.0",
+        "restartPolicy": "Always",
+        "command": ["python", "-m", "trainop.logship"],
+        "args": ["--account-url", ACCOUNT, "--container", "results", "--dest", "runs/j1/2",
+                 "--file", "/var/trainop/train.log=$(POD_NAME).log", "--interval", "2", "--drain-timeout", "300"],
+        "env": FIELD_ENV + [
+            {"name": "TRAINOP_BLOB_AUTH_METHOD", "value": "SASToken"},
+            {"name": "TRAINOP_BLOB_SECRET", "valueFrom": {"secretKeyRef": {"name": "storage", "key": "sas"}}},
+        ],
+        "volumeMounts": [{"name": "trainop-run", "mountPath": "/var/trainop"}],
+        "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "256Mi"}},
+    }]
+    assert parts.volumes == [{"name": "trainop-run", "emptyDir": {}}]
+    assert parts.mounts == [{"name": "trainop-run", "mountPath": "/var/trainop"}]
+    assert parts.command == ["/bin/sh", "-c", logship.TEE_SCRIPT, "trainop-tee", "/var/trainop/train.log",
+                             "mpirun", "python", "train.py"]
+    assert parts.service_account_name == "j1-logship"
+    assert parts.labels == {}
+    assert parts.env == []
+    assert parts.termination_grace_period_seconds == 330
+
+
+def test_worker_0_uploads_output_and_reports_metrics():
+    parts = logship.pod_parts(job(blob_output(SAS)), "worker", 0, 0, ["/usr/sbin/sshd", "-De"], {})
+    assert parts.init_containers[0]["args"][-8:] == [
+        "--output-dir", "/var/trainop/output", "--metrics-file", "/var/trainop/output/metrics.jsonl",
+        "--job", "j1", "--metrics-interval", "15"]
+    assert logship.trainer_paths(job(blob_output(SAS)), 0, {}) == (
+        "/var/trainop/output", "/var/trainop/output/metrics.jsonl")
+
+
+def test_other_workers_ship_only_when_configured():
+    j = job(blob_output(SAS))
+    assert logship.pod_parts(j, "worker", 1, 0, ["sshd"], {}) is None
+    parts = logship.pod_parts(j, "worker", 1, 0, ["sshd"], {"shipWorkerLogs": True})
+    assert "--job" not in parts.init_containers[0]["args"]
+
+
+def test_no_output_ships_nothing():
+    j = job(None)
+    assert logship.pod_parts(j, "launcher", None, 0, ["mpirun"], {}) is None
+    assert logship.rbac(j, {}) == []
+    assert logship.status_urls(j, 0, {}) == {}
+    assert logship.trainer_paths(j, 0, {}) is None
+
+
+def test_workload_identity_uses_the_federated_account_and_label():
+    j = job(blob_output(WI))
+    parts = logship.pod_parts(j, "launcher", None, 0, ["mpirun"], {})
+    assert parts.service_account_name == "trainer-wi"
+    assert parts.labels == {"azure.workload.identity/use": "true"}
+    assert parts.init_containers[0]["env"] == FIELD_ENV + [
+        {"name": "TRAINOP_BLOB_AUTH_METHOD", "value": "WorkloadIdentity"}]
+    # The user's federated ServiceAccount is bound, not created.
+    assert [o["kind"] for o in logship.rbac(j, {})] == ["Role", "RoleBinding"]
+    assert logship.rbac(j, {})[1]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "trainer-wi", "namespace": "team-a"}]
+
+
+def test_workload_identity_without_an_account_names_the_field():
+    with pytest.raises(spec.SpecError) as err:
+        logship.pod_parts(job(blob_output()), "launcher", None, 0, ["mpirun"], {})
+    assert err.value.field == "spec.output.blob.auth.serviceAccountName"
+    parts = logship.pod_parts(job(blob_output()), "launcher", None, 0, ["mpirun"],
+                              {"workloadIdentityServiceAccount": "platform-wi"})
+    assert parts.service_account_name == "platform-wi"
+
+
+def test_account_url_with_a_sas_is_refused():
+    with pytest.raises(spec.SpecError) as err:
+        logship.parse_output({"blob": {"accountURL": f"{ACCOUNT}?sv=1&sig=abc", "container": "c"}}, {})
+    assert err.value.field == "spec.output.blob.accountURL"
+    assert "sig=abc" not in str(err.value)
+
+
+def test_rbac_allows_only_this_jobs_status():
+    objs = logship.rbac(job(blob_output(SAS)), {})
+    labels = {"trainop.io/job-name": "j1"}
+    assert objs == [
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": "j1-logship", "namespace": "team-a", "labels": labels},
+         "automountServiceAccountToken": True},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "j1-logship", "namespace": "team-a", "labels": labels},
+         "rules": [{"apiGroups": ["trainop.io"], "resources": ["distributedtrainingjobs/status"],
+                    "resourceNames": ["j1"], "verbs": ["get", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "j1-logship", "namespace": "team-a", "labels": labels},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "j1-logship"},
+         "subjects": [{"kind": "ServiceAccount", "name": "j1-logship", "namespace": "team-a"}]},
+    ]
+
+
+def test_status_urls():
+    assert logship.status_urls(job(blob_output(SAS)), 3, {}) == {
+        "logsURL": f"{ACCOUNT}/results/runs/j1/3/", "outputURL": f"{ACCOUNT}/results/runs/j1/3/output/"}
+    assert logship.status_urls(job(blob_output(SAS, prefix="")), 0, {}) == {
+        "logsURL": f"{ACCOUNT}/results/j1/0/", "outputURL": f"{ACCOUNT}/results/j1/0/output/"}
+    assert logship.status_urls(job({"pvc": {"claimName": "results"}}), 1, {}) == {
+        "logsURL": "pvc://results/j1/1/", "outputURL": "pvc://results/j1/1/output/"}
+
+
+def test_pvc_output_tees_onto_the_claim_without_sidecar():
+    j = job({"pvc": {"claimName": "results"}})
+    parts = logship.pod_parts(j, "launcher", None, 1, ["mpirun"], {})
+    assert parts.init_containers == []
+    assert parts.volumes == [{"name": "trainop-output", "persistentVolumeClaim": {"claimName": "results"}}]
+    assert parts.mounts == [{"name": "trainop-output", "mountPath": "/output"}]
+    assert parts.command[-2:] == ["/output/j1/1/$(POD_NAME).log", "mpirun"]
+    assert parts.env == FIELD_ENV[:1]
+    assert parts.service_account_name is None
+    assert logship.rbac(j, {}) == []
+    assert logship.trainer_paths(j, 1, {}) == ("/output/j1/1/output", "/output/j1/1/output/metrics.jsonl")
+
+
+# The tee wrapper, run for real by /bin/sh (what the training container runs).
+
+def tee(tmp_path, *command: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen(["/bin/sh", "-c", logship.TEE_SCRIPT, "trainop-tee", str(tmp_path / "logs" / "train.log"),
+                             *command], stdout=subprocess.PIPE, **kw)
+
+
+def test_tee_keeps_stdout_and_stderr_in_both_places_and_the_exit_code(tmp_path):
+    proc = tee(tmp_path, "/bin/sh", "-c", "echo out; echo err >&2; printf 'no newline'; exit 7")
+    stdout, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 7
+    assert stdout == b"out\nerr\nno newline"
+    assert (tmp_path / "logs" / "train.log").read_bytes() == stdout
+
+
+def test_tee_appends_after_a_container_restart(tmp_path):
+    for word in ("first", "second"):
+        proc = tee(tmp_path, "echo", word)
+        proc.communicate(timeout=30)
+        assert proc.returncode == 0
+    assert (tmp_path / "logs" / "train.log").read_bytes() == b"first\nsecond\n"
+
+
+def test_tee_forwards_sigterm_to_the_command(tmp_path):
+    script = "trap 'echo got TERM; exit 143' TERM; echo ready; while :; do sleep 0.1; done"
+    proc = tee(tmp_path, "/bin/sh", "-c", script)
+    log = tmp_path / "logs" / "train.log"
+    wait_until(lambda: log.exists() and b"ready" in log.read_bytes(), timeout=30, what="the command to start")
+    proc.send_signal(signal.SIGTERM)
+    stdout, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert stdout == log.read_bytes() == b"ready\ngot TERM\n"
