@@ -1,0 +1,33 @@
+"""THE entry module: `trainop operator` runs kopf with this module, and so do the Helm chart's
+Deployment and the test fixture. It imports every handler module and sets kopf's settings.
+
+To add a resource's handlers, add one import line below.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+
+from trainop import config, kube
+from trainop.handlers import dtj  # noqa: F401  (registers the DistributedTrainingJob handlers)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger,
+              **_) -> None:
+    memo.config = config.load()
+    kube.configure()
+    # Kopf's bookkeeping goes to annotations under our group, never into our status schema.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="trainop.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="trainop.io", key="last-handled-configuration")
+    settings.persistence.finalizer = "trainop.io/finalizer"
+    # Events come from jobsync (one per condition transition) through kopf.event(); kopf's own
+    # log lines ("failed temporarily" while a job waits) must not become Events.
+    settings.posting.level = logging.CRITICAL
+    settings.watching.server_timeout = 300
+    settings.execution.max_workers = 16
+    logger.info("trainop operator configured: %d node pools, resync %.1fs",
+                len(memo.config.node_pools), memo.config.resync_seconds)

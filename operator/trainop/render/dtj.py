@@ -1,0 +1,362 @@
+"""DistributedTrainingJob -> child manifests. Pure: a parsed spec.Job in, dicts out.
+
+Children (names are deterministic so a restarted operator finds what it made):
+  Service     <job>                 headless; gives worker i the DNS name host(job, i)
+  Secret      <job>-ssh             SSH key pair (also the sshd host key), authorized_keys, known_hosts
+  ConfigMap   <job>-mpi             hostfile, hosts, sshd_config, ssh_config, ssh wrapper
+  Pod         <job>-worker-<i>      sshd (mpi) or torchrun (torchrun)
+  Job         <job>-launcher        mpirun over ssh (mpi only)
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+
+from trainop.render import common
+from trainop.spec import Job
+
+SSH_PORT = 2222  # unprivileged, so the same config works for non-root images
+RDZV_PORT = 29400
+DNS_WAIT_SECONDS = 300
+SSH_DIR = f"{common.MOUNT_ROOT}/ssh"
+CONF_DIR = f"{common.MOUNT_ROOT}/mpi"
+OUTPUT_DIR = "/output"
+SSH_KEY = "id_ed25519"
+WORKER, LAUNCHER = "worker", "launcher"
+
+
+# ---- names ------------------------------------------------------------------------------------
+def service_name(job: Job) -> str:
+    return job.name
+
+
+def secret_name(job: Job) -> str:
+    return f"{job.name}-ssh"
+
+
+def config_map_name(job: Job) -> str:
+    return f"{job.name}-mpi"
+
+
+def worker_name(job: Job, index: int) -> str:
+    return f"{job.name}-worker-{index}"
+
+
+def launcher_name(job: Job) -> str:
+    return f"{job.name}-launcher"
+
+
+def host(job: Job, index: int) -> str:
+    """Worker i's DNS name through the headless Service (cluster-domain independent)."""
+    return f"{worker_name(job, index)}.{service_name(job)}.{job.namespace}.svc"
+
+
+def _labels(job: Job, role: str | None = None, index: int | None = None,
+            attempt: int | None = None) -> dict[str, str]:
+    out = common.labels(job.name, role, index)
+    if attempt is not None:
+        out[common.LABEL_ATTEMPT] = str(attempt)
+    return out
+
+
+# ---- commands and environment -----------------------------------------------------------------
+def trainer_args(job: Job) -> list[str]:
+    """The trainer contract of docs/DEVELOPING.md."""
+    t = job.training
+    args = ["--framework", job.framework,
+            "--backend", "horovod" if job.launcher == "mpi" else "native"]
+    args += ["--synthetic"] if job.synthetic else ["--data-dir", job.data_mount_path]
+    args += ["--batch-size", str(t.batch_size), "--epochs", str(t.epochs)]
+    if t.steps_per_epoch:
+        args += ["--steps-per-epoch", str(t.steps_per_epoch)]
+    if t.image_size:
+        args += ["--image-size", str(t.image_size)]
+    args += ["--precision", t.precision]
+    if t.channels_last:
+        args.append("--channels-last")
+    if t.compile:
+        args.append("--compile")
+    return args + ["--output-dir", OUTPUT_DIR, "--metrics-file", f"{OUTPUT_DIR}/metrics.jsonl"]
+
+
+def rank_command(job: Job) -> list[str]:
+    """What every rank runs. Like a container's command/args: command alone runs without the
+    trainer's arguments; args alone replace the trainer's arguments."""
+    if job.command:
+        return [*job.command, *(job.args or ())]
+    return ["python", "-m", "trainop_trainer",
+            *(job.args if job.args is not None else trainer_args(job))]
+
+
+def network_env(job: Job) -> dict[str, str]:
+    """Transport settings: InfiniBand through the RDMA device, or TCP forced everywhere (so a
+    job on an IB-less pool never waits on a missing HCA)."""
+    if job.infiniband:
+        env = {"NCCL_IB_DISABLE": "0", "NCCL_IB_PCI_RELAXED_ORDERING": "1",
+               "UCX_TLS": "rc,sm,self", "UCX_IB_PCI_RELAXED_ORDERING": "on"}
+        env |= {"OpenMPI": {"OMPI_MCA_pml": "ucx", "OMPI_MCA_btl": "^openib"},
+                "Intel": {"I_MPI_FABRICS": "shm:ofi", "FI_PROVIDER": "mlx"},
+                "MPICH": {}}[job.mpi_implementation]
+    else:
+        env = {"NCCL_IB_DISABLE": "1"}
+        env |= {"OpenMPI": {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,vader,tcp"},
+                "Intel": {"I_MPI_FABRICS": "shm:ofi", "FI_PROVIDER": "tcp"},
+                "MPICH": {}}[job.mpi_implementation]
+    return env
+
+
+def container_env(job: Job) -> list[dict]:
+    base = {"PYTHONUNBUFFERED": "1", "TRAINOP_JOB_NAME": job.name} | network_env(job)
+    user = {e["name"] for e in job.env}
+    return common.env({k: v for k, v in base.items() if k not in user}) + [dict(e) for e in job.env]
+
+
+def mpirun_command(job: Job) -> list[str]:
+    hostfile = f"{CONF_DIR}/hostfile"
+    if job.mpi_implementation == "OpenMPI":
+        forwarded = ["PATH"] + [e["name"] for e in container_env(job)]
+        return ["mpirun", "--allow-run-as-root", "-np", str(job.total_slots),
+                "--hostfile", hostfile, "--map-by", "slot",
+                # Open MPI's default core binding cost 20% of GPU throughput (TOOLCHAIN.md), and
+                # container CPU quotas do not line up with cores anyway.
+                "--bind-to", "none",
+                "--mca", "orte_keep_fqdn_hostnames", "1",
+                # Only the launcher sshes; workers never need to reach each other over ssh.
+                "--mca", "plm_rsh_no_tree_spawn", "1",
+                "--mca", "plm_rsh_agent", "ssh",
+                "--mca", "plm_rsh_args", f"-F {CONF_DIR}/ssh_config",
+                *[x for name in forwarded for x in ("-x", name)],
+                *rank_command(job)]
+    # Hydra (Intel MPI, MPICH) forwards the whole environment by default.
+    launcher = ["-bootstrap", "ssh", "-bootstrap-exec"] if job.mpi_implementation == "Intel" \
+        else ["-launcher", "ssh", "-launcher-exec"]
+    return ["mpirun", "-f", hostfile, "-n", str(job.total_slots), "-ppn",
+            str(job.slots_per_worker), *launcher, f"{CONF_DIR}/ssh", *rank_command(job)]
+
+
+def _wait_for_dns(hosts_expr: str) -> list[str]:
+    """Shell lines that wait, bounded, until every host resolves. Readiness and the EndpointSlice
+    come first, but a resolver cache or a slow DNS server can still lag: never let that crash
+    the gang."""
+    return [
+        f"deadline=$(($(date +%s) + {DNS_WAIT_SECONDS}))",
+        f"for host in {hosts_expr}; do",
+        '  until getent hosts "$host" >/dev/null; do',
+        '    if [ "$(date +%s)" -ge "$deadline" ]; then',
+        f'      echo "trainop: $host does not resolve after {DNS_WAIT_SECONDS}s" >&2; exit 1',
+        "    fi",
+        "    sleep 1",
+        "  done",
+        "done",
+    ]
+
+
+def launcher_script(job: Job) -> str:
+    return "\n".join(["set -eu", *_wait_for_dns(f"$(cat {CONF_DIR}/hosts)"),
+                      "exec " + shlex.join(mpirun_command(job))]) + "\n"
+
+
+def torchrun_script(job: Job) -> str:
+    rdzv = f"{host(job, 0)}:{RDZV_PORT}"
+    program = rank_command(job)
+    if program[:3] == ["python", "-m", "trainop_trainer"]:
+        target = ["-m", "trainop_trainer", *program[3:]]
+    else:
+        target = ["--no-python", *program]
+    cmd = ["torchrun", f"--nnodes={job.workers}", f"--nproc-per-node={job.slots_per_worker}",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv}", f"--rdzv-id={job.name}",
+           "--max-restarts=0", *target]
+    return "\n".join(["set -eu", *_wait_for_dns(host(job, 0)), "exec " + shlex.join(cmd)]) + "\n"
+
+
+def sshd_script() -> str:
+    return f"mkdir -p /run/sshd\nexec /usr/sbin/sshd -D -e -f {CONF_DIR}/sshd_config\n"
+
+
+# ---- configuration files ----------------------------------------------------------------------
+def hostfile(job: Job) -> str:
+    if job.mpi_implementation == "OpenMPI":
+        line = "{host} slots={slots}\n"
+    else:
+        line = "{host}:{slots}\n"
+    return "".join(line.format(host=host(job, i), slots=job.slots_per_worker)
+                   for i in range(job.workers))
+
+
+def sshd_config() -> str:
+    return "\n".join([
+        f"Port {SSH_PORT}",
+        f"HostKey {SSH_DIR}/{SSH_KEY}",
+        f"AuthorizedKeysFile {SSH_DIR}/authorized_keys",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password",
+        # Secret volumes are symlinks into root-owned folders: StrictModes would refuse them.
+        "StrictModes no",
+        "UsePAM no",
+        "PidFile none",
+        "PrintMotd no",
+    ]) + "\n"
+
+
+def ssh_config() -> str:
+    return "\n".join([
+        "Host *",
+        f"  Port {SSH_PORT}",
+        f"  IdentityFile {SSH_DIR}/{SSH_KEY}",
+        "  IdentitiesOnly yes",
+        # Every worker's host key is the job's own key: pin it rather than disable checking.
+        f"  UserKnownHostsFile {SSH_DIR}/known_hosts",
+        "  GlobalKnownHostsFile /dev/null",
+        "  StrictHostKeyChecking yes",
+        "  BatchMode yes",
+        "  ConnectTimeout 10",
+        "  ConnectionAttempts 6",
+        "  LogLevel ERROR",
+    ]) + "\n"
+
+
+# ---- manifests --------------------------------------------------------------------------------
+def render_service(job: Job) -> dict:
+    port = {"name": "ssh", "port": SSH_PORT} if job.launcher == "mpi" \
+        else {"name": "rendezvous", "port": RDZV_PORT}
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": common.metadata(service_name(job), job.namespace, _labels(job)),
+        "spec": {"clusterIP": "None", "selector": _labels(job, WORKER),
+                 "ports": [{**port, "protocol": "TCP", "targetPort": port["port"]}]},
+    }
+
+
+def render_ssh_secret(job: Job, private_key: str, public_key: str) -> dict:
+    """The key pair comes from sshkeys.generate(), called once per job by the handler."""
+    files = {SSH_KEY: private_key, f"{SSH_KEY}.pub": public_key + "\n",
+             "authorized_keys": public_key + "\n", "known_hosts": f"* {public_key}\n"}
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": common.metadata(secret_name(job), job.namespace, _labels(job)),
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in files.items()},
+    }
+
+
+def render_config_map(job: Job) -> dict:
+    hosts = "".join(host(job, i) + "\n" for i in range(job.workers))
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": common.metadata(config_map_name(job), job.namespace, _labels(job)),
+        "data": {"hostfile": hostfile(job), "hosts": hosts, "sshd_config": sshd_config(),
+                 "ssh_config": ssh_config(),
+                 "ssh": f'#!/bin/sh\nexec ssh -F {CONF_DIR}/ssh_config "$@"\n'},
+    }
+
+
+def _placement(job: Job) -> dict:
+    out: dict = {"nodeSelector": dict(job.placement.node_selector)}
+    if job.placement.tolerations:
+        out["tolerations"] = [dict(t) for t in job.placement.tolerations]
+    return out
+
+
+def _ssh_volumes(job: Job) -> tuple[list[dict], list[dict]]:
+    """The SSH Secret and the MPI ConfigMap as volumes and mounts (launcher and workers)."""
+    items = [{"key": k, "path": k} for k in ("hostfile", "hosts", "sshd_config", "ssh_config")]
+    volumes = [
+        {"name": "ssh", "secret": {"secretName": secret_name(job), "defaultMode": 0o600}},
+        {"name": "mpi", "configMap": {"name": config_map_name(job), "defaultMode": 0o444,
+                                      "items": items + [{"key": "ssh", "path": "ssh",
+                                                         "mode": 0o555}]}},
+    ]
+    mounts = [{"name": "ssh", "mountPath": SSH_DIR, "readOnly": True},
+              {"name": "mpi", "mountPath": CONF_DIR, "readOnly": True}]
+    return volumes, mounts
+
+
+def _output_volume(job: Job) -> dict:
+    pvc = (job.output or {}).get("pvc")
+    if pvc:
+        return {"name": "output", "persistentVolumeClaim": {"claimName": pvc["claimName"]}}
+    return {"name": "output", "emptyDir": {}}
+
+
+def _container_base(job: Job, name: str) -> dict:
+    out = {"name": name, "image": job.image, "env": container_env(job)}
+    if job.image_pull_policy:
+        out["imagePullPolicy"] = job.image_pull_policy
+    return out
+
+
+def worker_resources(job: Job) -> dict:
+    requests = dict((job.resources or {}).get("requests") or {})
+    limits = dict((job.resources or {}).get("limits") or {})
+    if job.gpus_per_worker:
+        limits[job.placement.gpu_resource] = job.gpus_per_worker
+    if job.infiniband:
+        limits[job.placement.rdma_resource] = 1
+    out = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = None) -> dict:
+    """Worker pod `index` of gang attempt `attempt`; `claim_name` is the DataStage's claim."""
+    labels = _labels(job, WORKER, index, attempt)
+    container = _container_base(job, WORKER)
+    volumes = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": job.shm_size}},
+               _output_volume(job)]
+    mounts = [{"name": "shm", "mountPath": "/dev/shm"},
+              {"name": "output", "mountPath": OUTPUT_DIR}]
+    if claim_name:
+        volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim_name,
+                                                                  "readOnly": True}})
+        mounts.append({"name": "data", "mountPath": job.data_mount_path, "readOnly": True})
+    if job.launcher == "mpi":
+        ssh_volumes, ssh_mounts = _ssh_volumes(job)
+        volumes += ssh_volumes
+        mounts += ssh_mounts
+        container |= {"command": ["sh", "-c", sshd_script()],
+                      "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
+                      "readinessProbe": {"tcpSocket": {"port": SSH_PORT},
+                                         "periodSeconds": 2, "failureThreshold": 3}}
+    else:
+        container |= {"command": ["sh", "-c", torchrun_script(job)],
+                      "ports": [{"name": "rendezvous", "containerPort": RDZV_PORT}]}
+    resources = worker_resources(job)
+    if resources:
+        container["resources"] = resources
+    container["volumeMounts"] = mounts
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": common.metadata(worker_name(job, index), job.namespace, labels),
+        "spec": {"hostname": worker_name(job, index), "subdomain": service_name(job),
+                 "restartPolicy": "Never", **_placement(job),
+                 "containers": [container], "volumes": volumes},
+    }
+
+
+def render_launcher(job: Job, attempt: int) -> dict:
+    """The mpirun launcher as a batch/v1 Job. backoffLimit 0: a failure restarts the whole gang
+    (runPolicy.backoffLimit, counted by the operator), never the launcher alone."""
+    labels = _labels(job, LAUNCHER, None, attempt)
+    volumes, mounts = _ssh_volumes(job)
+    container = _container_base(job, LAUNCHER) | {
+        "command": ["sh", "-c", launcher_script(job)],
+        "resources": dict(job.launcher_resources),
+        "volumeMounts": mounts,
+    }
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": common.metadata(launcher_name(job), job.namespace, labels),
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"restartPolicy": "Never", **_placement(job),
+                         "containers": [container], "volumes": volumes},
+            },
+        },
+    }

@@ -1,0 +1,196 @@
+"""Typed parse of a DistributedTrainingJob: the CRD's defaults applied, then every check the
+schema cannot express, each error naming the field and the fix.
+
+    job = spec.parse(body, cfg)      # raises SpecError("spec.nodePool.name: ...")
+    job.total_gpus, job.placement.node_selector, job.slots_per_worker
+
+Pure: no API calls. Checks against live nodes take the node list as an argument
+(`capacity_error`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainop import crds
+from trainop.config import Config, NodePool
+
+KIND = "DistributedTrainingJob"
+
+
+class SpecError(ValueError):
+    """Bad input: `field` names it, the message says what to change."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Placement:
+    node_selector: dict[str, str]
+    tolerations: tuple[dict, ...]
+    pool: str | None  # name in the operator's config, None for an explicit nodeSelector
+    gpu_resource: str
+    rdma_resource: str
+
+
+@dataclass(frozen=True)
+class Training:
+    batch_size: int
+    epochs: int
+    steps_per_epoch: int | None
+    image_size: int | None
+    precision: str
+    channels_last: bool
+    compile: bool
+
+
+@dataclass(frozen=True)
+class RunPolicy:
+    backoff_limit: int
+    active_deadline_seconds: int | None
+    ttl_seconds_after_finished: int | None
+    clean_pod_policy: str
+    suspend: bool
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    namespace: str
+    framework: str
+    launcher: str  # mpi | torchrun
+    image: str
+    image_pull_policy: str | None
+    command: tuple[str, ...] | None
+    args: tuple[str, ...] | None
+    env: tuple[dict, ...]
+    workers: int
+    gpus_per_worker: int
+    slots_per_worker: int
+    mpi_implementation: str
+    resources: dict
+    shm_size: str
+    placement: Placement
+    infiniband: bool
+    data_stage: str | None
+    synthetic: bool
+    data_mount_path: str
+    training: Training
+    output: dict | None
+    run_policy: RunPolicy
+    launcher_resources: dict
+
+    @property
+    def total_gpus(self) -> int:
+        return self.workers * self.gpus_per_worker
+
+    @property
+    def total_slots(self) -> int:
+        return self.workers * self.slots_per_worker
+
+
+def _placement(spec: dict, cfg: Config) -> Placement:
+    pool_spec = spec.get("nodePool") or {}
+    if "nodeSelector" in pool_spec:
+        return Placement(node_selector=dict(pool_spec["nodeSelector"]),
+                         tolerations=tuple(pool_spec.get("tolerations") or ()), pool=None,
+                         gpu_resource=cfg.raw["gpuResource"], rdma_resource=cfg.raw["rdmaResource"])
+    if "name" in pool_spec:
+        field, name = "spec.nodePool.name", pool_spec["name"]
+    else:
+        kind = "infiniband" if spec["infiniband"] else "gpu" if spec["gpusPerWorker"] else "cpu"
+        field, name = "spec.nodePool", cfg.default_node_pools.get(kind)
+        if name is None:
+            raise SpecError(field, f"the operator has no default {kind} node pool; set "
+                                   f"nodePool.name or nodePool.nodeSelector")
+    pool: NodePool | None = cfg.node_pools.get(name)
+    if pool is None:
+        raise SpecError(field, f"node pool {name!r} does not exist in the operator's "
+                               f"configuration; use one of {', '.join(sorted(cfg.node_pools))} "
+                               f"or set nodePool.nodeSelector")
+    if spec["infiniband"] and not pool.infiniband:
+        raise SpecError("spec.infiniband", f"node pool {name!r} has no InfiniBand; choose a pool "
+                        f"with InfiniBand ({', '.join(sorted(p.name for p in cfg.node_pools.values() if p.infiniband)) or 'none configured'}) "
+                        f"or set infiniband: false")
+    return Placement(node_selector=dict(pool.node_selector), tolerations=tuple(pool.tolerations),
+                     pool=pool.name, gpu_resource=pool.gpu_resource,
+                     rdma_resource=pool.rdma_resource)
+
+
+def parse(body: dict, cfg: Config) -> Job:
+    """The job as a typed value; SpecError for input only the operator can judge."""
+    obj = crds.default({"apiVersion": body.get("apiVersion", "trainop.io/v1alpha1"),
+                        "kind": KIND, "metadata": body.get("metadata", {}),
+                        "spec": body.get("spec") or {}})
+    for error in crds.validate(obj):  # the API server already enforces these; --local does not
+        raise SpecError(*error.split(": ", 1))
+    spec, meta = obj["spec"], obj["metadata"]
+    if spec["launcher"] == "torchrun" and spec["framework"] != "pytorch":
+        raise SpecError("spec.launcher", f"torchrun runs PyTorch only; use launcher: mpi for "
+                                         f"{spec['framework']} (Horovod)")
+    image = spec.get("image") or cfg.images.get(spec["framework"])
+    if not image:
+        raise SpecError("spec.image", f"the operator has no default image for "
+                                      f"{spec['framework']}; set spec.image")
+    gpus = spec["gpusPerWorker"]
+    total = spec["workers"] * gpus
+    if cfg.max_gpus_per_job is not None and total > cfg.max_gpus_per_job:
+        raise SpecError("spec.gpusPerWorker", f"the job needs {total} GPUs ({spec['workers']} "
+                        f"workers x {gpus}); this cluster allows at most {cfg.max_gpus_per_job} "
+                        f"per job: reduce workers or gpusPerWorker")
+    data, train, run, output = spec["data"], spec["training"], spec["runPolicy"], spec.get("output")
+    return Job(
+        name=meta["name"], namespace=meta.get("namespace", "default"),
+        framework=spec["framework"], launcher=spec["launcher"], image=image,
+        image_pull_policy=spec.get("imagePullPolicy"),
+        command=tuple(spec["command"]) if spec.get("command") else None,
+        args=tuple(spec["args"]) if "args" in spec else None,
+        env=tuple(spec.get("env") or ()), workers=spec["workers"], gpus_per_worker=gpus,
+        slots_per_worker=spec.get("slotsPerWorker") or max(gpus, 1),
+        mpi_implementation=spec["mpiImplementation"], resources=spec.get("resources") or {},
+        shm_size=str(spec["shmSize"]), placement=_placement(spec, cfg),
+        infiniband=spec["infiniband"],
+        data_stage=(data.get("dataStageRef") or {}).get("name"),
+        synthetic=bool(data.get("synthetic")), data_mount_path=data["mountPath"],
+        training=Training(batch_size=train["batchSize"], epochs=train["epochs"],
+                          steps_per_epoch=train.get("stepsPerEpoch"),
+                          image_size=train.get("imageSize"), precision=train["precision"],
+                          channels_last=train["channelsLast"], compile=train["compile"]),
+        output=output,
+        run_policy=RunPolicy(backoff_limit=run["backoffLimit"],
+                             active_deadline_seconds=run.get("activeDeadlineSeconds"),
+                             ttl_seconds_after_finished=run.get("ttlSecondsAfterFinished"),
+                             clean_pod_policy=run["cleanPodPolicy"], suspend=run["suspend"]),
+        launcher_resources=cfg.launcher_resources,
+    )
+
+
+def _node_matches(node: dict, selector: dict[str, str]) -> bool:
+    labels = node["metadata"].get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def capacity_error(job: Job, nodes: list[dict]) -> SpecError | None:
+    """A SpecError when no node of the job's pool could ever hold one worker; else None."""
+    pool = job.placement
+    where = f"node pool {pool.pool!r}" if pool.pool else f"nodeSelector {pool.node_selector}"
+    field = "spec.nodePool.name" if pool.pool else "spec.nodePool.nodeSelector"
+    matching = [n for n in nodes if _node_matches(n, pool.node_selector)]
+    if not matching:
+        return SpecError(field, f"no node matches {where}; check the selector or add nodes to "
+                                f"the pool")
+
+    def most(resource: str) -> int:
+        return max(int((n.get("status", {}).get("allocatable") or {}).get(resource, 0) or 0)
+                   for n in matching)
+
+    if job.gpus_per_worker > (gpus := most(pool.gpu_resource)):
+        return SpecError("spec.gpusPerWorker", f"{job.gpus_per_worker} {pool.gpu_resource} per "
+                         f"worker, but the largest node of {where} has {gpus}; use at most "
+                         f"{gpus} and more workers")
+    if job.infiniband and most(pool.rdma_resource) < 1:
+        return SpecError("spec.infiniband", f"no node of {where} has {pool.rdma_resource}; "
+                                            f"choose an InfiniBand pool or set infiniband: false")
+    return None
