@@ -229,9 +229,11 @@ class Shipper:
     appenders: list[AppendShipper]
     interval: float
     output: tuple[Any, Path, str] | None = None  # (container client, local dir, blob prefix)
+    metrics_file: Path | None = None
     reporter: StatusReporter | None = None
+    output_sent: bool = False
 
-    def run(self, stop: "Stop", drain_timeout: float) -> int:
+    def run(self, stop: Stop, drain_timeout: float) -> int:
         while not stop.requested:
             self._step(final=False)
             stop.wait(self.interval)
@@ -243,16 +245,24 @@ class Shipper:
             ok &= _attempt(f"shipping {appender.path}", appender.ship)
         if self.reporter:
             ok &= _attempt("reporting metrics", lambda: self.reporter.tick(force=final))
+        # The trainer's last report says final: its model is written, upload it now. An MPI
+        # worker's pod (and this sidecar) may live on long after training, until it is deleted.
+        if self.output and not self.output_sent and not final and self.metrics_file:
+            if (last_metrics(self.metrics_file) or {}).get("final"):
+                self.output_sent = ok = _attempt("uploading output", self._upload_output) and ok
         return ok
 
+    def _upload_output(self) -> None:
+        log.info("uploaded %d output file(s) to %s/", upload_dir(*self.output), self.output[2])
+
     def drain(self, timeout: float) -> int:
-        """Ship everything left, then the output dir; retry failures until `timeout` seconds."""
+        """Ship everything left, then the output dir (again: only what changed since); retry
+        failures until `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while True:
             ok = self._step(final=True)
             if ok and self.output:
-                ok = _attempt("uploading output", lambda: log.info(
-                    "uploaded %d output file(s) to %s/", upload_dir(*self.output), self.output[2]))
+                ok = _attempt("uploading output", self._upload_output)
             if ok:
                 log.info("drained: %s", ", ".join(f"{a.path} {a.shipped} bytes" for a in self.appenders))
                 return 0
@@ -283,7 +293,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--file", action="append", default=[], metavar="PATH=BLOB",
                    help="append PATH to the Append Blob <dest>/BLOB (repeatable)")
     p.add_argument("--output-dir", type=Path, help="uploaded to <dest>/output/ when the sidecar stops")
-    p.add_argument("--metrics-file", type=Path, help="the trainer's JSON-lines metrics, reported to the job's status")
+    p.add_argument("--metrics-file", type=Path,
+                   help="the trainer's JSON-lines metrics: reported to the job's status (with --job); "
+                        "a report with final: true uploads --output-dir right away")
     p.add_argument("--job", help="the DistributedTrainingJob whose status.metrics is updated (needs --metrics-file)")
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"))
     p.add_argument("--pod-uid", default=os.environ.get("POD_UID", ""),
@@ -328,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                                   kube_status_patcher(args.job, args.namespace))
     output = (container, args.output_dir, f"{dest}/output") if args.output_dir else None
     log.info("shipping %d file(s) to %s/%s every %ss", len(appenders), args.container, dest, args.interval)
-    return Shipper(appenders, args.interval, output, reporter).run(stop, args.drain_timeout)
+    return Shipper(appenders, args.interval, output, args.metrics_file, reporter).run(stop, args.drain_timeout)
 
 
 if __name__ == "__main__":

@@ -164,6 +164,27 @@ def test_output_dir_uploaded_on_stop_and_not_again_after_restart(azurite, contai
     assert "uploaded 0 output file(s)" in sidecar.output()
 
 
+def test_output_uploaded_once_the_trainer_reports_final(azurite, container, tmp_path):
+    """An MPI worker's pod outlives training (sshd keeps running until the operator deletes it):
+    the model is uploaded when the trainer's last report says final, not only at SIGTERM."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 2.0}\n')
+    log = tmp_path / "train.log"
+    sidecar = Sidecar(azurite, container.container_name, tmp_path, {"pod.log": log},
+                      args=("--output-dir", str(out), "--metrics-file", str(out / "metrics.jsonl")))
+    try:
+        wait_until(lambda: "shipping " in sidecar.output(), timeout=30, what="the sidecar to start")
+        (out / "model.pt").write_bytes(b"weights")
+        with open(out / "metrics.jsonl", "ab") as f:
+            f.write(b'{"step": 2, "loss": 1.0, "final": true}\n')
+        wait_until(lambda: blob_bytes(container, "runs/job-a/0/output/model.pt") == b"weights", timeout=15,
+                   what="the model in the blob while the sidecar runs")
+    finally:
+        assert sidecar.stop() == 0, sidecar.output()
+    assert blob_bytes(container, "runs/job-a/0/output/metrics.jsonl") == (out / "metrics.jsonl").read_bytes()
+
+
 def test_workload_identity(azurite, entra_double, tmp_path):
     container = azurite.new_container(https=True)
     log = tmp_path / "train.log"

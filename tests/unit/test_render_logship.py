@@ -65,12 +65,16 @@ def test_launcher_gets_native_sidecar_shared_volume_and_tee():
 
 
 def test_worker_0_uploads_output_and_reports_metrics():
-    parts = logship.pod_parts(job(blob_output(SAS)), "worker", 0, 0, ["/usr/sbin/sshd", "-De"], {})
-    assert parts.init_containers[0]["args"][-8:] == [
-        "--output-dir", "/var/trainop/output", "--metrics-file", "/var/trainop/output/metrics.jsonl",
-        "--job", "j1", "--metrics-interval", "15"]
-    assert logship.trainer_paths(job(blob_output(SAS)), 0, {}) == (
-        "/var/trainop/output", "/var/trainop/output/metrics.jsonl")
+    output = {"name": "output", "mountPath": "/output"}
+    parts = logship.pod_parts(job(blob_output(SAS)), "worker", 0, 0, ["/usr/sbin/sshd", "-De"], {}, output_mount=output)
+    sidecar = parts.init_containers[0]
+    assert sidecar["args"][-8:] == ["--output-dir", "/output", "--metrics-file", "/output/metrics.jsonl",
+                                    "--job", "j1", "--metrics-interval", "15"]
+    assert sidecar["volumeMounts"] == [{"name": "trainop-run", "mountPath": "/var/trainop"},
+                                       {"name": "output", "mountPath": "/output", "readOnly": True}]
+    # The launcher is not where rank 0 writes: it ships its log only.
+    launcher = logship.pod_parts(job(blob_output(SAS)), "launcher", None, 0, ["mpirun"], {}, output_mount=output)
+    assert "--output-dir" not in launcher.init_containers[0]["args"]
 
 
 def test_other_workers_ship_only_when_configured():
@@ -85,7 +89,6 @@ def test_no_output_ships_nothing():
     assert logship.pod_parts(j, "launcher", None, 0, ["mpirun"], {}) is None
     assert logship.rbac(j, {}) == []
     assert logship.status_urls(j, 0, {}) == {}
-    assert logship.trainer_paths(j, 0, {}) is None
 
 
 def test_workload_identity_uses_the_federated_account_and_label():
@@ -141,20 +144,19 @@ def test_status_urls():
     assert logship.status_urls(job(blob_output(SAS, prefix="")), 0, {}) == {
         "logsURL": f"{ACCOUNT}/results/j1/0/", "outputURL": f"{ACCOUNT}/results/j1/0/output/"}
     assert logship.status_urls(job({"pvc": {"claimName": "results"}}), 1, {}) == {
-        "logsURL": "pvc://results/j1/1/", "outputURL": "pvc://results/j1/1/output/"}
+        "logsURL": "pvc://results/logs/j1/1/", "outputURL": "pvc://results/"}
 
 
 def test_pvc_output_tees_onto_the_claim_without_sidecar():
     j = job({"pvc": {"claimName": "results"}})
     parts = logship.pod_parts(j, "launcher", None, 1, ["mpirun"], {})
     assert parts.init_containers == []
-    assert parts.volumes == [{"name": "trainop-output", "persistentVolumeClaim": {"claimName": "results"}}]
-    assert parts.mounts == [{"name": "trainop-output", "mountPath": "/output"}]
-    assert parts.command[-2:] == ["/output/j1/1/$(POD_NAME).log", "mpirun"]
+    assert parts.volumes == [{"name": "trainop-run", "persistentVolumeClaim": {"claimName": "results"}}]
+    assert parts.mounts == [{"name": "trainop-run", "mountPath": "/var/trainop"}]
+    assert parts.command[-2:] == ["/var/trainop/logs/j1/1/$(POD_NAME).log", "mpirun"]
     assert parts.env == FIELD_ENV[:1]
     assert parts.service_account_name is None
     assert logship.rbac(j, {}) == []
-    assert logship.trainer_paths(j, 1, {}) == ("/output/j1/1/output", "/output/j1/1/output/metrics.jsonl")
 
 
 # The tee wrapper, run for real by /bin/sh (what the training container runs).

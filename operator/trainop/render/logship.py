@@ -3,22 +3,22 @@ output reaches `spec.output`. Pure: spec in, manifest fragments out.
 
 The DTJ renderer calls `pod_parts(...)` for each pod it renders and merges the result:
 
-    parts = logship.pod_parts(job, "launcher", None, attempt, command, cfg.section("logship"))
-    pod["spec"]["initContainers"] += parts.init_containers     # the native sidecar
+    parts = logship.pod_parts(job, "worker", 0, attempt, command, cfg.section("logship"),
+                              output_mount={"name": "output", "mountPath": "/output"})
+    pod["spec"]["initContainers"] = parts.init_containers      # the native sidecar
     pod["spec"]["volumes"] += parts.volumes
-    main["volumeMounts"] += parts.mounts; main["command"] = parts.command
-    pod["metadata"]["labels"].update(parts.labels)
-    pod["spec"]["serviceAccountName"] = parts.service_account_name  (when not None)
+    main["volumeMounts"] += parts.mounts; main["env"] += parts.env; main["command"] = parts.command
+    pod["metadata"]["labels"] |= parts.labels
+    pod["spec"]["serviceAccountName"], ...terminationGracePeriodSeconds  (when not None)
 
-and applies `rbac(job, cfg)` once per job. The trainer gets `--output-dir` / `--metrics-file`
-from `trainer_paths(job, attempt)`; `status_urls(job, attempt)` fills `status.logsURL/outputURL`.
+applies `rbac(job, cfg)` once per job, and puts `status_urls(job, attempt, cfg)` into the status.
 
 Blob output: the training container tees stdout+stderr into LOG_FILE on an emptyDir shared with
 the `logship` native sidecar (`python -m trainop.logship`), which appends it to
-`<prefix>/<job>/<attempt>/<pod>.log`. The rank-0 pod (worker 0: first in the hostfile for MPI,
-node rank 0 for torchrun) also uploads the trainer's output dir and reports its metrics to the
-job's status. PVC output: no sidecar; the tee writes straight onto the claim, under the same
-`<job>/<attempt>/` layout.
+`<prefix>/<job>/<attempt>/<pod>.log`. Worker 0 (where rank 0 runs: first in the MPI hostfile,
+node rank 0 for torchrun) also uploads the trainer's output dir to `.../<attempt>/output/` and
+reports its metrics to the job's status. PVC output: no sidecar; the tee writes straight onto the
+claim, under `logs/<job>/<attempt>/<pod>.log`, and the trainer's output is on the claim already.
 """
 
 from __future__ import annotations
@@ -30,13 +30,10 @@ from trainop.render import common
 from trainop.spec import Job, SpecError
 
 SIDECAR = "logship"
-VOLUME = "trainop-run"
-RUN_DIR = "/var/trainop"  # the shared emptyDir, in the training container and the sidecar
-LOG_FILE = f"{RUN_DIR}/train.log"
-OUTPUT_DIR = f"{RUN_DIR}/output"
-PVC_VOLUME = "trainop-output"
-PVC_MOUNT = "/output"  # where the output claim is mounted (the CRD's documented path)
-METRICS_NAME = "metrics.jsonl"  # the trainer's metrics file, inside its output dir
+VOLUME = "trainop-run"  # the log folder: an emptyDir shared with the sidecar, or the output claim
+RUN_DIR = "/var/trainop"
+LOG_FILE = f"{RUN_DIR}/train.log"  # Blob output: the file the sidecar ships
+METRICS_NAME = "metrics.jsonl"  # the trainer's --metrics-file, inside its --output-dir
 DEFAULTS = {
     "image": "trainop/operator:0.1.0",  # the sidecar runs the operator's own package
     "intervalSeconds": 2,
@@ -121,18 +118,10 @@ def status_urls(job: Job, attempt: int, cfg: dict) -> dict[str, str]:
     out = parse_output(job.output, cfg)
     if out is None:
         return {}
-    path = run_path(job, attempt, out)
-    base = f"{out.account_url}/{out.container}/{path}/" if out.claim is None else f"pvc://{out.claim}/{path}/"
+    if out.claim is not None:
+        return {"logsURL": f"pvc://{out.claim}/logs/{job.name}/{attempt}/", "outputURL": f"pvc://{out.claim}/"}
+    base = f"{out.account_url}/{out.container}/{run_path(job, attempt, out)}/"
     return {"logsURL": base, "outputURL": f"{base}output/"}
-
-
-def trainer_paths(job: Job, attempt: int, cfg: dict) -> tuple[str, str] | None:
-    """(--output-dir, --metrics-file) for the trainer, or None without output."""
-    out = parse_output(job.output, cfg)
-    if out is None:
-        return None
-    output_dir = OUTPUT_DIR if out.claim is None else f"{PVC_MOUNT}/{run_path(job, attempt, out)}/output"
-    return output_dir, f"{output_dir}/{METRICS_NAME}"
 
 
 def service_account_name(job: Job, out: Output) -> str:
@@ -146,32 +135,33 @@ class PodParts:
     command: list[str]
     init_containers: list[dict] = field(default_factory=list)
     volumes: list[dict] = field(default_factory=list)
-    mounts: list[dict] = field(default_factory=list)
+    mounts: list[dict] = field(default_factory=list)  # for the training container
     env: list[dict] = field(default_factory=list)  # for the training container
     labels: dict[str, str] = field(default_factory=dict)
     service_account_name: str | None = None
     termination_grace_period_seconds: int | None = None
 
 
-def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: list[str],
-              cfg: dict) -> PodParts | None:
-    """What the pod of `role` (launcher | worker) / `index` needs, with `command` the training
-    container's full command line. None when the pod does not ship (no output, or a worker other
-    than 0 without shipWorkerLogs)."""
+def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: list[str], cfg: dict,
+              output_mount: dict | None = None) -> PodParts | None:
+    """What the pod of `role` (launcher | worker) / `index` needs; `command` is the training
+    container's full command line, `output_mount` the training container's volumeMount of the
+    trainer's --output-dir (worker 0's sidecar uploads it and reports its metrics.jsonl). None
+    when the pod does not ship (no output, or a worker other than 0 without shipWorkerLogs)."""
     cfg = {**DEFAULTS, **cfg}
     out = parse_output(job.output, cfg)
-    primary = role == "worker" and index == 0  # where rank 0 writes the model and its metrics
+    primary = role == "worker" and index == 0
     if out is None or (role == "worker" and not primary and not cfg["shipWorkerLogs"]):
         return None
     if out.claim is not None:
-        log_dir = f"{PVC_MOUNT}/{run_path(job, attempt, out)}"
-        return PodParts(command=_tee(f"{log_dir}/$(POD_NAME).log", command), env=_field_env()[:1],
-                        volumes=[{"name": PVC_VOLUME, "persistentVolumeClaim": {"claimName": out.claim}}],
-                        mounts=[{"name": PVC_VOLUME, "mountPath": PVC_MOUNT}])
+        return PodParts(
+            command=_tee(f"{RUN_DIR}/logs/{job.name}/{attempt}/$(POD_NAME).log", command),
+            volumes=[{"name": VOLUME, "persistentVolumeClaim": {"claimName": out.claim}}],
+            mounts=[{"name": VOLUME, "mountPath": RUN_DIR}], env=_field_env()[:1])
     shared = {"name": VOLUME, "mountPath": RUN_DIR}
     return PodParts(
         command=_tee(LOG_FILE, command),
-        init_containers=[_sidecar(job, attempt, out, cfg, primary, shared)],
+        init_containers=[_sidecar(job, attempt, out, cfg, shared, output_mount if primary else None)],
         volumes=[{"name": VOLUME, "emptyDir": {}}],
         mounts=[shared],
         labels=out.auth.pod_labels(),
@@ -191,13 +181,16 @@ def _field_env() -> list[dict]:
                                ("POD_UID", "metadata.uid"))]
 
 
-def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, primary: bool, mount: dict) -> dict:
+def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, output_mount: dict | None) -> dict:
     args = ["--account-url", out.account_url, "--container", out.container,
             "--dest", run_path(job, attempt, out), "--file", f"{LOG_FILE}=$(POD_NAME).log",
             "--interval", str(cfg["intervalSeconds"]), "--drain-timeout", str(cfg["drainSeconds"])]
-    if primary:
-        args += ["--output-dir", OUTPUT_DIR, "--metrics-file", f"{OUTPUT_DIR}/{METRICS_NAME}",
+    mounts = [dict(shared)]
+    if output_mount:
+        output_dir = output_mount["mountPath"]
+        args += ["--output-dir", output_dir, "--metrics-file", f"{output_dir}/{METRICS_NAME}",
                  "--job", job.name, "--metrics-interval", str(cfg["metricsIntervalSeconds"])]
+        mounts.append({**output_mount, "readOnly": True})
     return {
         "name": SIDECAR,
         "image": cfg["image"],
@@ -206,7 +199,7 @@ def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, primary: bool, moun
         "command": ["python", "-m", "trainop.logship"],
         "args": args,
         "env": _field_env() + out.auth.container_env(),
-        "volumeMounts": [dict(mount)],
+        "volumeMounts": mounts,
         "resources": cfg["resources"],
     }
 
