@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from trainop import API_VERSION, conditions, kube
 from trainop.config import Config
 from trainop.kube import OwnershipError
-from trainop.render import common
+from trainop.render import common, logship
 from trainop.render import dtj as render
 from trainop.spec import Job, SpecError, capacity_error, parse
 
@@ -194,6 +194,7 @@ def _sync(body: dict, cfg: Config, st: _Status, now: dt.datetime) -> Result:
 
     try:
         job = parse(body, cfg)
+        logship.parse_output(job.output, job.logship)
     except SpecError as exc:
         if st.data.get("phase") not in TERMINAL:
             _finish(st, "Failed", "InvalidSpec", str(exc), now)
@@ -300,6 +301,8 @@ def _data_claim(job: Job, st: _Status):
 
 def _ensure_shared_children(job: Job, body: dict) -> None:
     kube.ensure(render.render_service(job), owner=body)
+    for obj in logship.rbac(job, job.logship):
+        kube.ensure(obj, owner=body)
     if job.launcher != "mpi":
         return
     kube.ensure(render.render_config_map(job), owner=body)
@@ -372,6 +375,7 @@ def _run_gang(job: Job, body: dict, st: _Status, res: Result, cfg: Config, claim
         if i not in workers:
             kube.ensure(render.render_worker(job, i, attempt, claim), owner=body, update=False)
     st.data.setdefault("startTime", _ts(now))
+    st.data.update(logship.status_urls(job, attempt, job.logship))
     ready = sum(1 for p in workers.values() if _pod_ready(p))
     st.data["workers"] = {"ready": ready, "total": job.workers,
                           "summary": f"{ready}/{job.workers}"}

@@ -81,6 +81,7 @@ class Job:
     output: dict | None
     run_policy: RunPolicy
     launcher_resources: dict
+    logship: dict  # the operator's `logship` configuration section (render/logship.py)
 
     @property
     def total_gpus(self) -> int:
@@ -163,7 +164,7 @@ def parse(body: dict, cfg: Config) -> Job:
                              active_deadline_seconds=run.get("activeDeadlineSeconds"),
                              ttl_seconds_after_finished=run.get("ttlSecondsAfterFinished"),
                              clean_pod_policy=run["cleanPodPolicy"], suspend=run["suspend"]),
-        launcher_resources=cfg.launcher_resources,
+        launcher_resources=cfg.launcher_resources, logship=cfg.section("logship"),
     )
 
 

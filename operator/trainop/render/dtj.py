@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import shlex
 
-from trainop.render import common
+from trainop.render import common, logship
 from trainop.spec import Job
 
 SSH_PORT = 2222  # unprivileged, so the same config works for non-root images
@@ -302,6 +302,28 @@ def worker_resources(job: Job) -> dict:
     return out
 
 
+def _ship_logs(job: Job, role: str, index: int | None, attempt: int, pod_spec: dict,
+               labels: dict) -> None:
+    """Merge the log shipper's parts (render/logship.py) into a pod being rendered."""
+    mount = {"name": "output", "mountPath": OUTPUT_DIR} if role == WORKER else None
+    container = pod_spec["containers"][0]
+    parts = logship.pod_parts(job, role, index, attempt, container["command"], job.logship,
+                              output_mount=mount)
+    if parts is None:
+        return
+    container["command"] = parts.command
+    container["volumeMounts"] = container.get("volumeMounts", []) + parts.mounts
+    container["env"] = container["env"] + parts.env
+    pod_spec["volumes"] = pod_spec["volumes"] + parts.volumes
+    if parts.init_containers:
+        pod_spec["initContainers"] = parts.init_containers
+    labels.update(parts.labels)
+    if parts.service_account_name:
+        pod_spec["serviceAccountName"] = parts.service_account_name
+    if parts.termination_grace_period_seconds is not None:
+        pod_spec["terminationGracePeriodSeconds"] = parts.termination_grace_period_seconds
+
+
 def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = None) -> dict:
     """Worker pod `index` of gang attempt `attempt`; `claim_name` is the DataStage's claim."""
     labels = _labels(job, WORKER, index, attempt)
@@ -329,12 +351,14 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
     if resources:
         container["resources"] = resources
     container["volumeMounts"] = mounts
+    pod_spec = {"hostname": worker_name(job, index), "subdomain": service_name(job),
+                "restartPolicy": "Never", **_placement(job),
+                "containers": [container], "volumes": volumes}
+    _ship_logs(job, WORKER, index, attempt, pod_spec, labels)
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": common.metadata(worker_name(job, index), job.namespace, labels),
-        "spec": {"hostname": worker_name(job, index), "subdomain": service_name(job),
-                 "restartPolicy": "Never", **_placement(job),
-                 "containers": [container], "volumes": volumes},
+        "spec": pod_spec,
     }
 
 
@@ -348,15 +372,12 @@ def render_launcher(job: Job, attempt: int) -> dict:
         "resources": dict(job.launcher_resources),
         "volumeMounts": mounts,
     }
+    pod_spec = {"restartPolicy": "Never", **_placement(job), "containers": [container],
+                "volumes": volumes}
+    _ship_logs(job, LAUNCHER, None, attempt, pod_spec, labels)
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": common.metadata(launcher_name(job), job.namespace, labels),
-        "spec": {
-            "backoffLimit": 0,
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {"restartPolicy": "Never", **_placement(job),
-                         "containers": [container], "volumes": volumes},
-            },
-        },
+        "spec": {"backoffLimit": 0,
+                 "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec}},
     }

@@ -1,0 +1,207 @@
+"""render/dtj.py: every child of a DistributedTrainingJob, with explicit expected values."""
+
+import base64
+import shlex
+
+from trainop import config
+from trainop.render import dtj
+from trainop.spec import parse
+
+CFG = config.load(None)
+GPU_TOL = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def job(**spec):
+    return parse({"metadata": {"name": "j1", "namespace": "team-a"}, "spec": spec}, CFG)
+
+
+def test_names_and_hosts():
+    j = job(workers=2)
+    assert (dtj.service_name(j), dtj.secret_name(j), dtj.config_map_name(j)) == ("j1", "j1-ssh", "j1-mpi")
+    assert (dtj.worker_name(j, 1), dtj.launcher_name(j)) == ("j1-worker-1", "j1-launcher")
+    assert dtj.host(j, 1) == "j1-worker-1.j1.team-a.svc"
+
+
+def test_hostfile_formats():
+    assert dtj.hostfile(job(workers=2, gpusPerWorker=4)) == (
+        "j1-worker-0.j1.team-a.svc slots=4\nj1-worker-1.j1.team-a.svc slots=4\n")
+    assert dtj.hostfile(job(workers=2, gpusPerWorker=4, mpiImplementation="Intel")) == (
+        "j1-worker-0.j1.team-a.svc:4\nj1-worker-1.j1.team-a.svc:4\n")
+    assert dtj.hostfile(job(workers=1, mpiImplementation="MPICH", slotsPerWorker=2)) == (
+        "j1-worker-0.j1.team-a.svc:2\n")
+
+
+def test_service_is_headless_and_selects_workers():
+    assert dtj.render_service(job(workers=2)) == {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "j1", "namespace": "team-a", "labels": {"trainop.io/job-name": "j1"}},
+        "spec": {"clusterIP": "None",
+                 "selector": {"trainop.io/job-name": "j1", "trainop.io/role": "worker"},
+                 "ports": [{"name": "ssh", "port": 2222, "protocol": "TCP", "targetPort": 2222}]},
+    }
+    torch = dtj.render_service(job(launcher="torchrun"))
+    assert torch["spec"]["ports"] == [{"name": "rendezvous", "port": 29400, "protocol": "TCP",
+                                       "targetPort": 29400}]
+
+
+def test_ssh_secret_pins_the_host_key():
+    secret = dtj.render_ssh_secret(job(), "PRIVATE\n", "ssh-ed25519 AAAAkey trainop")
+    files = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert files == {"id_ed25519": "PRIVATE\n", "id_ed25519.pub": "ssh-ed25519 AAAAkey trainop\n",
+                     "authorized_keys": "ssh-ed25519 AAAAkey trainop\n",
+                     "known_hosts": "* ssh-ed25519 AAAAkey trainop\n"}
+    assert secret["metadata"]["name"] == "j1-ssh" and secret["type"] == "Opaque"
+
+
+def test_config_map_files():
+    data = dtj.render_config_map(job(workers=2))["data"]
+    assert data["hosts"] == "j1-worker-0.j1.team-a.svc\nj1-worker-1.j1.team-a.svc\n"
+    assert "Port 2222\n" in data["sshd_config"]
+    assert "HostKey /etc/trainop/ssh/id_ed25519\n" in data["sshd_config"]
+    assert "AuthorizedKeysFile /etc/trainop/ssh/authorized_keys\n" in data["sshd_config"]
+    assert "PasswordAuthentication no\n" in data["sshd_config"]
+    assert "  StrictHostKeyChecking yes\n" in data["ssh_config"]
+    assert "  UserKnownHostsFile /etc/trainop/ssh/known_hosts\n" in data["ssh_config"]
+    assert data["ssh"] == '#!/bin/sh\nexec ssh -F /etc/trainop/mpi/ssh_config "$@"\n'
+
+
+def test_gpu_worker_pod():
+    pod = dtj.render_worker(job(workers=2, gpusPerWorker=4,
+                                resources={"requests": {"cpu": "8", "memory": "64Gi"}},
+                                data={"dataStageRef": {"name": "imagenet"}, "mountPath": "/imagenet"}),
+                            1, attempt=2, claim_name="imagenet-data")
+    assert pod["metadata"] == {"name": "j1-worker-1", "namespace": "team-a", "labels": {
+        "trainop.io/job-name": "j1", "trainop.io/role": "worker", "trainop.io/replica-index": "1",
+        "trainop.io/attempt": "2"}}
+    spec = pod["spec"]
+    assert (spec["hostname"], spec["subdomain"], spec["restartPolicy"]) == ("j1-worker-1", "j1", "Never")
+    assert spec["nodeSelector"] == {"kubernetes.azure.com/agentpool": "gpu"}
+    assert spec["tolerations"] == [GPU_TOL]
+    (c,) = spec["containers"]
+    assert c["command"] == ["sh", "-c", "mkdir -p /run/sshd\n"
+                            "exec /usr/sbin/sshd -D -e -f /etc/trainop/mpi/sshd_config\n"]
+    assert c["resources"] == {"requests": {"cpu": "8", "memory": "64Gi"},
+                              "limits": {"nvidia.com/gpu": 4}}
+    assert c["readinessProbe"]["tcpSocket"] == {"port": 2222}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["shm"] == {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}
+    assert volumes["data"] == {"name": "data", "persistentVolumeClaim": {"claimName": "imagenet-data",
+                                                                         "readOnly": True}}
+    assert volumes["ssh"]["secret"] == {"secretName": "j1-ssh", "defaultMode": 0o600}
+    assert volumes["mpi"]["configMap"]["name"] == "j1-mpi"
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["shm"]["mountPath"] == "/dev/shm"
+    assert mounts["data"] == {"name": "data", "mountPath": "/imagenet", "readOnly": True}
+    assert mounts["ssh"] == {"name": "ssh", "mountPath": "/etc/trainop/ssh", "readOnly": True}
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["NCCL_IB_DISABLE"] == "1" and env["OMPI_MCA_btl"] == "self,vader,tcp"
+
+
+def test_infiniband_worker_requests_rdma_and_sets_transport():
+    pod = dtj.render_worker(job(gpusPerWorker=8, infiniband=True), 0, attempt=0)
+    (c,) = pod["spec"]["containers"]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": 8, "rdma/ib": 1}}
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["NCCL_IB_DISABLE"] == "0" and env["UCX_TLS"] == "rc,sm,self"
+    assert env["OMPI_MCA_pml"] == "ucx" and env["OMPI_MCA_btl"] == "^openib"
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.azure.com/agentpool": "ibgpu"}
+
+
+def test_rdma_resource_name_from_configuration():
+    cfg = config.from_dict({"nodePools": {"nd": {"nodeSelector": {"p": "nd"}, "infiniband": True,
+                                                 "rdmaResource": "rdma/hca_shared_devices_a"}},
+                            "defaultNodePools": {"cpu": "nd", "gpu": "nd", "infiniband": "nd"}})
+    j = parse({"metadata": {"name": "j1", "namespace": "n"}, "spec": {"gpusPerWorker": 8, "infiniband": True}}, cfg)
+    limits = dtj.render_worker(j, 0, 0)["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": 8, "rdma/hca_shared_devices_a": 1}
+
+
+def test_user_env_wins_and_is_forwarded():
+    j = job(env=[{"name": "NCCL_IB_DISABLE", "value": "0"}, {"name": "FOO", "value": "bar"}])
+    names = [e["name"] for e in dtj.container_env(j)]
+    assert names == ["PYTHONUNBUFFERED", "TRAINOP_JOB_NAME", "OMPI_MCA_pml", "OMPI_MCA_btl",
+                     "NCCL_IB_DISABLE", "FOO"]
+    cmd = dtj.mpirun_command(j)
+    assert "-x FOO" in shlex.join(cmd) and "-x NCCL_IB_DISABLE" in shlex.join(cmd)
+
+
+def test_launcher_job():
+    j = job(workers=2, gpusPerWorker=4, training={"batchSize": 128, "epochs": 3, "precision": "bf16",
+                                                  "channelsLast": True})
+    launcher = dtj.render_launcher(j, attempt=1)
+    assert launcher["metadata"]["name"] == "j1-launcher"
+    assert launcher["metadata"]["labels"]["trainop.io/role"] == "launcher"
+    assert launcher["spec"]["backoffLimit"] == 0
+    pod = launcher["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never" and pod["tolerations"] == [GPU_TOL]
+    (c,) = pod["containers"]
+    assert c["resources"] == {"requests": {"cpu": "500m", "memory": "512Mi"}}
+    assert "nvidia.com/gpu" not in str(c["resources"])
+    script = c["command"][2]
+    assert c["command"][:2] == ["sh", "-c"]
+    assert script.startswith("set -eu\ndeadline=$(($(date +%s) + 300))\n"
+                             "for host in $(cat /etc/trainop/mpi/hosts); do\n")
+    last = script.strip().splitlines()[-1]
+    assert last == (
+        "exec mpirun --allow-run-as-root -np 8 --hostfile /etc/trainop/mpi/hostfile --map-by slot "
+        "--bind-to none --mca orte_keep_fqdn_hostnames 1 --mca plm_rsh_no_tree_spawn 1 "
+        "--mca plm_rsh_agent ssh --mca plm_rsh_args '-F /etc/trainop/mpi/ssh_config' "
+        "-x PATH -x PYTHONUNBUFFERED -x TRAINOP_JOB_NAME -x NCCL_IB_DISABLE -x OMPI_MCA_pml "
+        "-x OMPI_MCA_btl python -m trainop_trainer --framework pytorch --backend horovod "
+        "--synthetic --batch-size 128 --epochs 3 --precision bf16 --channels-last "
+        "--output-dir /output --metrics-file /output/metrics.jsonl")
+
+
+def test_hydra_mpirun():
+    assert dtj.mpirun_command(job(workers=2, mpiImplementation="Intel", command=["a.out"])) == [
+        "mpirun", "-f", "/etc/trainop/mpi/hostfile", "-n", "2", "-ppn", "1", "-bootstrap", "ssh",
+        "-bootstrap-exec", "/etc/trainop/mpi/ssh", "a.out"]
+    assert dtj.mpirun_command(job(mpiImplementation="MPICH", command=["a.out"]))[7:11] == [
+        "-launcher", "ssh", "-launcher-exec", "/etc/trainop/mpi/ssh"]
+
+
+def test_command_and_args_overrides():
+    assert dtj.rank_command(job(command=["python3", "x.py"])) == ["python3", "x.py"]
+    assert dtj.rank_command(job(command=["python3", "x.py"], args=["-v"])) == ["python3", "x.py", "-v"]
+    assert dtj.rank_command(job(args=["--help"])) == ["python", "-m", "trainop_trainer", "--help"]
+    assert dtj.trainer_args(job(data={"dataStageRef": {"name": "d"}}, launcher="torchrun",
+                                training={"stepsPerEpoch": 5, "imageSize": 64, "compile": True})) == [
+        "--framework", "pytorch", "--backend", "native", "--data-dir", "/data", "--batch-size", "64",
+        "--epochs", "1", "--steps-per-epoch", "5", "--image-size", "64", "--precision", "fp32",
+        "--compile", "--output-dir", "/output", "--metrics-file", "/output/metrics.jsonl"]
+
+
+def test_torchrun_worker():
+    j = job(launcher="torchrun", workers=3, gpusPerWorker=2)
+    pod = dtj.render_worker(j, 2, attempt=0)
+    (c,) = pod["spec"]["containers"]
+    assert "readinessProbe" not in c and "ssh" not in {v["name"] for v in pod["spec"]["volumes"]}
+    script = c["command"][2]
+    assert 'for host in j1-worker-0.j1.team-a.svc; do' in script
+    assert script.strip().splitlines()[-1] == (
+        "exec torchrun --nnodes=3 --nproc-per-node=2 --rdzv-backend=c10d "
+        "--rdzv-endpoint=j1-worker-0.j1.team-a.svc:29400 --rdzv-id=j1 --max-restarts=0 "
+        "-m trainop_trainer --framework pytorch --backend native --synthetic --batch-size 64 "
+        "--epochs 1 --precision fp32 --output-dir /output --metrics-file /output/metrics.jsonl")
+    custom = dtj.torchrun_script(job(launcher="torchrun", command=["python", "t.py"]))
+    assert "--max-restarts=0 --no-python python t.py" in custom
+
+
+def test_output_claim_and_log_shipper_parts():
+    j = job(workers=2, output={"pvc": {"claimName": "results"}})
+    worker = dtj.render_worker(j, 0, attempt=0)
+    volumes = {v["name"]: v for v in worker["spec"]["volumes"]}
+    assert volumes["output"] == {"name": "output", "persistentVolumeClaim": {"claimName": "results"}}
+    launcher = dtj.render_launcher(j, attempt=0)["spec"]["template"]["spec"]
+    # the log shipper wraps the launcher's command in its tee (render/logship.py owns the details)
+    assert launcher["containers"][0]["command"][3] == "trainop-tee"
+    assert launcher["containers"][0]["command"][-3:-1] == ["sh", "-c"]
+    no_output = dtj.render_worker(job(), 0, attempt=0)["spec"]
+    assert {v["name"]: v for v in no_output["volumes"]}["output"] == {"name": "output", "emptyDir": {}}
+    assert "initContainers" not in no_output
+
+
+def test_renderers_are_deterministic():
+    j = job(workers=2, gpusPerWorker=1)
+    assert dtj.render_worker(j, 0, 0) == dtj.render_worker(j, 0, 0)
+    assert dtj.render_launcher(j, 0) == dtj.render_launcher(j, 0)

@@ -1,0 +1,108 @@
+"""spec.parse / capacity_error / config: typed parsing with errors that name the field."""
+
+import pytest
+
+from trainop import config, crds
+from trainop.spec import SpecError, capacity_error, parse
+
+CFG = config.load(None)
+
+
+def body(**spec):
+    return {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+            "metadata": {"name": "j1", "namespace": "team-a"}, "spec": spec}
+
+
+def test_defaults_come_from_the_crd():
+    job = parse(body(), CFG)
+    assert (job.framework, job.launcher, job.workers, job.gpus_per_worker) == ("pytorch", "mpi", 1, 0)
+    assert job.slots_per_worker == 1 and job.mpi_implementation == "OpenMPI"
+    assert job.synthetic and job.data_stage is None and job.data_mount_path == "/data"
+    assert job.run_policy.backoff_limit == 3 and job.run_policy.clean_pod_policy == "Running"
+    assert not job.run_policy.suspend and job.run_policy.active_deadline_seconds is None
+    assert job.image == "trainop/trainer-pytorch:0.1.0"
+    assert job.shm_size == "1Gi"
+    assert job.placement.pool == "system"  # CPU job -> the configured CPU pool
+    assert job.training.batch_size == 64 and job.training.precision == "fp32"
+
+
+def test_gpu_and_infiniband_jobs_pick_their_default_pools():
+    gpu = parse(body(gpusPerWorker=4, workers=2), CFG)
+    assert gpu.placement.pool == "gpu" and gpu.slots_per_worker == 4 and gpu.total_gpus == 8
+    assert gpu.placement.tolerations == ({"key": "nvidia.com/gpu", "operator": "Exists",
+                                          "effect": "NoSchedule"},)
+    ib = parse(body(gpusPerWorker=8, infiniband=True), CFG)
+    assert ib.placement.pool == "ibgpu"
+    assert ib.placement.node_selector == {"kubernetes.azure.com/agentpool": "ibgpu"}
+    assert ib.placement.rdma_resource == "rdma/ib"
+
+
+def test_explicit_selector_and_slots():
+    job = parse(body(gpusPerWorker=2, slotsPerWorker=3,
+                     nodePool={"nodeSelector": {"pool": "x"}, "tolerations": []}), CFG)
+    assert job.placement.pool is None and job.placement.node_selector == {"pool": "x"}
+    assert job.slots_per_worker == 3 and job.total_slots == 3
+
+
+@pytest.mark.parametrize("spec,field,words", [
+    ({"nodePool": {"name": "nope"}}, "spec.nodePool.name", "does not exist"),
+    ({"nodePool": {"name": "gpu"}, "infiniband": True}, "spec.infiniband", "ibgpu"),
+    ({"launcher": "torchrun", "framework": "tensorflow"}, "spec.launcher", "launcher: mpi"),
+    ({"workers": 0}, "spec.workers", "minimum"),
+    ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "spec.runPolicy.cleanPodPolicy", "Running"),
+])
+def test_bad_input_names_the_field(spec, field, words):
+    with pytest.raises(SpecError) as err:
+        parse(body(**spec), CFG)
+    assert err.value.field == field
+    assert words in str(err.value)
+    assert str(err.value).startswith(field + ": ")
+
+
+def test_gpu_limit_from_configuration():
+    cfg = config.from_dict({"limits": {"maxGpusPerJob": 8}})
+    parse(body(gpusPerWorker=4, workers=2), cfg)
+    with pytest.raises(SpecError, match=r"spec.gpusPerWorker: the job needs 12 GPUs .*at most 8"):
+        parse(body(gpusPerWorker=4, workers=3), cfg)
+
+
+def node(pool, gpus=0, rdma=0):
+    return {"metadata": {"name": f"{pool}-n", "labels": {"kubernetes.azure.com/agentpool": pool}},
+            "status": {"allocatable": {"nvidia.com/gpu": str(gpus), "rdma/ib": str(rdma)}}}
+
+
+def test_capacity_checks_against_nodes():
+    nodes = [node("system"), node("gpu", 4), node("ibgpu", 8, 1)]
+    assert capacity_error(parse(body(gpusPerWorker=4), CFG), nodes) is None
+    err = capacity_error(parse(body(gpusPerWorker=6), CFG), nodes)
+    assert err.field == "spec.gpusPerWorker" and "largest node of node pool 'gpu' has 4" in str(err)
+    assert capacity_error(parse(body(gpusPerWorker=8, infiniband=True), CFG), nodes) is None
+    err = capacity_error(parse(body(gpusPerWorker=1), CFG), [node("system")])
+    assert err.field == "spec.nodePool.name" and "no node matches" in str(err)
+    err = capacity_error(parse(body(gpusPerWorker=1, infiniband=True,
+                                    nodePool={"nodeSelector": {"kubernetes.azure.com/agentpool": "gpu"}}),
+                               CFG), nodes)
+    assert err.field == "spec.infiniband"
+
+
+def test_crd_defaulting_and_validation_offline():
+    obj = crds.default(body(runPolicy={"suspend": True}))
+    assert obj["spec"]["runPolicy"] == {"suspend": True, "backoffLimit": 3, "cleanPodPolicy": "Running"}
+    assert obj["spec"]["data"] == {"synthetic": True, "mountPath": "/data"}
+    assert crds.validate(obj) == []
+    assert crds.validate(crds.default(body(gpusPerWorker=17))) == \
+        ["spec.gpusPerWorker: 17 is greater than the maximum of 16"]
+
+
+def test_config_errors_name_the_key(tmp_path):
+    with pytest.raises(config.ConfigError, match=r"^nodePools.gpu.nodeSelector: required"):
+        config.from_dict({"nodePools": {"gpu": {"tolerations": []}}})
+    with pytest.raises(config.ConfigError, match=r"^defaultNodePools.gpu: 'gpu' is not in nodePools"):
+        config.from_dict({"nodePools": {"a": {"nodeSelector": {"x": "y"}}},
+                          "defaultNodePools": {"cpu": "a", "infiniband": "a"}})
+    path = tmp_path / "c.yaml"
+    path.write_text("resyncSeconds: 0.5\nnodePools:\n  p: {nodeSelector: {k: v}, infiniband: true}\n"
+                    "defaultNodePools: {cpu: p, gpu: p, infiniband: p}\n")
+    cfg = config.load(path)
+    assert cfg.resync_seconds == 0.5 and list(cfg.node_pools) == ["p"]
+    assert cfg.node_pools["p"].infiniband and cfg.node_pools["p"].gpu_resource == "nvidia.com/gpu"
