@@ -11,6 +11,7 @@ import sys
 VERB_MODULES = [
     "trainop.cli.devcluster",
     "trainop.cli.operator",
+    "trainop.cli.logs",
 ]
 
 

@@ -74,7 +74,8 @@ class Output:
     claim: str | None = None
 
 
-_AUTH_METHODS = {"sasSecretRef": "SASToken", "accountKeySecretRef": "AccountKey",
+# The CRD's secret-backed auth fields and the blob.py method each one means.
+AUTH_METHODS = {"sasSecretRef": "SASToken", "accountKeySecretRef": "AccountKey",
                  "connectionStringSecretRef": "ConnectionString"}
 
 
@@ -92,10 +93,10 @@ def parse_output(output: dict | None, cfg: dict, field_: str = "spec.output") ->
     except blob.BlobConfigError as exc:
         raise SpecError(f"{where}.accountURL", str(exc).split(": ", 1)[1]) from None
     auth = spec.get("auth") or {"workloadIdentity": True}
-    ref_key = next((k for k in _AUTH_METHODS if k in auth), None)
+    ref_key = next((k for k in AUTH_METHODS if k in auth), None)
     if ref_key:
         ref = auth[ref_key]
-        parsed = blob.BlobAuth(_AUTH_METHODS[ref_key], secret_name=ref["name"], secret_key=ref["key"])
+        parsed = blob.BlobAuth(AUTH_METHODS[ref_key], secret_name=ref["name"], secret_key=ref["key"])
     else:
         account = auth.get("serviceAccountName") or {**DEFAULTS, **cfg}.get("workloadIdentityServiceAccount")
         if not account:
@@ -107,9 +108,9 @@ def parse_output(output: dict | None, cfg: dict, field_: str = "spec.output") ->
     return Output(account_url=url, container=spec["container"], prefix=spec.get("prefix", "").strip("/"), auth=parsed)
 
 
-def run_path(job: Job, attempt: int, out: Output) -> str:
-    """`<prefix>/<job>/<attempt>`: the blob folder (or claim subfolder) of one attempt."""
-    return "/".join(p for p in (out.prefix, job.name, str(attempt)) if p)
+def run_path(prefix: str, job_name: str, attempt: int) -> str:
+    """`<prefix>/<job>/<attempt>`: the blob folder of one attempt (also what `trainop logs` reads)."""
+    return "/".join(p for p in (prefix.strip("/"), job_name, str(attempt)) if p)
 
 
 def status_urls(job: Job, attempt: int, cfg: dict) -> dict[str, str]:
@@ -120,7 +121,7 @@ def status_urls(job: Job, attempt: int, cfg: dict) -> dict[str, str]:
         return {}
     if out.claim is not None:
         return {"logsURL": f"pvc://{out.claim}/logs/{job.name}/{attempt}/", "outputURL": f"pvc://{out.claim}/"}
-    base = f"{out.account_url}/{out.container}/{run_path(job, attempt, out)}/"
+    base = f"{out.account_url}/{out.container}/{run_path(out.prefix, job.name, attempt)}/"
     return {"logsURL": base, "outputURL": f"{base}output/"}
 
 
@@ -183,7 +184,7 @@ def _field_env() -> list[dict]:
 
 def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, output_mount: dict | None) -> dict:
     args = ["--account-url", out.account_url, "--container", out.container,
-            "--dest", run_path(job, attempt, out), "--file", f"{LOG_FILE}=$(POD_NAME).log",
+            "--dest", run_path(out.prefix, job.name, attempt), "--file", f"{LOG_FILE}=$(POD_NAME).log",
             "--interval", str(cfg["intervalSeconds"]), "--drain-timeout", str(cfg["drainSeconds"])]
     mounts = [dict(shared)]
     if output_mount:

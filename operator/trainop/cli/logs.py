@@ -1,0 +1,209 @@
+"""`trainop logs JOB [-f] [--pod launcher|worker-N] [--attempt N]`: a job's training log, from the
+live pod while it exists, from Blob Storage (where the log sidecar archived it) once it is gone.
+
+The bytes are the same either way: the training container tees its stdout+stderr, unchanged,
+both to its own stream (what the API serves) and to the file the sidecar appends to the blob.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import re
+import sys
+import time
+from typing import BinaryIO
+
+from trainop import API_VERSION, blob, kube
+from trainop.render import common, logship
+
+KIND = "DistributedTrainingJob"
+TERMINAL = ("Succeeded", "Failed")
+POLL_SECONDS = 2.0  # -f on an archived log: how often the blob's length is checked
+STREAM_CHUNK = 64 * 1024
+
+
+class LogsError(RuntimeError):
+    """Why no log can be shown; one line, no secret."""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("logs", help="print a training job's log (live or archived)", description=__doc__)
+    p.add_argument("job", help="DistributedTrainingJob name")
+    p.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing as the log grows")
+    p.add_argument("--pod", help="launcher or worker-N (default: launcher for MPI jobs, worker-0 for torchrun)")
+    p.add_argument("--attempt", type=int, help="gang attempt (default: the current one, status.restarts)")
+    p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        namespace = _connect(args.kubeconfig, args.namespace)
+        job = kube.get(API_VERSION, KIND, args.job, namespace)
+        if job is None:
+            raise LogsError(f"{KIND} {namespace}/{args.job} not found")
+        show(job, args.pod, args.attempt, args.follow, sys.stdout.buffer)
+        return 0
+    except LogsError as exc:
+        print(f"trainop logs: {exc}", file=sys.stderr)
+        return 1
+
+
+def _connect(kubeconfig: str | None, namespace: str | None) -> str:
+    from kubernetes import config
+
+    if kubeconfig:
+        kube.configure(config.new_client_from_config(config_file=kubeconfig))
+    else:
+        kube.configure()
+    if namespace:
+        return namespace
+    try:
+        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+        return (active or {}).get("context", {}).get("namespace") or "default"
+    except config.ConfigException:
+        return "default"  # in-cluster
+
+
+def parse_pod(job: dict, pod: str | None) -> tuple[str, int | None]:
+    """--pod as (role, index)."""
+    if pod is None:
+        return ("launcher", None) if job["spec"].get("launcher", "mpi") == "mpi" else ("worker", 0)
+    if pod == "launcher":
+        return "launcher", None
+    m = re.fullmatch(r"worker-(\d+)", pod)
+    if not m:
+        raise LogsError(f"--pod {pod!r}: expected launcher or worker-N (e.g. worker-0)")
+    return "worker", int(m.group(1))
+
+
+def show(job: dict, pod: str | None, attempt: int | None, follow: bool, out: BinaryIO) -> None:
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    role, index = parse_pod(job, pod)
+    if attempt is None:
+        attempt = int((job.get("status") or {}).get("restarts") or 0)
+    live = _live_pod(name, namespace, role, index, attempt)
+    if live is not None:
+        _stream_pod(live, follow, out)
+        return
+    what = f"{name}-{role}" + ("" if index is None else f"-{index}")
+    if not ((job["spec"].get("output") or {}).get("blob")):
+        raise LogsError(f"no live pod {what} (attempt {attempt}) and the job has no spec.output.blob to "
+                        "archive logs in")
+    _stream_blob(job, role, index, attempt, follow, out)
+
+
+def _live_pod(name: str, namespace: str, role: str, index: int | None, attempt: int) -> dict | None:
+    """The attempt's pod for role/index whose training container has started."""
+    labels = common.labels(name, role, index) | {common.LABEL_ATTEMPT: str(attempt)}
+    pods = [p for p in kube.list_objects("v1", "Pod", namespace, labels) if _started(p)]
+    pods.sort(key=lambda p: p["metadata"].get("creationTimestamp") or "")
+    return pods[-1] if pods else None
+
+
+def _started(pod: dict) -> bool:
+    main = pod["spec"]["containers"][0]["name"]
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == main:
+            state = status.get("state") or {}
+            return "running" in state or "terminated" in state
+    return False
+
+
+def _stream_pod(pod: dict, follow: bool, out: BinaryIO) -> None:
+    from kubernetes.client import CoreV1Api
+    from kubernetes.client.exceptions import ApiException
+
+    meta = pod["metadata"]
+    try:
+        resp = CoreV1Api(kube.configure()).read_namespaced_pod_log(
+            meta["name"], meta["namespace"], container=pod["spec"]["containers"][0]["name"],
+            follow=follow, _preload_content=False)
+    except ApiException as exc:
+        raise LogsError(f"pod {meta['name']}: the API refused its log ({exc.status} {exc.reason})") from None
+    for chunk in resp.stream(STREAM_CHUNK):
+        out.write(chunk)
+        out.flush()
+
+
+def _archive_client(job: dict):
+    """A ContainerClient for the job's output, authenticated as the job's own auth block says:
+    the Secret it names (read through the API, so RBAC decides who may), or for workload identity
+    the caller's own Azure login (DefaultAzureCredential: az login, environment, ...)."""
+    spec = job["spec"]["output"]["blob"]
+    auth = spec.get("auth") or {}
+    ref_key = next((k for k in logship.AUTH_METHODS if k in auth), None)
+    url = spec["accountURL"].rstrip("/")
+    if ref_key is None:
+        from azure.identity import DefaultAzureCredential
+        from azure.storage.blob import BlobServiceClient
+        return BlobServiceClient(url, credential=DefaultAzureCredential()).get_container_client(spec["container"]), None
+    ref = auth[ref_key]
+    secret_obj = kube.get("v1", "Secret", ref["name"], job["metadata"]["namespace"])
+    if secret_obj is None or ref["key"] not in (secret_obj.get("data") or {}):
+        raise LogsError(f"spec.output.blob.auth.{ref_key}: Secret {ref['name']} (key {ref['key']}) not found")
+    secret = base64.b64decode(secret_obj["data"][ref["key"]]).decode()
+    try:
+        service = blob.service_client(url, logship.AUTH_METHODS[ref_key], secret)
+    except blob.BlobConfigError as exc:
+        raise LogsError(blob.explain(exc, secret)) from None
+    return service.get_container_client(spec["container"]), secret
+
+
+def _find_blob(container, folder: str, name: str, role: str, index: int | None) -> str | None:
+    if role == "worker":
+        return f"{folder}/{name}-worker-{index}.log"
+    # The launcher's pod name ends in the batch Job's random suffix: the newest one of the attempt.
+    launchers = [b for b in container.list_blobs(name_starts_with=f"{folder}/{name}-launcher")
+                 if b.name.endswith(".log")]
+    launchers.sort(key=lambda b: b.creation_time)
+    return launchers[-1].name if launchers else None
+
+
+def _stream_blob(job: dict, role: str, index: int | None, attempt: int, follow: bool, out: BinaryIO) -> None:
+    from azure.core.exceptions import AzureError, ResourceNotFoundError
+
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    spec = job["spec"]["output"]["blob"]
+    folder = logship.run_path(spec.get("prefix", ""), name, attempt)
+    container, secret = _archive_client(job)
+    where = f"{spec['container']}/{folder}/"
+    try:
+        client = None
+        offset = 0
+        while True:
+            # Checked before reading: once the job is over and its pods (and their sidecars,
+            # which drain before they exit) are gone, this read is the last and complete one.
+            done = not follow or _finished(name, namespace)
+            if client is None:
+                blob_name = _find_blob(container, folder, name, role, index)
+                client = container.get_blob_client(blob_name) if blob_name else None
+            try:
+                size = client.get_blob_properties().size if client else None
+            except ResourceNotFoundError:
+                size = None
+            if size is None and done:
+                raise LogsError(f"no live pod and no archived log for {role}"
+                                f"{'' if index is None else f'-{index}'} of attempt {attempt} under {where}")
+            if size and size > offset:
+                for chunk in client.download_blob(offset=offset, length=size - offset).chunks():
+                    out.write(chunk)
+                    out.flush()
+                offset = size
+            if done:
+                return
+            time.sleep(POLL_SECONDS)
+    except AzureError as exc:
+        raise LogsError(f"reading {where}: {blob.explain(exc, secret)}") from None
+
+
+def _finished(name: str, namespace: str) -> bool:
+    """-f stops once the job is over and its pods are gone (their sidecars have drained)."""
+    job = kube.get(API_VERSION, KIND, name, namespace)
+    if job is None:
+        return True
+    if (job.get("status") or {}).get("phase") not in TERMINAL:
+        return False
+    return not kube.list_objects("v1", "Pod", namespace, common.labels(name))
