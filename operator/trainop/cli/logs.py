@@ -84,12 +84,19 @@ def show(job: dict, pod: str | None, attempt: int | None, follow: bool, out: Bin
     role, index = parse_pod(job, pod)
     if attempt is None:
         attempt = int((job.get("status") or {}).get("restarts") or 0)
+    archived = bool((job["spec"].get("output") or {}).get("blob"))
     live = _live_pod(name, namespace, role, index, attempt)
     if live is not None:
-        _stream_pod(live, follow, out)
-        return
-    what = f"{name}-{role}" + ("" if index is None else f"-{index}")
-    if not ((job["spec"].get("output") or {}).get("blob")):
+        try:
+            _stream_pod(live, follow, out)
+            return
+        except LogsError as exc:
+            if not archived:
+                raise
+            # The pod object outlived its node (kubelet unreachable, node lost): the archive has it.
+            print(f"trainop logs: {exc}; showing the archived log", file=sys.stderr)
+    if not archived:
+        what = f"{name}-{role}" + ("" if index is None else f"-{index}")
         raise LogsError(f"no live pod {what} (attempt {attempt}) and the job has no spec.output.blob to "
                         "archive logs in")
     _stream_blob(job, role, index, attempt, follow, out)

@@ -1,0 +1,190 @@
+"""Logs and results that outlive pods, on the real local control plane (KWOK runs no containers):
+the rendered pods carry the log sidecar; that sidecar, started as a real process with exactly the
+args, env, Secret and ServiceAccount identity of its rendered pod, reports metrics into the job's
+status and archives the log in Azurite; `trainop logs` returns the archive after the pods are
+gone; no credential shows up in any status, Event, pod spec or log."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.waiting import wait_until
+from trainop import blob
+from trainop.render import logship
+
+pytestmark = [pytest.mark.cluster, pytest.mark.azurite]
+
+SECRET = "storage"
+
+
+def dtj(name: str, azurite, container: str, **run_policy) -> dict:
+    return {
+        "apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+        "metadata": {"name": name},
+        "spec": {
+            "workers": 2, "gpusPerWorker": 1,
+            "output": {"blob": {"accountURL": azurite.http_url, "container": container, "prefix": "runs",
+                                "auth": {"sasSecretRef": {"name": SECRET, "key": "sas"}}}},
+            "runPolicy": run_policy,
+        },
+    }
+
+
+def setup_job(cluster, namespace, azurite, name: str, **run_policy) -> tuple[str, object]:
+    container = azurite.new_container()
+    sas = azurite.container_sas(container.container_name, permission="racwl")
+    cluster.kubectl("create", "secret", "generic", SECRET, "-n", namespace, f"--from-literal=sas={sas}")
+    cluster.apply(dtj(name, azurite, container.container_name, **run_policy), namespace)
+    return sas, container
+
+
+def launcher_pod(cluster, namespace: str, name: str) -> dict:
+    def find():
+        pods = cluster.get("pods", "-n", namespace, "-l", f"trainop.io/job-name={name},trainop.io/role=launcher")
+        return pods["items"][0] if pods["items"] else None
+    return wait_until(find, timeout=120, what=f"the launcher pod of {name}")
+
+
+class RenderedSidecar:
+    """The pod's `logship` init container run as a local process: its command and args (pod
+    paths mapped onto `root`), its env (fieldRefs from the pod, secretKeyRefs from the Secret),
+    and a kubeconfig holding a token of the pod's own ServiceAccount."""
+
+    def __init__(self, cluster, pod: dict, root: Path):
+        spec = next(c for c in pod["spec"]["initContainers"] if c["name"] == logship.SIDECAR)
+        meta = pod["metadata"]
+        self.root = root
+        self.run_dir, self.output_dir = root / "run", root / "output"
+        self.run_dir.mkdir(parents=True)
+        self.output_dir.mkdir()
+        fields = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"], "metadata.uid": meta["uid"]}
+        env = {**os.environ}
+        for item in spec["env"]:
+            source = item.get("valueFrom") or {}
+            if "value" in item:
+                env[item["name"]] = item["value"]
+            elif "fieldRef" in source:
+                env[item["name"]] = fields[source["fieldRef"]["fieldPath"]]
+            else:
+                ref = source["secretKeyRef"]
+                data = cluster.get("secret", ref["name"], "-n", meta["namespace"])["data"]
+                env[item["name"]] = base64.b64decode(data[ref["key"]]).decode()
+        env["KUBECONFIG"] = str(self._kubeconfig(cluster, pod))
+        args = [a.replace("$(POD_NAME)", meta["name"]).replace(logship.RUN_DIR, str(self.run_dir))
+                .replace("/output", str(self.output_dir)) for a in spec["args"]]
+        assert spec["command"][0] == "python"
+        self.log = root / "sidecar.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, *spec["command"][1:], *args], env=env,
+                                         stdout=out, stderr=subprocess.STDOUT)
+        wait_until(lambda: "shipping " in self.output() or self.proc.poll() is not None, timeout=30,
+                   what="the sidecar to start")
+
+    def _kubeconfig(self, cluster, pod: dict) -> Path:
+        account, ns = pod["spec"]["serviceAccountName"], pod["metadata"]["namespace"]
+        token = cluster.kubectl("create", "token", account, "-n", ns).stdout.strip()
+        admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+        config = {"apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
+                  "users": [{"name": account, "user": {"token": token}}],
+                  "contexts": [{"name": "pod", "context": {"cluster": admin["clusters"][0]["name"],
+                                                           "user": account, "namespace": ns}}],
+                  "current-context": "pod"}
+        path = self.root / "pod.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+def test_launcher_pod_has_the_sidecar_the_shared_volume_and_the_identity(cluster, namespace, operator, azurite):
+    sas, _ = setup_job(cluster, namespace, azurite, "ship")
+    pod = launcher_pod(cluster, namespace, "ship")
+    spec = pod["spec"]
+    sidecar = next(c for c in spec["initContainers"] if c["name"] == "logship")
+    assert sidecar["restartPolicy"] == "Always"
+    assert {"name": "trainop-run", "emptyDir": {}} in spec["volumes"]
+    assert {"name": "trainop-run", "mountPath": "/var/trainop"} in sidecar["volumeMounts"]
+    assert {"name": "trainop-run", "mountPath": "/var/trainop"} in spec["containers"][0]["volumeMounts"]
+    assert spec["containers"][0]["command"][:2] == ["/bin/sh", "-c"]
+    assert spec["serviceAccountName"] == "ship-logship"
+    assert {"name": blob.SECRET_ENV, "valueFrom": {"secretKeyRef": {"name": SECRET, "key": "sas"}}} in sidecar["env"]
+    # The identity may get/patch this job's status and nothing else.
+    who = f"system:serviceaccount:{namespace}:ship-logship"
+    def can(*what: str) -> bool:
+        return cluster.kubectl("auth", "can-i", "-n", namespace, f"--as={who}", *what, check=False).stdout.strip() == "yes"
+    assert can("patch", "distributedtrainingjobs.trainop.io/ship", "--subresource=status")
+    assert not can("patch", "distributedtrainingjobs.trainop.io/other", "--subresource=status")
+    assert not can("patch", "distributedtrainingjobs.trainop.io/ship")
+    assert not can("get", "pods")
+    assert not can("get", "secrets")
+    status = cluster.get("dtj", "ship", "-n", namespace)["status"]
+    base = f"{azurite.http_url}/{_container_of(cluster, namespace)}/runs/ship/0/"
+    assert (status["logsURL"], status["outputURL"]) == (base, base + "output/")
+    assert sas not in json.dumps(pod) and sas not in json.dumps(status)
+
+
+def _container_of(cluster, namespace: str) -> str:
+    return cluster.get("dtj", "ship", "-n", namespace)["spec"]["output"]["blob"]["container"]
+
+
+def test_metrics_reach_the_status_and_logs_outlive_the_pods(cluster, namespace, operator, azurite, tmp_path):
+    sas, container = setup_job(cluster, namespace, azurite, "arch", cleanPodPolicy="All")
+    launcher = launcher_pod(cluster, namespace, "arch")
+    worker0 = cluster.get("pod", "arch-worker-0", "-n", namespace)
+
+    # Worker 0's sidecar (where rank 0 writes its metrics) reports them with its pod's own token.
+    rank0 = RenderedSidecar(cluster, worker0, tmp_path / "worker-0")
+    metrics = rank0.output_dir / "metrics.jsonl"
+    metrics.write_text(json.dumps({"epoch": 0, "step": 10, "loss": 6.5, "imagesPerSec": 812.5, "worldSize": 2}) + "\n")
+    expected = {"epoch": 0, "step": 10, "loss": 6.5, "imagesPerSec": 812.5, "worldSize": 2}
+    wait_until(lambda: (cluster.get("dtj", "arch", "-n", namespace).get("status") or {}).get("metrics") == expected,
+               timeout=60, what="status.metrics from the sidecar")
+
+    # The launcher's sidecar archives the tee'd log.
+    shipper = RenderedSidecar(cluster, launcher, tmp_path / "launcher")
+    text = b"".join(b"rank 0 step %d loss %.3f\n" % (i, 7 - i / 100) for i in range(2000)) + b"done"
+    (shipper.run_dir / "train.log").write_bytes(text)
+    with open(metrics, "a") as f:
+        f.write(json.dumps({"epoch": 1, "step": 20, "loss": 5.0, "final": True}) + "\n")
+    # Native sidecars stop after the training container: the test stops them the same way.
+    assert shipper.stop() == 0, shipper.output()
+    assert rank0.stop() == 0, rank0.output()
+    status = cluster.get("dtj", "arch", "-n", namespace)["status"]
+    assert status["metrics"] == {"epoch": 1, "step": 20, "loss": 5.0, "final": True}
+
+    cluster.end_pod(namespace, launcher["metadata"]["name"], exit_code=0)
+    wait_until(lambda: cluster.get("dtj", "arch", "-n", namespace).get("status", {}).get("phase") == "Succeeded",
+               timeout=120, what="the job to succeed")
+    wait_until(lambda: not cluster.get("pods", "-n", namespace, "-l", "trainop.io/job-name=arch")["items"],
+               timeout=120, what="cleanPodPolicy All to delete every pod")
+
+    trainop = [sys.executable, "-m", "trainop", "logs", "arch", "-n", namespace, "--kubeconfig", str(cluster.kubeconfig)]
+    shown = subprocess.run(trainop, capture_output=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr.decode()
+    assert shown.stdout == text
+    assert container.get_blob_client("runs/arch/0/output/metrics.jsonl").download_blob().readall() == metrics.read_bytes()
+    missing = subprocess.run([*trainop, "--attempt", "3"], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("trainop logs: no live pod and no archived log for launcher of attempt 3")
+
+    # No credential in anything the job, the operator or the sidecars left behind.
+    events = cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+    texts = [events, json.dumps(cluster.get("dtj", "arch", "-n", namespace)), operator.logs(),
+             rank0.output(), shipper.output(), shown.stderr.decode(), missing.stderr]
+    signature = sas.split("sig=", 1)[1].split("&", 1)[0]
+    for text_ in texts:
+        assert sas not in text_ and signature not in text_
