@@ -10,10 +10,9 @@ Shared by the stager (DataStage) and the log shipper (DistributedTrainingJob out
 
 The `auth` block (the same in every CRD that reads Blob Storage):
 
-    auth:
-      method: WorkloadIdentity | SASToken | AccountKey | ConnectionString
-      serviceAccountName: sa   # WorkloadIdentity: the ServiceAccount federated with the identity
-      secretRef: {name: s, key: k}   # the other methods; key defaults per method (SECRET_KEYS)
+    auth:                      # exactly one of:
+      workloadIdentity: true   # + serviceAccountName: the ServiceAccount federated with the identity
+      sasSecretRef | accountKeySecretRef | connectionStringSecretRef: {name: secret, key: key}
 
 The secret value reaches the pod as one env var (SECRET_ENV) through a secretKeyRef, so it is never
 rendered into a manifest, an argument list, a log line or a status field.
@@ -28,8 +27,9 @@ from typing import Any, Mapping
 from urllib.parse import urlsplit
 
 METHODS = ("WorkloadIdentity", "SASToken", "AccountKey", "ConnectionString")
-# Default key inside the Secret per method (what `az storage ... generate-sas` users name it).
-SECRET_KEYS = {"SASToken": "sasToken", "AccountKey": "accountKey", "ConnectionString": "connectionString"}
+# The `auth` block's Secret references and the method each selects.
+SECRET_REFS = {"sasSecretRef": "SASToken", "accountKeySecretRef": "AccountKey",
+               "connectionStringSecretRef": "ConnectionString"}
 # Env vars the pod gets: the method, and the secret value itself (methods other than WorkloadIdentity).
 METHOD_ENV = "TRAINOP_BLOB_AUTH_METHOD"
 SECRET_ENV = "TRAINOP_BLOB_SECRET"
@@ -72,19 +72,19 @@ class BlobAuth:
 
 
 def parse_auth(auth: Mapping[str, Any] | None, field: str) -> BlobAuth:
-    """Validate an `auth` block (`field` is its path, e.g. `spec.source.blob.auth`)."""
-    auth = auth or {}
-    method = auth.get("method", "WorkloadIdentity")
-    if method not in METHODS:
-        raise BlobConfigError(f"{field}.method: {method!r} is not one of {', '.join(METHODS)}")
-    secret_ref = auth.get("secretRef") or {}
-    if method == "WorkloadIdentity":
-        if secret_ref:
-            raise BlobConfigError(f"{field}.secretRef: not used with method WorkloadIdentity; remove it or pick SASToken/AccountKey/ConnectionString")
-        return BlobAuth(method, service_account_name=auth.get("serviceAccountName") or None)
-    if not secret_ref.get("name"):
-        raise BlobConfigError(f"{field}.secretRef.name: required for method {method} (the Secret that holds the credential)")
-    return BlobAuth(method, secret_name=secret_ref["name"], secret_key=secret_ref.get("key") or SECRET_KEYS[method])
+    """Validate an `auth` block (`field` is its path, e.g. `spec.source.blob.auth`). The CRDs'
+    CEL rules reject most mistakes first; this catches the rest, naming the field."""
+    auth = auth or {"workloadIdentity": True}
+    chosen = [k for k in ("workloadIdentity", *SECRET_REFS) if auth.get(k)]
+    if len(chosen) != 1:
+        raise BlobConfigError(f"{field}: set exactly one of workloadIdentity: true, {', '.join(SECRET_REFS)}")
+    if chosen[0] == "workloadIdentity":
+        return BlobAuth("WorkloadIdentity", service_account_name=auth.get("serviceAccountName") or None)
+    ref = auth[chosen[0]]
+    for part in ("name", "key"):
+        if not ref.get(part):
+            raise BlobConfigError(f"{field}.{chosen[0]}.{part}: required (the Secret {part} that holds the credential)")
+    return BlobAuth(SECRET_REFS[chosen[0]], secret_name=ref["name"], secret_key=ref["key"])
 
 
 def check_account_url(url: str | None, field: str) -> str:
@@ -97,7 +97,7 @@ def check_account_url(url: str | None, field: str) -> str:
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise BlobConfigError(f"{field}: {_strip_query(url)!r} is not an http(s) URL; use https://<account>.blob.core.windows.net")
     if parts.query or parts.fragment:
-        raise BlobConfigError(f"{field}: must not carry a query string (a SAS token belongs in a Secret: auth.method SASToken)")
+        raise BlobConfigError(f"{field}: must not carry a query string (a SAS token belongs in a Secret: auth.sasSecretRef)")
     if not account_name(url):
         raise BlobConfigError(f"{field}: cannot tell the storage account from {url!r}; use https://<account>.blob.core.windows.net")
     return url.rstrip("/")
