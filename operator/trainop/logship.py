@@ -44,6 +44,12 @@ CHUNK = 4 * 1024 * 1024
 METRIC_KEYS = ("epoch", "step", "loss", "imagesPerSec", "imagesPerSecPerGPU", "stepTime", "worldSize", "final")
 # How much of the metrics file's tail is read to find its last complete line.
 METRICS_TAIL = 64 * 1024
+# An Append Blob takes at most 50,000 blocks. Shipping every 2 s would use them up in 28 hours of
+# training; instead the pause between appends doubles every PACE_STEP blocks (2 s, 4 s, ... 32 s:
+# about a week), and the last DRAIN_RESERVE blocks are kept for full 4 MiB blocks and the drain.
+MAX_BLOCKS = 50_000
+PACE_STEP = 10_000
+DRAIN_RESERVE = 1_000
 POD_UID_META = "trainoppoduid"
 BASE_META = "trainopbase"
 
@@ -57,6 +63,8 @@ class AppendShipper:
         self.pod_uid = pod_uid
         self.base: int | None = None  # blob offset of this file's byte 0; None until resumed
         self.shipped = 0  # bytes of the file the blob holds
+        self.blocks = 0  # the blob's committed block count
+        self.last_append = float("-inf")  # time.monotonic() of the last append
 
     def resume(self) -> None:
         """Learn from the blob how much of the file it already holds (create it if missing)."""
@@ -77,6 +85,7 @@ class AppendShipper:
                 raise blob.BlobConfigError(
                     f"blob {self.client.blob_name}: is a {props.blob_type}, not an append blob; delete it or use another output prefix")
             meta = props.metadata or {}
+            self.blocks = props.append_blob_committed_block_count or 0
             if meta.get(POD_UID_META) != self.pod_uid:
                 # A new pod under the same name: append after the previous pod's bytes.
                 try:
@@ -92,9 +101,14 @@ class AppendShipper:
             log.info("resuming %s at byte %d", self.client.blob_name, self.shipped)
             return
 
-    def ship(self) -> int:
+    def due(self, interval: float, now: float) -> bool:
+        """Whether a pass at `now` may append, pacing appends by the blocks used (MAX_BLOCKS)."""
+        return now - self.last_append >= interval * 2 ** (self.blocks // PACE_STEP)
+
+    def ship(self, final: bool = True) -> int:
         """Append everything the file holds beyond what the blob has; returns bytes appended.
-        Streams in CHUNK-sized blocks: memory stays bounded whatever the file's size."""
+        Streams in CHUNK-sized blocks: memory stays bounded whatever the file's size. Once the
+        blob is near its block limit, only `final` (the drain) appends a block shorter than CHUNK."""
         from azure.core.exceptions import HttpResponseError
 
         if self.base is None:
@@ -108,7 +122,7 @@ class AppendShipper:
             while True:
                 f.seek(self.shipped)
                 data = f.read(CHUNK)
-                if not data:
+                if not data or (len(data) < CHUNK and not final and self.blocks >= MAX_BLOCKS - DRAIN_RESERVE):
                     return appended
                 try:
                     self.client.append_block(data, appendpos_condition=self.base + self.shipped)
@@ -120,6 +134,8 @@ class AppendShipper:
                     self.resume()
                     continue
                 self.shipped += len(data)
+                self.blocks += 1
+                self.last_append = time.monotonic()
                 appended += len(data)
 
 
@@ -240,9 +256,10 @@ class Shipper:
         return self.drain(drain_timeout)
 
     def _step(self, final: bool) -> bool:
-        ok = True
+        ok, now = True, time.monotonic()
         for appender in self.appenders:
-            ok &= _attempt(f"shipping {appender.path}", appender.ship)
+            if final or appender.due(self.interval, now):
+                ok &= _attempt(f"shipping {appender.path}", lambda: appender.ship(final))
         if self.reporter:
             ok &= _attempt("reporting metrics", lambda: self.reporter.tick(force=final))
         # The trainer's last report says final: its model is written, upload it now. An MPI

@@ -274,3 +274,26 @@ def test_memory_stays_bounded_whatever_the_log_size(azurite, container, tmp_path
     small = peak_rss_mib(1 << 20, "small.log")
     large = peak_rss_mib(64 << 20, "large.log")
     assert large - small < 32, (small, large)
+
+
+def test_appends_are_paced_to_last_within_the_block_limit(azurite, container, tmp_path):
+    log = tmp_path / "train.log"
+    log.write_bytes(b"a\n")
+    shipper = logship.AppendShipper(container.get_blob_client("runs/job-a/0/pod.log"), log, "uid-1")
+    assert shipper.ship(final=False) == 2
+    assert shipper.blocks == 1
+    t = shipper.last_append
+    assert not shipper.due(2, t + 1.9) and shipper.due(2, t + 2)
+    shipper.blocks = logship.PACE_STEP * 2  # a long run: 20,000 blocks used, appends every 8 s
+    assert not shipper.due(2, t + 7.9) and shipper.due(2, t + 8)
+    # Near the limit, a short block waits for the drain (or for a full 4 MiB block).
+    shipper.blocks = logship.MAX_BLOCKS - logship.DRAIN_RESERVE
+    with open(log, "ab") as f:
+        f.write(b"b\n")
+    assert shipper.ship(final=False) == 0
+    assert shipper.ship(final=True) == 2
+    assert blob_bytes(container) == b"a\nb\n"
+    # The count survives a restart: it is the blob's own.
+    resumed = logship.AppendShipper(container.get_blob_client("runs/job-a/0/pod.log"), log, "uid-1")
+    resumed.resume()
+    assert resumed.blocks == 2
