@@ -140,20 +140,21 @@ def _archive_client(job: dict):
     the Secret it names (read through the API, so RBAC decides who may), or for workload identity
     the caller's own Azure login (DefaultAzureCredential: az login, environment, ...)."""
     spec = job["spec"]["output"]["blob"]
-    auth = spec.get("auth") or {}
-    ref_key = next((k for k in logship.AUTH_METHODS if k in auth), None)
     url = spec["accountURL"].rstrip("/")
-    if ref_key is None:
+    try:
+        auth = blob.parse_auth(spec.get("auth"), "spec.output.blob.auth")
+    except blob.BlobConfigError as exc:
+        raise LogsError(str(exc)) from None
+    if auth.method == "WorkloadIdentity":
         from azure.identity import DefaultAzureCredential
         from azure.storage.blob import BlobServiceClient
         return BlobServiceClient(url, credential=DefaultAzureCredential()).get_container_client(spec["container"]), None
-    ref = auth[ref_key]
-    secret_obj = kube.get("v1", "Secret", ref["name"], job["metadata"]["namespace"])
-    if secret_obj is None or ref["key"] not in (secret_obj.get("data") or {}):
-        raise LogsError(f"spec.output.blob.auth.{ref_key}: Secret {ref['name']} (key {ref['key']}) not found")
-    secret = base64.b64decode(secret_obj["data"][ref["key"]]).decode()
+    secret_obj = kube.get("v1", "Secret", auth.secret_name, job["metadata"]["namespace"])
+    if secret_obj is None or auth.secret_key not in (secret_obj.get("data") or {}):
+        raise LogsError(f"spec.output.blob.auth: Secret {auth.secret_name} (key {auth.secret_key}) not found")
+    secret = base64.b64decode(secret_obj["data"][auth.secret_key]).decode()
     try:
-        service = blob.service_client(url, logship.AUTH_METHODS[ref_key], secret)
+        service = blob.service_client(url, auth.method, secret)
     except blob.BlobConfigError as exc:
         raise LogsError(blob.explain(exc, secret)) from None
     return service.get_container_client(spec["container"]), secret

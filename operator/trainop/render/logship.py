@@ -74,11 +74,6 @@ class Output:
     claim: str | None = None
 
 
-# The CRD's secret-backed auth fields and the blob.py method each one means.
-AUTH_METHODS = {"sasSecretRef": "SASToken", "accountKeySecretRef": "AccountKey",
-                 "connectionStringSecretRef": "ConnectionString"}
-
-
 def parse_output(output: dict | None, cfg: dict, field_: str = "spec.output") -> Output | None:
     """The CRD's output block as an Output; SpecError naming the field for what the schema
     cannot reject."""
@@ -90,22 +85,18 @@ def parse_output(output: dict | None, cfg: dict, field_: str = "spec.output") ->
     where = f"{field_}.blob"
     try:
         url = blob.check_account_url(spec.get("accountURL"), f"{where}.accountURL")
+        auth = blob.parse_auth(spec.get("auth"), f"{where}.auth")
     except blob.BlobConfigError as exc:
-        raise SpecError(f"{where}.accountURL", str(exc).split(": ", 1)[1]) from None
-    auth = spec.get("auth") or {"workloadIdentity": True}
-    ref_key = next((k for k in AUTH_METHODS if k in auth), None)
-    if ref_key:
-        ref = auth[ref_key]
-        parsed = blob.BlobAuth(AUTH_METHODS[ref_key], secret_name=ref["name"], secret_key=ref["key"])
-    else:
-        account = auth.get("serviceAccountName") or {**DEFAULTS, **cfg}.get("workloadIdentityServiceAccount")
+        raise SpecError(*str(exc).split(": ", 1)) from None
+    if auth.method == "WorkloadIdentity" and not auth.service_account_name:
+        account = {**DEFAULTS, **cfg}.get("workloadIdentityServiceAccount")
         if not account:
             raise SpecError(f"{where}.auth.serviceAccountName",
                             "required with workloadIdentity: name the ServiceAccount federated with the "
                             "managed identity that may write the container (or set "
                             "logship.workloadIdentityServiceAccount in the operator's configuration)")
-        parsed = blob.BlobAuth("WorkloadIdentity", service_account_name=account)
-    return Output(account_url=url, container=spec["container"], prefix=spec.get("prefix", "").strip("/"), auth=parsed)
+        auth = blob.BlobAuth("WorkloadIdentity", service_account_name=account)
+    return Output(account_url=url, container=spec["container"], prefix=spec.get("prefix", "").strip("/"), auth=auth)
 
 
 def run_path(prefix: str, job_name: str, attempt: int) -> str:
