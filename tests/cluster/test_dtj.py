@@ -340,3 +340,15 @@ def test_kubectl_get_columns(cluster, namespace, api, op):
     assert out[1].split()[:4] == ["cols", "Running", "3/3", "6"]
     wide = cluster.kubectl("get", "dtj", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert wide[0].split() == ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS", "AGE"]
+
+
+def test_torchrun_job_succeeds_when_every_worker_completes(cluster, namespace, api, op):
+    cluster.apply(manifest("tr", launcher="torchrun", workers=2, gpusPerWorker=2), namespace)
+    wait_until(lambda: (c := api.condition("tr", "Running")) and c["status"] == "True", timeout=60,
+               what="torchrun workers running")
+    assert api.launcher("tr") is None and api.children("tr")["secrets"] == []
+    pod = api.core.read_namespaced_pod("tr-worker-1", namespace)
+    assert "--rdzv-endpoint=tr-worker-0.tr.%s.svc:29400" % namespace in pod.spec.containers[0].command[2]
+    cluster.end_pod(namespace, "tr-worker-0", 0)
+    cluster.end_pod(namespace, "tr-worker-1", 0)
+    api.wait_phase("tr", "Succeeded")

@@ -106,3 +106,17 @@ def test_config_errors_name_the_key(tmp_path):
     cfg = config.load(path)
     assert cfg.resync_seconds == 0.5 and list(cfg.node_pools) == ["p"]
     assert cfg.node_pools["p"].infiniband and cfg.node_pools["p"].gpu_resource == "nvidia.com/gpu"
+
+
+def test_every_crd_field_has_a_description():
+    missing = []
+
+    def walk(node, path):
+        for key, sub in (node.get("properties") or {}).items():
+            if key != "metadata" and not sub.get("description"):
+                missing.append(f"{path}.{key}")
+            walk(sub, f"{path}.{key}")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+    walk(crds.schema("DistributedTrainingJob"), "")
+    assert missing == []
