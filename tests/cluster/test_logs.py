@@ -154,10 +154,22 @@ def test_metrics_reach_the_status_and_logs_outlive_the_pods(cluster, namespace, 
     wait_until(lambda: (cluster.get("dtj", "arch", "-n", namespace).get("status") or {}).get("metrics") == expected,
                timeout=60, what="status.metrics from the sidecar")
 
-    # The launcher's sidecar archives the tee'd log.
+    # The launcher's sidecar archives the tee'd log; `trainop logs -f` follows it. KWOK runs no
+    # kubelet to serve the live pod's log, so -f shows the archive (the fallback for a pod whose
+    # node is unreachable), as it grows, and ends once the job is over and its pods are gone.
     shipper = RenderedSidecar(cluster, launcher, tmp_path / "launcher")
-    text = b"".join(b"rank 0 step %d loss %.3f\n" % (i, 7 - i / 100) for i in range(2000)) + b"done"
-    (shipper.run_dir / "train.log").write_bytes(text)
+    first = b"".join(b"rank 0 step %d loss %.3f\n" % (i, 7 - i / 100) for i in range(1000))
+    second = b"".join(b"rank 0 step %d loss %.3f\n" % (i, 7 - i / 100) for i in range(1000, 2000)) + b"done"
+    text = first + second
+    (shipper.run_dir / "train.log").write_bytes(first)
+    trainop = [sys.executable, "-m", "trainop", "logs", "arch", "-n", namespace, "--kubeconfig", str(cluster.kubeconfig)]
+    followed, follow_err = tmp_path / "followed.log", tmp_path / "followed.err"
+    with open(followed, "wb") as out, open(follow_err, "wb") as err:
+        follower = subprocess.Popen([*trainop, "-f"], stdout=out, stderr=err)
+    wait_until(lambda: followed.read_bytes() == first, timeout=60, what="trainop logs -f to show the first part")
+    with open(shipper.run_dir / "train.log", "ab") as f:
+        f.write(second)
+    wait_until(lambda: followed.read_bytes() == text, timeout=60, what="trainop logs -f to show what followed")
     with open(metrics, "a") as f:
         f.write(json.dumps({"epoch": 1, "step": 20, "loss": 5.0, "final": True}) + "\n")
     # Native sidecars stop after the training container: the test stops them the same way.
@@ -172,7 +184,8 @@ def test_metrics_reach_the_status_and_logs_outlive_the_pods(cluster, namespace, 
     wait_until(lambda: not cluster.get("pods", "-n", namespace, "-l", "trainop.io/job-name=arch")["items"],
                timeout=120, what="cleanPodPolicy All to delete every pod")
 
-    trainop = [sys.executable, "-m", "trainop", "logs", "arch", "-n", namespace, "--kubeconfig", str(cluster.kubeconfig)]
+    assert follower.wait(timeout=60) == 0, follow_err.read_text()
+    assert followed.read_bytes() == text
     shown = subprocess.run(trainop, capture_output=True, timeout=60)
     assert shown.returncode == 0, shown.stderr.decode()
     assert shown.stdout == text
@@ -184,7 +197,7 @@ def test_metrics_reach_the_status_and_logs_outlive_the_pods(cluster, namespace, 
     # No credential in anything the job, the operator or the sidecars left behind.
     events = cluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
     texts = [events, json.dumps(cluster.get("dtj", "arch", "-n", namespace)), operator.logs(),
-             rank0.output(), shipper.output(), shown.stderr.decode(), missing.stderr]
+             rank0.output(), shipper.output(), shown.stderr.decode(), missing.stderr, follow_err.read_text()]
     signature = sas.split("sig=", 1)[1].split("&", 1)[0]
     for text_ in texts:
         assert sas not in text_ and signature not in text_
