@@ -20,7 +20,8 @@ PLURAL = "distributedtrainingjobs"
 INTERVAL = config.load().resync_seconds
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL)
+# backoff: an unexpected error (API hiccup) is retried soon, not after kopf's default minute.
+@kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, backoff=5)
 def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger, **_) -> None:
     obj = copy.deepcopy(dict(body))
     result = jobsync.sync(obj, memo.config)
