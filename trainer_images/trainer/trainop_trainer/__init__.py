@@ -1,0 +1,1 @@
+"""ResNet image-classification trainer run by trainop jobs (`python -m trainop_trainer`)."""

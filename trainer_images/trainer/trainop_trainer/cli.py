@@ -1,0 +1,173 @@
+"""Command line of the trainer: parse, validate everything that can be judged before training, run.
+
+Bad input ends the process with exit code 2 and one line on stderr naming the option and the fix,
+before any framework is imported or any rank is contacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainop_trainer import data, world as world_mod
+
+FRAMEWORKS = ("pytorch", "tensorflow", "keras")
+MODELS = ("resnet50", "resnet18")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Config:
+    framework: str
+    backend: str  # "horovod" or "native" once resolved
+    synthetic: bool
+    data_dir: Path | None
+    batch_size: int  # per worker
+    epochs: int
+    steps_per_epoch: int | None
+    image_size: int
+    model: str
+    num_classes: int
+    synthetic_batches: int
+    precision: str
+    channels_last: bool
+    compile: bool
+    output_dir: Path
+    metrics_file: Path
+    base_lr: float
+    warmup_epochs: float
+    momentum: float
+    weight_decay: float
+    loader_workers: int
+    seed: int
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        raise ConfigError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m trainop_trainer", description=__doc__)
+    p.add_argument("--framework", required=True, choices=FRAMEWORKS)
+    p.add_argument("--backend", default="auto", choices=("auto", "horovod", "native"),
+                   help="auto: Horovod when it is installed and mpirun launched the job, else native")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--synthetic", action="store_true", help="random images generated on the device")
+    src.add_argument("--data-dir", type=Path, help="ImageNet-style folder (class sub-folders) or .tar shards")
+    batch = p.add_mutually_exclusive_group(required=True)
+    batch.add_argument("--batch-size", type=int, help="images per worker per step")
+    batch.add_argument("--global-batch-size", type=int, help="images per step over all workers")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--steps-per-epoch", type=int, help="default: the shard's length (data) or 100 (synthetic)")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--model", choices=MODELS, default="resnet50")
+    p.add_argument("--num-classes", type=int, default=1000, help="synthetic data only; folders count theirs")
+    p.add_argument("--synthetic-batches", type=int, default=4, help="distinct synthetic batches, reused")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--channels-last", action="store_true", help="PyTorch memory format (TF is always NHWC)")
+    p.add_argument("--compile", action="store_true", help="torch.compile; XLA jit_compile for TensorFlow/Keras")
+    p.add_argument("--output-dir", type=Path, required=True)
+    p.add_argument("--metrics-file", type=Path, help="default: <output-dir>/metrics.jsonl")
+    p.add_argument("--base-lr", type=float, default=0.0125, help="per worker; scaled by the world size")
+    p.add_argument("--warmup-epochs", type=float, default=5.0)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=5e-5)
+    p.add_argument("--loader-workers", type=int, default=4)
+    p.add_argument("--seed", type=int, default=42)
+    return p
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value}")
+
+
+def resolve_backend(requested: str, framework: str, launcher: str) -> str:
+    module = "horovod.torch" if framework == "pytorch" else "horovod.tensorflow"
+    installed = importlib.util.find_spec("horovod") is not None and importlib.util.find_spec(module) is not None
+    if requested == "auto":
+        return "horovod" if installed and launcher == "mpirun" else "native"
+    if requested == "horovod":
+        if not installed:
+            raise ConfigError(f"--backend horovod: {module} is not installed; run trainer_images/install.sh or use --backend native")
+        if launcher == "torchrun":
+            raise ConfigError("--backend horovod needs mpirun (Open MPI); torchrun starts only --backend native")
+    return requested
+
+
+def parse(argv: list[str], world: world_mod.World) -> Config:
+    args = build_parser().parse_args(argv)
+    for name in ("batch_size", "global_batch_size", "epochs", "steps_per_epoch", "image_size",
+                 "num_classes", "synthetic_batches"):
+        _positive("--" + name.replace("_", "-"), getattr(args, name))
+    if args.global_batch_size is not None:
+        if args.global_batch_size % world.size:
+            raise ConfigError(
+                f"--global-batch-size {args.global_batch_size} is not divisible by the world size {world.size}; "
+                f"use a multiple of {world.size} or --batch-size per worker")
+        batch_size = args.global_batch_size // world.size
+    else:
+        batch_size = args.batch_size
+    if args.image_size < 32:
+        raise ConfigError(f"--image-size must be at least 32 (ResNet downsamples 32x), got {args.image_size}")
+    num_classes = args.num_classes
+    if args.data_dir is not None:
+        dataset = data.scan(args.data_dir)  # raises DataError naming the path
+        num_classes = len(dataset.classes)
+        if dataset.steps_per_epoch(world.size, batch_size) == 0:
+            raise ConfigError(
+                f"--batch-size {batch_size} is more than each of the {world.size} ranks' share of the "
+                f"{len(dataset.samples)} images in {args.data_dir}; use a smaller batch")
+    if world.launcher == "torchrun" and not world.hosts and args.framework != "pytorch":
+        raise ConfigError("tensorflow/keras under torchrun need all ranks on one host; launch with mpirun instead")
+    backend = resolve_backend(args.backend, args.framework, world.launcher)
+    if args.compile and backend == "horovod" and args.framework == "keras":
+        raise ConfigError("--compile with Keras and Horovod: model.fit would XLA-compile Horovod's all-reduce, "
+                          "which has no XLA kernel; drop --compile or use --backend native")
+    return Config(
+        framework=args.framework,
+        backend=backend,
+        synthetic=args.synthetic,
+        data_dir=args.data_dir,
+        batch_size=batch_size,
+        epochs=args.epochs,
+        steps_per_epoch=args.steps_per_epoch,
+        image_size=args.image_size,
+        model=args.model,
+        num_classes=num_classes,
+        synthetic_batches=args.synthetic_batches,
+        precision=args.precision,
+        channels_last=args.channels_last,
+        compile=args.compile,
+        output_dir=args.output_dir,
+        metrics_file=args.metrics_file or args.output_dir / "metrics.jsonl",
+        base_lr=args.base_lr,
+        warmup_epochs=args.warmup_epochs,
+        momentum=args.momentum,
+        weight_decay=args.weight_decay,
+        loader_workers=args.loader_workers,
+        seed=args.seed,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        world = world_mod.detect()
+        config = parse(sys.argv[1:] if argv is None else argv, world)
+    except (ConfigError, data.DataError, world_mod.WorldError) as e:
+        print(f"trainop_trainer: error: {e}", file=sys.stderr)
+        return 2
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    if config.framework == "pytorch":
+        from trainop_trainer import torch_train as impl
+    else:
+        from trainop_trainer import tf_train as impl
+    impl.train(config, world)
+    return 0

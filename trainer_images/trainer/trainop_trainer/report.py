@@ -1,0 +1,83 @@
+"""What a run reports: JSON-lines metrics (rank 0), the reference's "Total images/sec" line, and
+each rank's parameter digest; plus the learning-rate schedule every framework shares.
+
+Metric keys are the trainer contract (docs/DEVELOPING.md) and go straight into the job's
+status.metrics, so they are camelCase and fixed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+def learning_rate(step: int, steps_per_epoch: int, base_lr: float, world_size: int, warmup_epochs: float) -> float:
+    """Goyal et al.: the rate grows linearly from base_lr to base_lr * world_size over the warm-up."""
+    peak = base_lr * world_size
+    warmup_steps = warmup_epochs * steps_per_epoch
+    if step >= warmup_steps:
+        return peak
+    return base_lr + (peak - base_lr) * step / warmup_steps
+
+
+@dataclass
+class Reporter:
+    metrics_file: Path
+    world_size: int
+    global_batch: int
+    chief: bool
+    # (seconds, steps) per epoch, seconds derived from the gathered throughput. Epochs after the
+    # first (which holds compilation and warm-up) make the final figure, as in the reference.
+    _epochs: list[tuple[float, int]] = field(default_factory=list)
+
+    def epoch(self, epoch: int, step: int, loss: float, total_images_per_sec: float, steps: int) -> None:
+        """`total_images_per_sec`: the sum of every rank's own throughput over this epoch's steps."""
+        seconds = steps * self.global_batch / total_images_per_sec
+        self._epochs.append((seconds, steps))
+        self._emit(epoch, step, loss, total_images_per_sec, seconds / steps, final=False)
+
+    def final(self, epoch: int, step: int, loss: float) -> float:
+        timed = self._epochs[1:] or self._epochs
+        seconds = sum(s for s, _ in timed)
+        steps = sum(n for _, n in timed)
+        total = steps * self.global_batch / seconds
+        self._emit(epoch, step, loss, total, seconds / steps, final=True)
+        if self.chief:
+            print(f"Total images/sec: {total:.1f}", flush=True)
+        return total
+
+    def _emit(self, epoch, step, loss, total, step_time, final):
+        if not self.chief:
+            return
+        record = {
+            "epoch": epoch,
+            "step": step,
+            "loss": round(float(loss), 6),
+            "imagesPerSec": round(total, 2),
+            "imagesPerSecPerGPU": round(total / self.world_size, 2),
+            "stepTime": round(step_time, 6),
+            "worldSize": self.world_size,
+            "final": final,
+        }
+        line = json.dumps(record)
+        print(line, flush=True)
+        with open(self.metrics_file, "a") as f:
+            f.write(line + "\n")
+
+
+def parameter_digest(arrays) -> str:
+    """sha256 over the exact bytes of every trainable parameter, in model order."""
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a, dtype=np.float32).tobytes())
+    return h.hexdigest()
+
+
+def log_digest(rank: int, size: int, digest: str) -> None:
+    # stderr, one line per rank: lets anyone compare ranks after a run (they must be equal).
+    print(f"trainop_trainer: rank {rank}/{size} parameter sha256 {digest}", file=sys.stderr, flush=True)

@@ -1,0 +1,237 @@
+"""TensorFlow and Keras paths: a custom GradientTape loop (`tensorflow`) or `model.fit` (`keras`),
+over Horovod or MultiWorkerMirroredStrategy.
+
+Keras is `tf_keras` (Keras 2) on every path: Horovod's Keras optimizer wrapper silently averages
+nothing under Keras 3, and one Keras API for both backends keeps the two paths comparable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+# Must be set before TensorFlow is first imported: it picks tf.keras once.
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+
+from trainop_trainer import data, report  # noqa: E402
+from trainop_trainer.cli import Config  # noqa: E402
+from trainop_trainer.world import World  # noqa: E402
+
+
+def _tf_config(world: World) -> str:
+    # One port per rank (base + rank): distinct even when several ranks share a host.
+    workers = [f"{host}:{world.master_port + i}" for i, host in enumerate(world.hosts)]
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": world.rank}})
+
+
+def _resnet18(keras, image_size: int, classes: int):
+    L = keras.layers
+
+    def conv_bn(x, width, kernel, stride):
+        x = L.Conv2D(width, kernel, stride, padding="same", use_bias=False)(x)
+        return L.BatchNormalization()(x)
+
+    inputs = keras.Input((image_size, image_size, 3))
+    x = L.ReLU()(conv_bn(inputs, 64, 7, 2))
+    x = L.MaxPooling2D(3, 2, padding="same")(x)
+    for stage, width in enumerate((64, 128, 256, 512)):
+        for block in range(2):
+            stride = 2 if stage and not block else 1
+            y = conv_bn(L.ReLU()(conv_bn(x, width, 3, stride)), width, 3, 1)
+            shortcut = conv_bn(x, width, 1, stride) if stride != 1 or x.shape[-1] != width else x
+            x = L.ReLU()(L.Add()([y, shortcut]))
+    x = L.Dense(classes)(L.GlobalAveragePooling2D()(x))
+    return keras.Model(inputs, x, name="resnet18")
+
+
+def _model(keras, cfg: Config):
+    if cfg.model == "resnet50":
+        base = keras.applications.ResNet50(weights=None, input_shape=(cfg.image_size, cfg.image_size, 3),
+                                           classes=cfg.num_classes, classifier_activation=None)
+    else:
+        base = _resnet18(keras, cfg.image_size, cfg.num_classes)
+    # Logits in float32 under bf16, so the loss is computed in full precision.
+    logits = keras.layers.Activation("linear", dtype="float32")(base.output)
+    return keras.Model(base.input, logits)
+
+
+def _dataset(tf, cfg: Config, world: World):
+    """This rank's batched, prefetched dataset and its steps per epoch."""
+    if cfg.synthetic:
+        patterns, labels = data.synthetic_task(cfg.num_classes, cfg.synthetic_batches, cfg.batch_size,
+                                               world.rank, cfg.seed)
+        reps = -(-cfg.image_size // data.PATTERN)
+        shape = (cfg.synthetic_batches, cfg.batch_size, cfg.image_size, cfg.image_size, 3)
+        noise = tf.random.stateless_normal(shape, seed=[cfg.seed + 1 + world.rank, 0])
+        tiled = tf.tile(tf.gather(patterns, labels), [1, 1, reps, reps, 1])[:, :, : cfg.image_size, : cfg.image_size]
+        ds = tf.data.Dataset.from_tensor_slices((noise + tiled, labels)).repeat()
+        return ds, 100
+    dataset = data.scan(cfg.data_dir)
+    shard = dataset.shard(world.rank, world.size)
+    rng = np.random.default_rng(cfg.seed + world.rank)
+
+    def load(i):
+        s = shard[int(i)]
+        return data.decode(s.read(), cfg.image_size, rng), np.int64(s.label)
+
+    def load_tf(i):
+        x, y = tf.numpy_function(load, [i], (tf.float32, tf.int64))
+        return tf.ensure_shape(x, (cfg.image_size, cfg.image_size, 3)), tf.ensure_shape(y, ())
+
+    ds = (tf.data.Dataset.range(len(shard)).shuffle(len(shard), seed=cfg.seed + world.rank).repeat()
+          .map(load_tf, num_parallel_calls=max(1, cfg.loader_workers))
+          .batch(cfg.batch_size, drop_remainder=True))
+    return ds, dataset.steps_per_epoch(world.size, cfg.batch_size)
+
+
+class _Backend:
+    """Horovod, MultiWorkerMirroredStrategy, or the default strategy for one process."""
+
+    def __init__(self, tf, cfg: Config, world: World):
+        self.tf, self.hvd = tf, None
+        if cfg.backend == "horovod":
+            if cfg.framework == "keras":
+                import horovod.tensorflow.keras as hvd
+            else:
+                import horovod.tensorflow as hvd
+            hvd.init()
+            self.hvd = hvd
+            self.strategy = tf.distribute.get_strategy()
+        elif world.size > 1:
+            communication = tf.distribute.experimental.CommunicationOptions(
+                implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+            self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication)
+        else:
+            self.strategy = tf.distribute.get_strategy()
+
+    def sum(self, values: list[float]) -> list[float]:
+        tf = self.tf
+        t = tf.constant(values, dtype=tf.float64)
+        if self.hvd:
+            t = self.hvd.allreduce(t, op=self.hvd.Sum, name="trainop.report")
+        elif self.strategy.num_replicas_in_sync > 1:
+            t = self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(lambda: tf.identity(t)), axis=None)
+        return [float(v) for v in t.numpy()]
+
+    def distribute(self, ds):
+        if self.hvd:
+            return ds.prefetch(self.tf.data.AUTOTUNE)
+        # Each worker feeds its own rank's data (no auto-sharding): one replica per worker here.
+        return self.strategy.distribute_datasets_from_function(lambda _ctx: ds.prefetch(self.tf.data.AUTOTUNE))
+
+
+def train(cfg: Config, world: World) -> None:
+    if cfg.backend == "native" and world.size > 1:
+        os.environ["TF_CONFIG"] = _tf_config(world)
+    import tensorflow as tf
+
+    keras = tf.keras
+    if not keras.__name__.startswith("tf_keras"):
+        raise RuntimeError(f"tf.keras is {keras.__name__}, not tf_keras; run trainer_images/install.sh")
+    backend = _Backend(tf, cfg, world)
+    if cfg.precision == "bf16":
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    tf.keras.utils.set_random_seed(cfg.seed)  # same initial weights everywhere; Horovod broadcasts anyway
+
+    ds, default_steps = _dataset(tf, cfg, world)
+    steps = cfg.steps_per_epoch or default_steps
+    with backend.strategy.scope():
+        model = _model(keras, cfg)
+        optimizer = keras.optimizers.SGD(learning_rate=cfg.base_lr, momentum=cfg.momentum,
+                                         weight_decay=cfg.weight_decay)
+    if backend.hvd:
+        optimizer = backend.hvd.DistributedOptimizer(optimizer) if cfg.framework == "keras" else optimizer
+    reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief)
+    run = _fit if cfg.framework == "keras" else _custom_loop
+    loss = run(tf, keras, cfg, world, backend, model, optimizer, backend.distribute(ds), steps, reporter)
+    reporter.final(cfg.epochs, cfg.epochs * steps, loss)
+    report.log_digest(world.rank, world.size, report.parameter_digest(w.numpy() for w in model.trainable_weights))
+    if world.is_chief:
+        model.save(cfg.output_dir / "model.keras")
+
+
+def _set_lr(optimizer, cfg: Config, world: World, step: int, steps: int) -> None:
+    optimizer.learning_rate.assign(report.learning_rate(step, steps, cfg.base_lr, world.size, cfg.warmup_epochs))
+
+
+def _end_epoch(cfg, world, backend, model, reporter, epoch, steps, seconds, local_loss) -> float:
+    own_rate = steps * cfg.batch_size / seconds
+    total_rate, loss_total = backend.sum([own_rate, local_loss])
+    loss = loss_total / world.size
+    reporter.epoch(epoch, epoch * steps, loss, total_rate, steps)
+    if world.is_chief:
+        model.save_weights(cfg.output_dir / f"checkpoint-epoch{epoch}.weights.h5")
+    return loss
+
+
+def _custom_loop(tf, keras, cfg, world, backend, model, optimizer, dist_ds, steps, reporter) -> float:
+    loss_obj = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    global_batch = cfg.batch_size * world.size
+    strategy, hvd = backend.strategy, backend.hvd
+
+    # --compile: XLA compiles the forward and backward pass; collectives stay outside it
+    # (Horovod's ops have no XLA kernels here, and the strategy's all-reduce runs in apply_gradients).
+    @tf.function(jit_compile=cfg.compile)
+    def local_gradients(x, y):
+        with tf.GradientTape() as tape:
+            per_example = loss_obj(y, model(x, training=True))
+            # Native: each replica's share of the global mean, summed across replicas by the strategy.
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=cfg.batch_size if hvd else global_batch)
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+    def replica_step(x, y):
+        loss, grads = local_gradients(x, y)
+        if hvd:
+            grads = hvd.grouped_allreduce(grads, op=hvd.Average)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    @tf.function
+    def train_step(iterator):
+        x, y = next(iterator)
+        per_replica = strategy.run(replica_step, args=(x, y))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    iterator = iter(dist_ds)
+    global_step, loss = 0, 0.0
+    for epoch in range(1, cfg.epochs + 1):
+        start = time.perf_counter()
+        loss_sum = tf.constant(0.0)
+        for _ in range(steps):
+            _set_lr(optimizer, cfg, world, global_step, steps)
+            loss_sum += train_step(iterator)
+            if hvd and global_step == 0:
+                # After the first step, when the optimizer's slots exist: start every rank alike.
+                hvd.broadcast_variables(model.variables, root_rank=0)
+                hvd.broadcast_variables(optimizer.variables(), root_rank=0)
+            global_step += 1
+        local_loss = float(loss_sum.numpy()) / steps  # waits for the device
+        loss = _end_epoch(cfg, world, backend, model, reporter, epoch, steps, time.perf_counter() - start, local_loss)
+    return loss
+
+
+def _fit(tf, keras, cfg, world, backend, model, optimizer, dist_ds, steps, reporter) -> float:
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=cfg.compile)
+    state = {"loss": 0.0}
+
+    class Trainop(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            _set_lr(optimizer, cfg, world, self.epoch * steps + batch, steps)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch, self.start = epoch, time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            seconds = time.perf_counter() - self.start
+            state["loss"] = _end_epoch(cfg, world, backend, model, reporter, epoch + 1, steps, seconds, logs["loss"])
+
+    callbacks = [Trainop()]
+    if backend.hvd:
+        callbacks.insert(0, backend.hvd.callbacks.BroadcastGlobalVariablesCallback(0))
+    model.fit(dist_ds, epochs=cfg.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+    return state["loss"]

@@ -1,0 +1,163 @@
+"""PyTorch path: torchvision ResNet, Horovod or DDP (NCCL on GPU, gloo on CPU)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torchvision
+from torch import nn
+
+from trainop_trainer import data, report
+from trainop_trainer.cli import Config
+from trainop_trainer.world import World
+
+
+class _Collective:
+    """The few collectives the loop needs, over Horovod or torch.distributed (or none, alone)."""
+
+    def __init__(self, cfg: Config, world: World, device: torch.device):
+        self.hvd = None
+        self.dist = False
+        if cfg.backend == "horovod":
+            import horovod.torch as hvd
+
+            hvd.init()
+            if hvd.size() != world.size:
+                raise RuntimeError(f"Horovod sees {hvd.size()} ranks, the launcher {world.size}")
+            self.hvd = hvd
+        elif world.size > 1:
+            dist.init_process_group(
+                backend="nccl" if device.type == "cuda" else "gloo",
+                init_method=f"tcp://{world.master_addr}:{world.master_port}",
+                rank=world.rank, world_size=world.size, device_id=device if device.type == "cuda" else None)
+            self.dist = True
+
+    def sum(self, values: list[float]) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        if self.hvd:
+            t = self.hvd.allreduce(t, op=self.hvd.Sum, name="trainop.report")
+        elif self.dist:
+            t = t.to(_device_of_backend())
+            dist.all_reduce(t)
+        return t.cpu().tolist()
+
+    def close(self) -> None:
+        if self.dist:
+            dist.destroy_process_group()
+
+
+def _device_of_backend() -> torch.device:
+    # NCCL reduces only CUDA tensors; gloo only CPU ones.
+    return torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def _synthetic_batches(cfg: Config, world: World, device: torch.device, memory_format):
+    patterns, labels = data.synthetic_task(cfg.num_classes, cfg.synthetic_batches, cfg.batch_size, world.rank, cfg.seed)
+    patterns = torch.from_numpy(patterns).permute(0, 3, 1, 2).to(device)  # NCHW
+    reps = -(-cfg.image_size // data.PATTERN)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed + 1 + world.rank)
+    batches = []
+    for y in torch.from_numpy(labels).to(device):
+        x = torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size, generator=gen, device=device)
+        x += patterns[y].repeat(1, 1, reps, reps)[:, :, : cfg.image_size, : cfg.image_size]
+        batches.append((x.contiguous(memory_format=memory_format), y))
+    return itertools.cycle(batches), 100
+
+
+class _Images(torch.utils.data.Dataset):
+    def __init__(self, samples, image_size: int):
+        self.samples, self.image_size = samples, image_size
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        s = self.samples[i]
+        arr = data.decode(s.read(), self.image_size, np.random.default_rng())
+        return torch.from_numpy(arr.transpose(2, 0, 1).copy()), s.label
+
+
+def _folder_batches(cfg: Config, world: World, device: torch.device, memory_format):
+    dataset = data.scan(cfg.data_dir)
+    shard = dataset.shard(world.rank, world.size)
+    loader = torch.utils.data.DataLoader(
+        _Images(shard, cfg.image_size), batch_size=cfg.batch_size, shuffle=True, drop_last=True,
+        num_workers=cfg.loader_workers, pin_memory=device.type == "cuda",
+        persistent_workers=cfg.loader_workers > 0, prefetch_factor=4 if cfg.loader_workers else None,
+        generator=torch.Generator().manual_seed(cfg.seed + world.rank))
+
+    def batches():
+        while True:
+            for x, y in loader:
+                yield (x.to(device, non_blocking=True).contiguous(memory_format=memory_format),
+                       y.to(device, non_blocking=True))
+
+    return batches(), dataset.steps_per_epoch(world.size, cfg.batch_size)
+
+
+def train(cfg: Config, world: World) -> None:
+    if torch.cuda.is_available():
+        device = torch.device("cuda", world.local_rank)
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+    else:
+        device = torch.device("cpu")
+    comm = _Collective(cfg, world, device)
+    torch.manual_seed(cfg.seed)
+    memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+
+    net = getattr(torchvision.models, cfg.model)(num_classes=cfg.num_classes).to(device)
+    optimizer = torch.optim.SGD(net.parameters(), lr=cfg.base_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if comm.hvd:
+        # Broadcast while the tensors are still in the default layout (Horovod checks contiguity).
+        comm.hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+        comm.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        optimizer = comm.hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters())
+    net = net.to(memory_format=memory_format)
+    model = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None,
+                                                gradient_as_bucket_view=True) if comm.dist else net
+    step_model = torch.compile(model) if cfg.compile else model
+
+    make = _synthetic_batches if cfg.synthetic else _folder_batches
+    batches, default_steps = make(cfg, world, device, memory_format)
+    steps = cfg.steps_per_epoch or default_steps
+    loss_fn = nn.CrossEntropyLoss()
+    reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief)
+
+    def step_fn(x, y):
+        optimizer.zero_grad()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+            loss = loss_fn(step_model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    global_step, loss = 0, 0.0
+    for epoch in range(1, cfg.epochs + 1):
+        model.train()
+        start = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        for _ in range(steps):
+            lr = report.learning_rate(global_step, steps, cfg.base_lr, world.size, cfg.warmup_epochs)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum += step_fn(*next(batches))
+            global_step += 1
+        local_loss = loss_sum.item() / steps  # waits for the device: the epoch's time is complete
+        own_rate = steps * cfg.batch_size / (time.perf_counter() - start)
+        total_rate, loss_total = comm.sum([own_rate, local_loss])
+        loss = loss_total / world.size
+        reporter.epoch(epoch, global_step, loss, total_rate, steps)
+        if world.is_chief:
+            torch.save({"epoch": epoch, "model": net.state_dict(), "optimizer": optimizer.state_dict()},
+                       cfg.output_dir / f"checkpoint-epoch{epoch}.pt")
+    reporter.final(cfg.epochs, global_step, loss)
+    report.log_digest(world.rank, world.size,
+                      report.parameter_digest(p.detach().float().cpu().numpy() for p in net.parameters()))
+    if world.is_chief:
+        torch.save(net.state_dict(), cfg.output_dir / "model.pt")
+    comm.close()
