@@ -12,6 +12,7 @@ import kopf
 
 from trainop import config, kube
 from trainop.handlers import dtj  # noqa: F401  (registers the DistributedTrainingJob handlers)
+from trainop.handlers import datastage  # noqa: F401  (registers the DataStage handlers)
 
 
 @kopf.on.startup()

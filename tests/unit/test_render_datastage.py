@@ -1,0 +1,194 @@
+"""render/datastage.py and blob.py's spec side: DataStage spec -> manifests, explicit values."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from trainop import blob, config, crds
+from trainop.render import datastage as render
+from trainop.spec import SpecError
+
+ACCOUNT = "https://acct.blob.core.windows.net"
+CFG = config.from_dict(None)
+SAS = {"sasSecretRef": {"name": "storage", "key": "sas"}}
+WI = {"workloadIdentity": True, "serviceAccountName": "reader-wi"}
+SYSTEM_POOL = {"nodeSelector": {"kubernetes.azure.com/agentpool": "system"}}
+
+
+def body(destination: dict | None = None, auth: dict | None = SAS, **spec) -> dict:
+    source = {"accountURL": ACCOUNT, "container": "imagenet", "prefix": "train/"}
+    if auth is not None:
+        source["auth"] = auth
+    return {"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage",
+            "metadata": {"name": "imagenet", "namespace": "team-a"},
+            "spec": {"source": {"blob": source},
+                     "destination": destination or {"nfs": {"server": "10.1.2.3", "path": "/export/data"}},
+                     **spec}}
+
+
+def test_parse_fills_schema_defaults():
+    stage = render.parse(body())
+    assert (stage.prefixes, stage.capacity, stage.mount_options) == (("train/",), "1Ti", ("nfsvers=4.1", "hard"))
+    assert (stage.verify, stage.extract, stage.concurrency, stage.range_concurrency, stage.backoff_limit) == \
+        (True, False, 16, 4, 2)
+    assert stage.auth == blob.BlobAuth("SASToken", secret_name="storage", secret_key="sas")
+    assert crds.validate(crds.default(body())) == []
+
+
+@pytest.mark.parametrize("url,field,words", [
+    (ACCOUNT + "/?sv=2024&sig=abc", "spec.source.blob.accountURL", "must not carry a query string"),
+    ("https://", "spec.source.blob.accountURL", "is not an http(s) URL"),
+    ("http://127.0.0.1:10000/", "spec.source.blob.accountURL", "cannot tell the storage account"),
+])
+def test_bad_account_url_names_the_field(url, field, words):
+    obj = body()
+    obj["spec"]["source"]["blob"]["accountURL"] = url
+    with pytest.raises(SpecError) as err:
+        render.parse(obj)
+    assert err.value.field == field and words in str(err.value)
+    assert "abc" not in str(err.value)  # a pasted SAS signature is not echoed back
+
+
+@pytest.mark.parametrize("auth,field", [
+    ({"workloadIdentity": True, "sasSecretRef": {"name": "s", "key": "k"}}, "spec.source.blob.auth"),
+    ({"workloadIdentity": False}, "spec.source.blob.auth"),
+    ({"accountKeySecretRef": {"name": "s"}}, "spec.source.blob.auth.accountKeySecretRef.key"),
+])
+def test_bad_auth_names_the_field(auth, field):
+    with pytest.raises(SpecError) as err:
+        render.parse(body(auth=auth))
+    assert err.value.field == field
+
+
+def test_auth_defaults_to_workload_identity_and_env_never_holds_a_value():
+    assert render.parse(body(auth=None)).auth == blob.BlobAuth("WorkloadIdentity")
+    assert blob.BlobAuth("WorkloadIdentity", service_account_name="x").container_env() == \
+        [{"name": "TRAINOP_BLOB_AUTH_METHOD", "value": "WorkloadIdentity"}]
+    env = blob.parse_auth({"connectionStringSecretRef": {"name": "cs", "key": "conn"}}, "a").container_env()
+    assert env == [{"name": "TRAINOP_BLOB_AUTH_METHOD", "value": "ConnectionString"},
+                   {"name": "TRAINOP_BLOB_SECRET", "valueFrom": {"secretKeyRef": {"name": "cs", "key": "conn"}}}]
+
+
+def test_redact_removes_signatures_and_secret_values():
+    line = blob.redact("GET /c?sv=1&sig=s3cr3t%3D&se=2 AccountKey=abc==;x my-token", "my-token")
+    assert line == "GET /c?sv=1&sig=<redacted>&se=2 AccountKey=<redacted>;x <redacted>"
+
+
+def test_existing_export_volume_is_read_only_and_prebound():
+    pv, pvc = render.volume_objects(render.parse(body()), "10.1.2.3")
+    assert pv == {
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": "trainop-team-a-imagenet",
+                     "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "volume",
+                                "trainop.io/datastage-namespace": "team-a"}},
+        "spec": {"capacity": {"storage": "1Ti"}, "accessModes": ["ReadOnlyMany"],
+                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                 "nfs": {"server": "10.1.2.3", "path": "/export/data", "readOnly": True},
+                 "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                              "namespace": "team-a", "name": "imagenet-data"},
+                 "mountOptions": ["nfsvers=4.1", "hard"]},
+    }
+    assert pvc == {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "imagenet-data", "namespace": "team-a",
+                     "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "volume"}},
+        "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": "trainop-team-a-imagenet",
+                 "resources": {"requests": {"storage": "1Ti"}}},
+    }
+
+
+def test_copy_job_mounts_the_export_read_write_and_gets_the_secret_by_reference():
+    stage = render.parse(body(extract=True))
+    job = render.copy_job(stage, "10.1.2.3", CFG)
+    assert job["metadata"]["name"] == f"imagenet-copy-{stage.spec_digest}"
+    pod = job["spec"]["template"]["spec"]
+    assert job["spec"]["backoffLimit"] == 2
+    assert pod["restartPolicy"] == "Never" and pod["serviceAccountName"] == "imagenet-stager"
+    assert pod["nodeSelector"] == SYSTEM_POOL["nodeSelector"]
+    assert pod["volumes"] == [{"name": "share", "nfs": {"server": "10.1.2.3", "path": "/export/data"}}]
+    (container,) = pod["containers"]
+    assert container["command"] == ["python", "-m", "trainop.stager"]
+    assert container["args"] == [
+        "--account-url", ACCOUNT, "--container", "imagenet", "--dest", "/share", "--concurrency", "16",
+        "--range-concurrency", "4", "--datastage", "team-a/imagenet", "--progress-interval", "5",
+        "--prefix", "train/", "--verify", "--extract"]
+    assert container["env"] == [
+        {"name": "TRAINOP_BLOB_AUTH_METHOD", "value": "SASToken"},
+        {"name": "TRAINOP_BLOB_SECRET", "valueFrom": {"secretKeyRef": {"name": "storage", "key": "sas"}}}]
+    assert container["volumeMounts"] == [{"name": "share", "mountPath": "/share"}]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert job["spec"]["template"]["metadata"]["labels"] == {"trainop.io/datastage": "imagenet", "trainop.io/role": "copy"}
+
+
+def test_a_spec_change_renames_the_copy_job_and_metadata_does_not():
+    first = render.parse(body())
+    relabelled = body()
+    relabelled["metadata"]["labels"] = {"team": "vision"}
+    assert render.copy_job_name(render.parse(relabelled)) == render.copy_job_name(first)
+    assert render.copy_job_name(render.parse(body(verify=False))) != render.copy_job_name(first)
+
+
+def test_stager_identity_may_patch_only_its_own_status():
+    sa, role, binding = render.rbac_objects(render.parse(body()))
+    assert sa == {"apiVersion": "v1", "kind": "ServiceAccount",
+                  "metadata": {"name": "imagenet-stager", "namespace": "team-a",
+                               "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "copy"}}}
+    assert role["rules"] == [{"apiGroups": ["trainop.io"], "resources": ["datastages/status"],
+                              "resourceNames": ["imagenet"], "verbs": ["get", "patch"]}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "imagenet-stager", "namespace": "team-a"}]
+
+
+def test_workload_identity_uses_the_federated_account_and_label():
+    stage = render.parse(body(auth=WI))
+    objs = render.rbac_objects(stage)
+    assert [o["kind"] for o in objs] == ["Role", "RoleBinding"]  # the user owns the ServiceAccount
+    assert objs[1]["subjects"][0]["name"] == "reader-wi"
+    pod = render.copy_job(stage, "10.1.2.3", CFG)["spec"]["template"]
+    assert pod["spec"]["serviceAccountName"] == "reader-wi"
+    assert pod["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    assert pod["spec"]["containers"][0]["env"] == [{"name": "TRAINOP_BLOB_AUTH_METHOD", "value": "WorkloadIdentity"}]
+
+
+def test_provisioned_server_statefulset_service_and_volume_on_cluster_ip():
+    stage = render.parse(body({"provision": {"size": "512Gi", "storageClassName": "managed-csi-premium"}}))
+    assert render.server_objects(render.parse(body()), CFG) == []
+    service, sts = render.server_objects(stage, CFG)
+    lbl = {"trainop.io/datastage": "imagenet", "trainop.io/role": "nfs-server"}
+    assert service["metadata"]["name"] == "imagenet-nfs"
+    assert service["spec"] == {"type": "ClusterIP", "selector": lbl,
+                               "ports": [{"name": "nfs", "port": 2049, "targetPort": 2049, "protocol": "TCP"}]}
+    spec = sts["spec"]
+    assert (spec["replicas"], spec["serviceName"], spec["selector"]) == (1, "imagenet-nfs", {"matchLabels": lbl})
+    assert spec["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Delete", "whenScaled": "Retain"}
+    assert spec["volumeClaimTemplates"] == [{
+        "metadata": {"name": "export", "labels": lbl},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "managed-csi-premium",
+                 "resources": {"requests": {"storage": "512Gi"}}}}]
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["image"] == "trainop/nfs-server:0.1.0"
+    assert container["volumeMounts"] == [{"name": "export", "mountPath": "/exports"}]
+    assert container["securityContext"] == {"privileged": True}
+    assert render.server_address(stage, {"spec": {"clusterIP": "10.96.0.77"}}) == "10.96.0.77"
+    assert render.server_address(stage, {"spec": {}}) is None
+    pv, _ = render.volume_objects(stage, "10.96.0.77")
+    assert pv["spec"]["nfs"] == {"server": "10.96.0.77", "path": "/", "readOnly": True}
+    assert pv["spec"]["capacity"] == {"storage": "512Gi"}
+
+
+def test_operator_configuration_overrides_images():
+    cfg = config.from_dict({"datastage": {"image": "registry.example/trainop:9", "nfsServerImage": "registry.example/nfs:9"}})
+    stage = render.parse(body({"provision": {"size": "1Gi"}}))
+    assert render.copy_job(stage, "10.0.0.1", cfg)["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/trainop:9"
+    sts = render.server_objects(stage, cfg)[1]
+    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/nfs:9"
+    assert "storageClassName" not in sts["spec"]["volumeClaimTemplates"][0]["spec"]
+
+
+def test_render_is_pure():
+    obj = body()
+    before = copy.deepcopy(obj)
+    stage = render.parse(obj)
+    assert render.copy_objects(stage, "10.1.2.3", CFG) == render.copy_objects(render.parse(obj), "10.1.2.3", CFG)
+    assert obj == before
