@@ -120,3 +120,25 @@ def test_every_crd_field_has_a_description():
             walk(node["items"], f"{path}[]")
     walk(crds.schema("DistributedTrainingJob"), "")
     assert missing == []
+
+
+SCHEMA_KEYWORDS = {"type", "description", "properties", "items", "required", "default", "enum",
+                   "minimum", "maximum", "minLength", "maxLength", "maxItems", "pattern", "format",
+                   "additionalProperties", "x-kubernetes-validations", "x-kubernetes-int-or-string",
+                   "x-kubernetes-preserve-unknown-fields", "x-kubernetes-list-type",
+                   "x-kubernetes-list-map-keys"}
+
+
+def test_crd_schema_nodes_use_only_openapi_keywords():
+    """Catches YAML slips such as a comma inside a flow-style description splitting it into keys."""
+    stray = []
+
+    def walk(node, path):
+        stray.extend(f"{path}: {k!r}" for k in node if k not in SCHEMA_KEYWORDS)
+        for key, sub in (node.get("properties") or {}).items():
+            walk(sub, f"{path}.{key}")
+        for sub in (node.get("items"), node.get("additionalProperties")):
+            if isinstance(sub, dict):
+                walk(sub, f"{path}[]")
+    walk(crds.schema("DistributedTrainingJob"), "")
+    assert stray == []
