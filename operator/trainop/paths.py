@@ -20,3 +20,10 @@ def cache_dir() -> Path:
     path = Path(os.environ.get("TRAINOP_CACHE") or REPO_ROOT / ".cache")
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def state_dir() -> Path:
+    """Runtime state of `trainop devcluster` (kubeconfig, etcd data, logs): $TRAINOP_STATE or ~/.trainop."""
+    path = Path(os.environ.get("TRAINOP_STATE") or Path.home() / ".trainop")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
