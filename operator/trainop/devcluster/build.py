@@ -1,14 +1,17 @@
 """Builds the local control plane's binaries from the Go module proxy, once, into the cache.
 
-kube-apiserver, kube-controller-manager and kube-scheduler come from the k8s.io/kubernetes module,
-etcd from go.etcd.io/etcd/server/v3 and kwok from sigs.k8s.io/kwok, all pinned by gomod/go.mod.
-The cache key is the Kubernetes version plus a hash of go.mod/go.sum, so a second start never
-rebuilds and a version bump never reuses stale binaries.
+kube-apiserver, kube-controller-manager and kube-scheduler come from the k8s.io/kubernetes module
+and etcd from go.etcd.io/etcd/server/v3, pinned by gomod/go.mod. KWOK is built by `go install` at
+KWOK_VERSION in its own module graph: it needs newer k8s.io libraries than the control plane's
+(v0.8.0 does not compile against the v0.35 staging modules). The cache key is the Kubernetes
+version plus a hash of go.mod/go.sum and KWOK's version, so a second start never rebuilds and a
+version bump never reuses stale binaries.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -21,14 +24,15 @@ from trainop.paths import cache_dir
 
 GOMOD_DIR = Path(__file__).resolve().parent / "gomod"
 
-# binary name -> Go package (main) that builds it
+KWOK_MODULE, KWOK_VERSION = "sigs.k8s.io/kwok", "v0.8.0"
+# binary name -> Go main package built in gomod/ (`go build -o` names them after the package)
 PACKAGES = {
     "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
     "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
-    "etcd": "go.etcd.io/etcd/server/v3",
-    "kwok": "sigs.k8s.io/kwok/cmd/kwok",
+    "server": "go.etcd.io/etcd/server/v3",  # renamed to etcd below
 }
+BINARIES = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "kwok"]
 # KWOK's own stage definitions we reuse unchanged (nodes become Ready and keep their lease,
 # pods become Running/Ready, deleted pods go away); trainop adds its own exit stage (stages.py).
 KWOK_STAGES = [
@@ -46,7 +50,7 @@ def kubernetes_version() -> str:
 
 
 def bin_dir() -> Path:
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(KWOK_VERSION.encode())
     for name in ("go.mod", "go.sum"):
         digest.update((GOMOD_DIR / name).read_bytes())
     return cache_dir() / "devcluster" / f"kubernetes-{kubernetes_version()}-{digest.hexdigest()[:12]}"
@@ -54,7 +58,7 @@ def bin_dir() -> Path:
 
 def is_built() -> bool:
     target = bin_dir()
-    return all((target / name).is_file() for name in PACKAGES) and (target / "stages").is_dir()
+    return all((target / name).is_file() for name in BINARIES) and (target / "stages").is_dir()
 
 
 def _go_env() -> dict[str, str]:
@@ -80,17 +84,12 @@ def ensure_binaries(log=lambda msg: print(msg, file=sys.stderr)) -> Path:
         ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(staging) + "/", *PACKAGES.values()],
         cwd=GOMOD_DIR, env=_go_env(), check=True,
     )
-    # `go build -o dir/` names binaries after the package's last element: rename to ours.
-    for name, package in PACKAGES.items():
-        built = staging / package.rstrip("/").split("/")[-1]
-        if built.name == "v3":  # go.etcd.io/etcd/server/v3 -> "server"
-            built = staging / "server"
-        if built != staging / name:
-            built.rename(staging / name)
-    kwok_dir = subprocess.run(
-        ["go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"],
-        cwd=GOMOD_DIR, env=_go_env(), check=True, capture_output=True, text=True,
-    ).stdout.strip()
+    (staging / "server").rename(staging / "etcd")
+    kwok = f"{KWOK_MODULE}@{KWOK_VERSION}"
+    subprocess.run(["go", "install", "-trimpath", "-ldflags=-s -w", f"{KWOK_MODULE}/cmd/kwok@{KWOK_VERSION}"],
+                   env=dict(_go_env(), GOBIN=str(staging), GOFLAGS=""), check=True, cwd=staging)
+    kwok_dir = json.loads(subprocess.run(["go", "mod", "download", "-json", kwok], env=_go_env(), cwd=staging,
+                                         check=True, capture_output=True, text=True).stdout)["Dir"]
     for rel in KWOK_STAGES:
         shutil.copy(Path(kwok_dir) / rel, staging / "stages" / Path(rel).name)
     shutil.rmtree(target, ignore_errors=True)

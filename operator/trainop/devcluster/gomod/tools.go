@@ -8,5 +8,4 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler/app"
-	_ "sigs.k8s.io/kwok/pkg/kwok/cmd"
 )
