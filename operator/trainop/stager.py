@@ -311,6 +311,9 @@ class StatusSink:
         self._warned = False
 
     def __call__(self, status: dict) -> None:
+        if "filesTotal" in status:  # a one-glance summary for `kubectl get dstage`
+            percent = 100 * status["bytesCopied"] // status["bytesTotal"] if status["bytesTotal"] else 100
+            status = {**status, "progress": f"{status['filesCopied']}/{status['filesTotal']} files, {percent}%"}
         try:
             self.api.patch_namespaced_custom_object_status(
                 GROUP, VERSION, self.namespace, "datastages", self.name, {"status": status})
