@@ -146,6 +146,7 @@ def test_garbage_collector_deletes_children_of_a_deleted_owner(cluster, namespac
 def test_crds_install_and_schema_rejects_malformed_objects(cluster, namespace):
     files = sorted(CRDS_DIR.glob("*.yaml"))
     assert files, "crds/ has no CustomResourceDefinition"
+    assert cluster.crd_errors == {}
     for path in files:
         crd = yaml.safe_load(path.read_text())
         served = cluster.get("crd", crd["metadata"]["name"])

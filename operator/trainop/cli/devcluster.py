@@ -55,14 +55,15 @@ def run(args) -> int:
         return 0 if up else 1
     try:
         seconds = cluster.up()
-        if not args.no_crds:
-            install_crds(cluster.kubeconfig)
+        refused = {} if args.no_crds else install_crds(cluster.kubeconfig)
     except (ClusterError, RuntimeError) as err:
         print(f"trainop devcluster up: {err}", file=sys.stderr)
         return 1
+    for name, error in refused.items():
+        print(f"trainop devcluster up: the API server refused {name}: {error}", file=sys.stderr)
     nodes = sum(p.count for p in cluster.pools)
     print(f"devcluster up in {seconds:.1f}s: {nodes} KWOK nodes in pools "
           f"{', '.join(f'{p.name}={p.count}' for p in cluster.pools)}")
     print(f"\n  export KUBECONFIG={cluster.kubeconfig}\n  kubectl get nodes -L kubernetes.azure.com/agentpool\n"
           f"  trainop operator --all-namespaces   # in another shell\n\nStop it with: trainop devcluster down")
-    return 0
+    return 1 if refused else 0

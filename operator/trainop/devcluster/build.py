@@ -50,7 +50,7 @@ def kubernetes_version() -> str:
 
 
 def bin_dir() -> Path:
-    digest = hashlib.sha256(KWOK_VERSION.encode())
+    digest = hashlib.sha256((KWOK_VERSION + _version_ldflags()).encode())
     for name in ("go.mod", "go.sum"):
         digest.update((GOMOD_DIR / name).read_bytes())
     return cache_dir() / "devcluster" / f"kubernetes-{kubernetes_version()}-{digest.hexdigest()[:12]}"
@@ -59,6 +59,18 @@ def bin_dir() -> Path:
 def is_built() -> bool:
     target = bin_dir()
     return all((target / name).is_file() for name in BINARIES) and (target / "stages").is_dir()
+
+
+def _version_ldflags() -> str:
+    """Stamp the version as Kubernetes' own build does, so /version and clients' skew checks see
+    the real release instead of v0.0.0-master."""
+    version = kubernetes_version()
+    major, minor = version.lstrip("v").split(".")[:2]
+    values = {"gitVersion": version, "gitMajor": major, "gitMinor": minor, "gitTreeState": "clean",
+              "buildDate": "1970-01-01T00:00:00Z"}
+    return " ".join(f"-X {pkg}.{key}={value}" for pkg in ("k8s.io/component-base/version",
+                                                         "k8s.io/client-go/pkg/version")
+                    for key, value in values.items())
 
 
 def _go_env() -> dict[str, str]:
@@ -81,7 +93,8 @@ def ensure_binaries(log=lambda msg: print(msg, file=sys.stderr)) -> Path:
     log(f"building Kubernetes {kubernetes_version()} control plane, etcd and kwok into {target} (cold: minutes)")
     started = time.monotonic()
     subprocess.run(
-        ["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(staging) + "/", *PACKAGES.values()],
+        ["go", "build", "-trimpath", f"-ldflags=-s -w {_version_ldflags()}", "-o", str(staging) + "/",
+         *PACKAGES.values()],
         cwd=GOMOD_DIR, env=_go_env(), check=True,
     )
     (staging / "server").rename(staging / "etcd")

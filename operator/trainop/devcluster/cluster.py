@@ -129,7 +129,8 @@ class DevCluster:
                     os.killpg(pid, signal.SIGTERM)
                 except ProcessLookupError:
                     continue
-        deadline = time.monotonic() + 15
+        # A throwaway cluster: a short grace, then SIGKILL (the API server would drain watches for a minute).
+        deadline = time.monotonic() + 3
         for name in reversed(COMPONENTS):
             pid = pids.get(name)
             while pid and _alive(pid) and time.monotonic() < deadline:
@@ -281,17 +282,23 @@ class DevCluster:
         return self._get("/api/v1/namespaces/default/serviceaccounts/default")[0] == 200
 
 
-def install_crds(kubeconfig: Path, crds_dir: Path | None = None) -> list[str]:
-    """Apply every CRD in crds/ (the single source the chart also uses) and wait until served."""
+def install_crds(kubeconfig: Path, crds_dir: Path | None = None) -> dict[str, str]:
+    """Apply every CRD in crds/ (the single source the chart also uses) and wait until served.
+
+    Returns {file name: error} for the CRDs the API server refused (empty when all installed), so
+    one broken definition is reported by name instead of hiding the others.
+    """
     from trainop.devcluster import kubectl
     from trainop.paths import CRDS_DIR
 
-    files = sorted((crds_dir or CRDS_DIR).glob("*.yaml"))
-    if not files:
-        return []
-    args = [arg for f in files for arg in ("-f", str(f))]
-    kubectl.run(kubeconfig, "apply", "--server-side", "--force-conflicts", *args, check=True)
-    names = [yaml.safe_load(f.read_text())["metadata"]["name"] for f in files]
-    kubectl.run(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
-                *[f"crd/{n}" for n in names], check=True)
-    return names
+    errors = {}
+    for path in sorted((crds_dir or CRDS_DIR).glob("*.yaml")):
+        applied = kubectl.run(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(path))
+        if applied.returncode == 0:
+            name = yaml.safe_load(path.read_text())["metadata"]["name"]
+            waited = kubectl.run(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+            if waited.returncode == 0:
+                continue
+            applied = waited
+        errors[path.name] = applied.stderr.strip()
+    return errors
