@@ -37,10 +37,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install -q -e '.[test]'
   echo "$want" > "$stamp"
 fi
-if [ -f trainer_images/install.sh ]; then
-  say "trainer: frameworks and Horovod (cached under $TRAINOP_CACHE)"
-  bash trainer_images/install.sh --venv "$PWD/.venv"
-fi
+say "trainer: frameworks and the patched Horovod wheel (cached under $TRAINOP_CACHE)"
+TRAINOP_PYTHON="$PWD/.venv/bin/python" bash trainer_images/install.sh all
 [ "$what" = demo ] && exit 0
 
 # --- Node: Azurite, the real Blob Storage emulator ----------------------------------------------
