@@ -184,7 +184,9 @@ class StatusReporter:
         metrics = last_metrics(self.path)
         if metrics is None or metrics == self.sent:
             return
-        self.patch({"status": {"metrics": metrics}})
+        # A merge patch merges maps: the contract's keys this report lacks are set to null
+        # (deleted), so status.metrics is the latest report, not a blend of old ones.
+        self.patch({"status": {"metrics": {**dict.fromkeys(METRIC_KEYS), **metrics}}})
         self.sent = metrics
 
 

@@ -248,8 +248,9 @@ def test_status_reporter_patches_at_a_bounded_rate_and_only_changes(tmp_path):
     reporter.tick()  # within the interval: nothing sent
     reporter.tick(force=True)
     reporter.tick(force=True)  # unchanged: nothing sent
-    assert patches == [{"status": {"metrics": {"step": 1, "loss": 3.0}}},
-                       {"status": {"metrics": {"step": 2, "loss": 2.0}}}]
+    unset = dict.fromkeys(logship.METRIC_KEYS)
+    assert patches == [{"status": {"metrics": {**unset, "step": 1, "loss": 3.0}}},
+                       {"status": {"metrics": {**unset, "step": 2, "loss": 2.0}}}]
 
 
 def test_memory_stays_bounded_whatever_the_log_size(azurite, container, tmp_path):
