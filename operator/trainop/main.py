@@ -13,6 +13,7 @@ import kopf
 from trainop import config, kube
 from trainop.handlers import dtj  # noqa: F401  (registers the DistributedTrainingJob handlers)
 from trainop.handlers import datastage  # noqa: F401  (registers the DataStage handlers)
+from trainop.handlers import metrics  # noqa: F401  (watch events -> Prometheus gauges)
 
 
 @kopf.on.startup()

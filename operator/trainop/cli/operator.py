@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 
 
 def register(subparsers) -> None:
@@ -22,9 +23,23 @@ def register(subparsers) -> None:
                    help="no peering at all (a single replica, e.g. tests and local runs)")
     p.add_argument("--liveness", metavar="URL",
                    help="serve kopf's health probe, e.g. http://0.0.0.0:8080/healthz")
-    p.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    p.add_argument("--priority", type=_priority, default=0,
+                   help="peering priority of this replica, or 'random': kopf pauses every "
+                        "replica when two share the highest priority, so replicas of one "
+                        "Deployment need distinct ones")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
+
+
+def _priority(value: str) -> int:
+    if value == "random":
+        return random.SystemRandom().randint(1, 2**31 - 1)
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: an integer or 'random'") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"trainop operator: {exc}") from None
 
     import trainop.main  # noqa: F401  (registers every handler)
+    if args.metrics_port:
+        from trainop import metrics
+        metrics.serve(args.metrics_port)
     kopf.configure(verbose=args.verbose)
     kopf.run(
         standalone=args.standalone,

@@ -10,7 +10,7 @@ import copy
 
 import kopf
 
-from trainop import GROUP, VERSION, config, stagesync
+from trainop import GROUP, VERSION, config, metrics, stagesync
 
 PLURAL = "datastages"
 INTERVAL = config.load().resync_seconds
@@ -19,7 +19,8 @@ INTERVAL = config.load().resync_seconds
 @kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL)
 def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
     obj = copy.deepcopy(dict(body))
-    result = stagesync.sync(obj, memo.config)
+    with metrics.reconcile(metrics.STAGE_KIND):
+        result = stagesync.sync(obj, memo.config)
     for type_, reason, message in result.events:
         kopf.event(body, type=type_, reason=reason, message=message)
     old = obj.get("status") or {}

@@ -12,7 +12,7 @@ import copy
 
 import kopf
 
-from trainop import GROUP, VERSION, config, jobsync, kube
+from trainop import GROUP, VERSION, config, jobsync, kube, metrics
 
 PLURAL = "distributedtrainingjobs"
 # The steady-state pace (a Running job, a finished job awaiting cleanup or TTL); waits use the
@@ -24,7 +24,8 @@ INTERVAL = config.load().resync_seconds
 @kopf.timer(GROUP, VERSION, PLURAL, interval=INTERVAL, backoff=5)
 def reconcile(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger, **_) -> None:
     obj = copy.deepcopy(dict(body))
-    result = jobsync.sync(obj, memo.config)
+    with metrics.reconcile(metrics.JOB_KIND):
+        result = jobsync.sync(obj, memo.config)
     for type_, reason, message in result.events:
         kopf.event(body, type=type_, reason=reason, message=message)
     old = obj.get("status") or {}

@@ -1,0 +1,21 @@
+"""kopf watchers that feed trainop.metrics: every watch event of a DistributedTrainingJob or a
+DataStage (the initial listing included) updates the per-phase gauges and the counters.
+Watch events rather than calls from the reconcilers: the gauges then follow what the API
+server holds, also for objects the timers have not reached yet.
+"""
+
+from __future__ import annotations
+
+import kopf
+
+from trainop import GROUP, VERSION, metrics
+
+
+@kopf.on.event(GROUP, VERSION, "distributedtrainingjobs")
+def job_event(body: kopf.Body, type: str | None, **_) -> None:  # noqa: A002 (kopf's kwarg name)
+    metrics.observe(metrics.JOB_KIND, dict(body), deleted=type == "DELETED")
+
+
+@kopf.on.event(GROUP, VERSION, "datastages")
+def stage_event(body: kopf.Body, type: str | None, **_) -> None:  # noqa: A002
+    metrics.observe(metrics.STAGE_KIND, dict(body), deleted=type == "DELETED")
