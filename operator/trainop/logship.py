@@ -30,7 +30,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,6 +52,7 @@ PACE_STEP = 10_000
 DRAIN_RESERVE = 1_000
 POD_UID_META = "trainoppoduid"
 BASE_META = "trainopbase"
+SOURCE_META = "trainopsource"  # an uploaded output file's "<size>:<mtime_ns>"
 
 
 class AppendShipper:
@@ -208,24 +209,32 @@ def kube_status_patcher(job: str, namespace: str) -> Callable[[dict], Any]:
     return patch
 
 
-def upload_dir(container, src: Path, dest: str) -> int:
-    """Upload every file under `src` to block blobs under `dest/`; files whose blob already has
-    the same size are skipped, so a restarted sidecar does not upload them again. Returns the
-    number of files uploaded."""
+def upload_dir(container, src: Path, dest: str, seen: dict[str, str] | None = None) -> int:
+    """Upload every file under `src` to block blobs under `dest/`; returns how many were uploaded.
+    Each blob records its file's size and mtime (metadata SOURCE_META): a file whose blob already
+    says the same is skipped, so a restarted sidecar uploads only what changed; `seen` remembers
+    the same locally between passes, so an unchanged file costs no request at all."""
     from azure.core.exceptions import ResourceNotFoundError
 
+    seen = {} if seen is None else seen
     uploaded = 0
     for path in sorted(p for p in Path(src).rglob("*") if p.is_file()):
-        client = container.get_blob_client(f"{dest}/{path.relative_to(src).as_posix()}")
-        size = path.stat().st_size
+        name = f"{dest}/{path.relative_to(src).as_posix()}"
+        stat = path.stat()
+        source = f"{stat.st_size}:{stat.st_mtime_ns}"
+        if seen.get(name) == source:
+            continue
+        client = container.get_blob_client(name)
         try:
-            if client.get_blob_properties().size == size:
-                continue
+            stored = (client.get_blob_properties().metadata or {}).get(SOURCE_META)
         except ResourceNotFoundError:
-            pass
-        with open(path, "rb") as f:
-            client.upload_blob(f, length=size, overwrite=True, max_concurrency=1)
-        uploaded += 1
+            stored = None
+        if stored != source:
+            with open(path, "rb") as f:
+                client.upload_blob(f, length=stat.st_size, overwrite=True, max_concurrency=1,
+                                   metadata={SOURCE_META: source})
+            uploaded += 1
+        seen[name] = source
     return uploaded
 
 
@@ -249,7 +258,8 @@ class Shipper:
     output: tuple[Any, Path, str] | None = None  # (container client, local dir, blob prefix)
     metrics_file: Path | None = None
     reporter: StatusReporter | None = None
-    output_sent: bool = False
+    output_live: bool = False  # the trainer reported final: keep the output dir uploaded
+    uploaded: dict[str, str] = field(default_factory=dict)  # upload_dir's `seen`
 
     def run(self, stop: Stop, drain_timeout: float) -> int:
         while not stop.requested:
@@ -264,15 +274,19 @@ class Shipper:
                 ok &= _attempt(f"shipping {appender.path}", lambda: appender.ship(final))
         if self.reporter:
             ok &= _attempt("reporting metrics", lambda: self.reporter.tick(force=final))
-        # The trainer's last report says final: its model is written, upload it now. An MPI
-        # worker's pod (and this sidecar) may live on long after training, until it is deleted.
-        if self.output and not self.output_sent and not final and self.metrics_file:
-            if (last_metrics(self.metrics_file) or {}).get("final"):
-                self.output_sent = ok = _attempt("uploading output", self._upload_output) and ok
+        # Once the trainer's report says final, the output dir is kept uploaded on every pass
+        # (the model may be saved just after that report): an MPI worker's pod, and this sidecar,
+        # may live on long after training, until the operator deletes it.
+        if self.output and not final and self.metrics_file:
+            self.output_live = self.output_live or bool((last_metrics(self.metrics_file) or {}).get("final"))
+            if self.output_live:
+                ok = _attempt("uploading output", self._upload_output) and ok
         return ok
 
     def _upload_output(self) -> None:
-        log.info("uploaded %d output file(s) to %s/", upload_dir(*self.output), self.output[2])
+        count = upload_dir(*self.output, seen=self.uploaded)
+        if count:
+            log.info("uploaded %d output file(s) to %s/", count, self.output[2])
 
     def drain(self, timeout: float) -> int:
         """Ship everything left, then the output dir (again: only what changed since); retry

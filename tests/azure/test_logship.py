@@ -161,12 +161,21 @@ def test_output_dir_uploaded_on_stop_and_not_again_after_restart(azurite, contai
         assert blob_bytes(container, f"runs/job-a/0/output/{rel}") == (out / rel).read_bytes()
     sidecar = Sidecar(azurite, container.container_name, tmp_path, {"pod.log": log}, args=args)
     assert sidecar.stop() == 0, sidecar.output()
-    assert "uploaded 0 output file(s)" in sidecar.output()
+    assert "output file(s)" not in sidecar.output()
+    # Rewritten with the same size (a re-saved model is): its mtime tells it changed.
+    (out / "metrics.json").write_bytes(b'{"final": fals}')
+    stat = (out / "metrics.json").stat()
+    os.utime(out / "metrics.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    sidecar = Sidecar(azurite, container.container_name, tmp_path, {"pod.log": log}, args=args)
+    assert sidecar.stop() == 0, sidecar.output()
+    assert "uploaded 1 output file(s)" in sidecar.output()
+    assert blob_bytes(container, "runs/job-a/0/output/metrics.json") == b'{"final": fals}'
 
 
-def test_output_uploaded_once_the_trainer_reports_final(azurite, container, tmp_path):
+def test_output_kept_uploaded_once_the_trainer_reports_final(azurite, container, tmp_path):
     """An MPI worker's pod outlives training (sshd keeps running until the operator deletes it):
-    the model is uploaded when the trainer's last report says final, not only at SIGTERM."""
+    once the trainer's report says final, the output dir is uploaded while the sidecar runs,
+    including the model the trainer saves just after that report."""
     out = tmp_path / "out"
     out.mkdir()
     (out / "metrics.jsonl").write_bytes(b'{"step": 1, "loss": 2.0}\n')
@@ -175,14 +184,15 @@ def test_output_uploaded_once_the_trainer_reports_final(azurite, container, tmp_
                       args=("--output-dir", str(out), "--metrics-file", str(out / "metrics.jsonl")))
     try:
         wait_until(lambda: "shipping " in sidecar.output(), timeout=30, what="the sidecar to start")
-        (out / "model.pt").write_bytes(b"weights")
         with open(out / "metrics.jsonl", "ab") as f:
             f.write(b'{"step": 2, "loss": 1.0, "final": true}\n')
+        wait_until(lambda: blob_bytes(container, "runs/job-a/0/output/metrics.jsonl").endswith(b"true}\n"),
+                   timeout=15, what="the metrics in the blob while the sidecar runs")
+        (out / "model.pt").write_bytes(b"weights")
         wait_until(lambda: blob_bytes(container, "runs/job-a/0/output/model.pt") == b"weights", timeout=15,
-                   what="the model in the blob while the sidecar runs")
+                   what="the model saved after the final report, in the blob while the sidecar runs")
     finally:
         assert sidecar.stop() == 0, sidecar.output()
-    assert blob_bytes(container, "runs/job-a/0/output/metrics.jsonl") == (out / "metrics.jsonl").read_bytes()
 
 
 def test_workload_identity(azurite, entra_double, tmp_path):
