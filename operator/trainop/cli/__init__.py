@@ -9,6 +9,8 @@ import sys
 
 # Modules that add verbs, in the order `trainop --help` lists them.
 VERB_MODULES = [
+    "trainop.cli.local",
+    "trainop.cli.jobs",
     "trainop.cli.devcluster",
     "trainop.cli.operator",
     "trainop.cli.logs",

@@ -1,0 +1,315 @@
+"""`trainop submit | get | describe | delete`: DistributedTrainingJobs on a cluster, with
+kubectl's connection flags (--kubeconfig, --context, -n/--namespace).
+
+`submit` checks the file against the CRDs' own schemas first, then asks the API server to
+validate every document (a server-side dry run, so CEL rules count too) before it creates any:
+a file is either created whole or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+
+import yaml
+
+from trainop import API_VERSION, kube, manifests
+from trainop.render import common
+
+KIND = "DistributedTrainingJob"
+RESOURCE = "distributedtrainingjob.trainop.io"
+SUBMITTABLE = (KIND, "DataStage")  # a job and the DataStage it reads can share a file
+DELETE_POLL_SECONDS = 0.5
+
+
+class JobsError(RuntimeError):
+    """One line for the user; no secret."""
+
+
+def _connection_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context (default: its current context)")
+    p.add_argument("-n", "--namespace", help="namespace (default: the context's, else default)")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("submit", help="create the jobs (and DataStages) of a manifest file on the cluster",
+                              description=__doc__)
+    p.add_argument("manifest", metavar="FILE", help="YAML with DistributedTrainingJob / DataStage documents")
+    _connection_flags(p)
+    p.set_defaults(func=submit)
+
+    p = subparsers.add_parser("get", help="list training jobs, or show one")
+    p.add_argument("names", nargs="*", metavar="NAME")
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="jobs of every namespace")
+    p.add_argument("-o", "--output", choices=("table", "wide", "yaml", "json"), default="table")
+    _connection_flags(p)
+    p.set_defaults(func=get)
+
+    p = subparsers.add_parser("describe", help="a job's spec, status, conditions, pods and events")
+    p.add_argument("name", metavar="NAME")
+    _connection_flags(p)
+    p.set_defaults(func=describe)
+
+    p = subparsers.add_parser("delete", help="delete training jobs (their pods and other children go with them)")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.add_argument("--no-wait", dest="wait", action="store_false", help="return without waiting until they are gone")
+    p.add_argument("--timeout", type=float, default=120, metavar="SECONDS", help="how long to wait (default 120)")
+    p.add_argument("--ignore-not-found", action="store_true", help="a missing job is not an error")
+    _connection_flags(p)
+    p.set_defaults(func=delete)
+
+
+# ---- connection and errors --------------------------------------------------------------------
+def connect(args: argparse.Namespace) -> str:
+    """Point kube at the cluster the flags name; returns the namespace to use."""
+    from kubernetes import config
+
+    try:
+        kube.configure(config.new_client_from_config(config_file=args.kubeconfig, context=args.context))
+        _, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
+    except (config.ConfigException, OSError) as exc:
+        raise JobsError(f"no usable kubeconfig ({exc}); pass --kubeconfig or set KUBECONFIG "
+                        f"(`trainop devcluster up` prints one)") from None
+    if args.namespace:
+        return args.namespace
+    if args.context:
+        contexts, _ = config.list_kube_config_contexts(config_file=args.kubeconfig)
+        active = next((c for c in contexts if c["name"] == args.context), {})
+    return (active or {}).get("context", {}).get("namespace") or "default"
+
+
+def _api_message(exc) -> str:
+    try:
+        return json.loads(exc.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return f"{exc.status} {exc.reason}"
+
+
+def _handled(verb: str, action) -> int:
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        return action()
+    except (JobsError, manifests.ManifestError) as exc:
+        message = str(exc)
+    except ApiException as exc:
+        message = f"the API server refused: {_api_message(exc)}"
+    except HTTPError as exc:
+        message = f"cannot reach the API server ({type(exc).__name__}); is the cluster up?"
+    print(f"trainop {verb}: {message}", file=sys.stderr)
+    return 1
+
+
+def _job(name: str, namespace: str) -> dict:
+    job = kube.get(API_VERSION, KIND, name, namespace)
+    if job is None:
+        raise JobsError(f"{RESOURCE} {name!r} not found in namespace {namespace}")
+    return job
+
+
+# ---- submit -----------------------------------------------------------------------------------
+def submit(args: argparse.Namespace) -> int:
+    from kubernetes.client.exceptions import ApiException
+
+    def action() -> int:
+        docs = manifests.load(args.manifest, kinds=SUBMITTABLE)
+        namespace = connect(args)
+        for doc in docs:
+            doc["metadata"]["namespace"] = args.namespace or doc["metadata"].get("namespace") or namespace
+        for doc in docs:  # every document validated by the server before any is created
+            ref = f"{doc['kind'].lower()}.trainop.io/{doc['metadata']['name']}"
+            try:
+                kube.request("POST", kube.path(API_VERSION, doc["kind"], doc["metadata"]["namespace"]),
+                             body=doc, query=[("dryRun", "All")])
+            except ApiException as exc:
+                if exc.status == 409:
+                    raise JobsError(f"{ref} already exists in namespace {doc['metadata']['namespace']}; "
+                                    f"delete it first (trainop delete) or rename it") from None
+                raise JobsError(f"{ref}: the API server refused it: {_api_message(exc)}") from None
+        for doc in docs:
+            kube.create(doc)
+            print(f"{doc['kind'].lower()}.trainop.io/{doc['metadata']['name']} created")
+        jobs = [d for d in docs if d["kind"] == KIND]
+        if jobs:
+            name, ns = jobs[0]["metadata"]["name"], jobs[0]["metadata"]["namespace"]
+            print(f"\nfollow it: trainop get {name} -n {ns}  |  trainop describe {name} -n {ns}  |  "
+                  f"trainop logs {name} -n {ns} -f")
+        return 0
+    return _handled("submit", action)
+
+
+# ---- get --------------------------------------------------------------------------------------
+def age(timestamp: str | None, now: dt.datetime | None = None) -> str:
+    """kubectl-style age: 45s, 12m, 3h, 5d."""
+    if not timestamp:
+        return "<unknown>"
+    then = dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    seconds = int(((now or dt.datetime.now(dt.timezone.utc)) - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def row(job: dict, wide: bool, with_namespace: bool) -> list[str]:
+    status, spec = job.get("status") or {}, job.get("spec") or {}
+    metrics = status.get("metrics") or {}
+    workers = (status.get("workers") or {}).get("summary") or f"0/{spec.get('workers', 1)}"
+    out = [job["metadata"]["namespace"]] if with_namespace else []
+    out += [job["metadata"]["name"], status.get("phase") or "Pending", workers,
+            str(status.get("gpus", spec.get("workers", 1) * spec.get("gpusPerWorker", 0))),
+            str(status.get("restarts", 0)),
+            f"{metrics['imagesPerSec']:.1f}" if "imagesPerSec" in metrics else "-",
+            age(job["metadata"].get("creationTimestamp"))]
+    if wide:
+        out += [spec.get("framework", "pytorch"), spec.get("launcher", "mpi"),
+                (spec.get("nodePool") or {}).get("name") or "default",
+                (status.get("lastFailure") or {}).get("message", "")]
+    return out
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows])
+
+
+def get(args: argparse.Namespace) -> int:
+    def action() -> int:
+        namespace = connect(args)
+        if args.names:
+            jobs = [_job(n, namespace) for n in args.names]
+        else:
+            jobs = kube.list_objects(API_VERSION, KIND, None if args.all_namespaces else namespace)
+            jobs.sort(key=lambda j: (j["metadata"]["namespace"], j["metadata"]["name"]))
+        if args.output in ("yaml", "json"):
+            data = jobs[0] if len(args.names) == 1 else {"apiVersion": "v1", "kind": "List", "items": jobs}
+            print(yaml.safe_dump(data, sort_keys=False) if args.output == "yaml" else json.dumps(data, indent=2))
+            return 0
+        if not jobs:
+            where = "any namespace" if args.all_namespaces else f"namespace {namespace}"
+            print(f"No training jobs in {where}.", file=sys.stderr)
+            return 0
+        wide, with_ns = args.output == "wide", args.all_namespaces
+        header = (["NAMESPACE"] if with_ns else []) + ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS",
+                                                       "IMAGES/SEC", "AGE"]
+        if wide:
+            header += ["FRAMEWORK", "LAUNCHER", "POOL", "LAST FAILURE"]
+        print(table(header, [row(j, wide, with_ns) for j in jobs]))
+        return 0
+    return _handled("get", action)
+
+
+# ---- describe ---------------------------------------------------------------------------------
+def _data(spec: dict) -> str:
+    data = spec.get("data") or {"synthetic": True}
+    if "dataStageRef" in data:
+        return f"DataStage {data['dataStageRef']['name']}, mounted read-only at {data.get('mountPath', '/data')}"
+    return "synthetic"
+
+
+def _output(spec: dict, status: dict) -> str:
+    out = spec.get("output") or {}
+    if "blob" in out:
+        b = out["blob"]
+        return f"Blob {b['accountURL'].rstrip('/')}/{b['container']}/{b.get('prefix', '')}"
+    if "pvc" in out:
+        return f"PersistentVolumeClaim {out['pvc']['claimName']}"
+    return "none (results stay in the pods)"
+
+
+def describe_text(job: dict, pods: list[dict], events: list[dict]) -> str:
+    """`trainop describe`'s text for a job, its pods and its events (pure)."""
+    meta, spec, status = job["metadata"], job.get("spec") or {}, job.get("status") or {}
+    workers = spec.get("workers", 1)
+    gpus = spec.get("gpusPerWorker", 0)
+    pool = spec.get("nodePool") or {}
+    lines = [
+        ("Name", meta["name"]), ("Namespace", meta["namespace"]),
+        ("Created", f"{meta.get('creationTimestamp')} ({age(meta.get('creationTimestamp'))} ago)"),
+        ("Phase", status.get("phase") or "Pending"),
+        ("Framework", f"{spec.get('framework', 'pytorch')}, launcher {spec.get('launcher', 'mpi')}"
+                      + (f" ({spec.get('mpiImplementation', 'OpenMPI')})" if spec.get("launcher", "mpi") == "mpi" else "")),
+        ("Image", spec.get("image") or "the operator's default for the framework"),
+        ("Workers", f"{(status.get('workers') or {}).get('summary') or f'0/{workers}'} ready, "
+                    f"{gpus} GPUs each ({workers * gpus} in all)"),
+        ("Node pool", (pool.get("name") or (f"nodeSelector {pool['nodeSelector']}" if "nodeSelector" in pool
+                                            else "the operator's default"))
+                      + (", InfiniBand" if spec.get("infiniband") else "")),
+        ("Data", _data(spec)), ("Output", _output(spec, status)),
+        ("Restarts", f"{status.get('restarts', 0)} (backoffLimit {(spec.get('runPolicy') or {}).get('backoffLimit', 3)})"),
+    ]
+    for key, label in (("startTime", "Started"), ("completionTime", "Completed"),
+                       ("outputURL", "Output URL"), ("logsURL", "Logs URL")):
+        if status.get(key):
+            lines.append((label, status[key]))
+    metrics = status.get("metrics") or {}
+    if metrics:
+        lines.append(("Metrics", ", ".join(f"{k} {v}" for k, v in metrics.items())))
+    failure = status.get("lastFailure") or {}
+    if failure:
+        lines.append(("Last failure", failure.get("message") or json.dumps(failure)))
+    width = max(len(k) for k, _ in lines) + 1
+    out = [f"{k + ':':<{width}} {v}" for k, v in lines]
+    conditions = status.get("conditions") or []
+    out += ["", "Conditions:"]
+    out += ["  " + line for line in table(
+        ["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"],
+        [[c["type"], c["status"], c.get("reason", ""), age(c.get("lastTransitionTime")), c.get("message", "")]
+         for c in conditions]).splitlines()] if conditions else ["  <none>"]
+    out += ["", "Pods:"]
+    out += ["  " + line for line in table(
+        ["NAME", "ROLE", "PHASE", "NODE", "AGE"],
+        [[p["metadata"]["name"], p["metadata"].get("labels", {}).get(common.LABEL_ROLE, ""),
+          (p.get("status") or {}).get("phase", ""), p["spec"].get("nodeName") or "<unscheduled>",
+          age(p["metadata"].get("creationTimestamp"))] for p in pods]).splitlines()] if pods else ["  <none>"]
+    out += ["", "Events:"]
+    out += ["  " + line for line in table(
+        ["AGE", "TYPE", "REASON", "MESSAGE"],
+        [[age(e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp")),
+          e.get("type", ""), e.get("reason", ""), e.get("message", "")] for e in events]).splitlines()] \
+        if events else ["  <none>"]
+    return "\n".join(out)
+
+
+def describe(args: argparse.Namespace) -> int:
+    def action() -> int:
+        namespace = connect(args)
+        job = _job(args.name, namespace)
+        pods = kube.list_objects("v1", "Pod", namespace, common.labels(args.name))
+        pods.sort(key=lambda p: p["metadata"]["name"])
+        selector = f"involvedObject.name={args.name},involvedObject.kind={KIND}"
+        events = kube.request("GET", kube.path("v1", "Event", namespace),
+                              query=[("fieldSelector", selector)]).get("items") or []
+        events.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        print(describe_text(job, pods, events))
+        return 0
+    return _handled("describe", action)
+
+
+# ---- delete -----------------------------------------------------------------------------------
+def delete(args: argparse.Namespace) -> int:
+    def action() -> int:
+        namespace = connect(args)
+        missing = [n for n in args.names if kube.get(API_VERSION, KIND, n, namespace) is None]
+        if missing and not args.ignore_not_found:
+            raise JobsError(f"{RESOURCE} {', '.join(missing)} not found in namespace {namespace}")
+        names = [n for n in args.names if n not in missing]
+        for name in names:
+            kube.delete(API_VERSION, KIND, name, namespace, propagation="Foreground")
+        if args.wait:
+            deadline = time.monotonic() + args.timeout
+            for name in names:
+                while kube.get(API_VERSION, KIND, name, namespace) is not None:
+                    if time.monotonic() > deadline:
+                        raise JobsError(f"{RESOURCE}/{name} still exists after {args.timeout:.0f}s "
+                                        f"(its children are being removed); check `trainop describe {name}`")
+                    time.sleep(DELETE_POLL_SECONDS)
+        for name in names:
+            print(f"{RESOURCE}/{name} deleted")
+        return 0
+    return _handled("delete", action)
