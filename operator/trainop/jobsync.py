@@ -17,7 +17,7 @@ import copy
 import datetime as dt
 from dataclasses import dataclass, field
 
-from trainop import API_VERSION, conditions, kube
+from trainop import API_VERSION, conditions, kube, sshkeys
 from trainop.config import Config
 from trainop.kube import OwnershipError
 from trainop.render import common, logship
@@ -308,7 +308,6 @@ def _ensure_shared_children(job: Job, body: dict) -> None:
     kube.ensure(render.render_config_map(job), owner=body)
     secret = kube.get("v1", "Secret", render.secret_name(job), job.namespace)
     if secret is None:  # generated once: a new key on every reconcile would break the gang
-        from trainop import sshkeys
         secret = kube.ensure(render.render_ssh_secret(job, *sshkeys.generate()), owner=body,
                              update=False)
     elif not kube.controlled_by(secret, body):
@@ -358,7 +357,7 @@ def _run_gang(job: Job, body: dict, st: _Status, res: Result, cfg: Config, claim
                                         "WorkerExited"))
     failures.sort(key=lambda f: f.finished or "~")  # the first to fail is the cause
     if job.launcher == "mpi" and _launcher_outcome(launcher) == "Failed":
-        failures.append(_launcher_failure(job, pods, attempt))
+        failures.append(_launcher_failure(job, pods))
     if failures:
         return _gang_failed(job, st, res, cfg, failures[0], pods, launcher, now)
 
@@ -379,33 +378,41 @@ def _run_gang(job: Job, body: dict, st: _Status, res: Result, cfg: Config, claim
     ready = sum(1 for p in workers.values() if _pod_ready(p))
     st.data["workers"] = {"ready": ready, "total": job.workers,
                           "summary": f"{ready}/{job.workers}"}
-    if launched:
-        st.phase("Running")
-        return res
-    st.phase("Starting")
-    if ready < job.workers:
-        st.cond("WorkersReady", False, "WaitingForWorkers",
-                f"{ready}/{job.workers} workers ready")
-        res.wait, res.delay = f"{ready}/{job.workers} workers ready", cfg.resync_seconds
-        return res
-    if job.launcher == "mpi" and not _endpoints_published(job):
-        st.cond("WorkersReady", False, "WaitingForDNS",
-                "every worker is Ready; waiting for their DNS names (EndpointSlices)")
-        res.wait, res.delay = "waiting for the workers' DNS names", cfg.resync_seconds
-        return res
-    st.cond("WorkersReady", True, "AllWorkersReady",
-            f"{job.workers}/{job.workers} workers ready and resolvable")
+    if not launched:
+        st.phase("Starting")
+        if not _gang_ready(job, st, res, cfg, ready):
+            return res
+        if job.launcher == "mpi":
+            kube.ensure(render.render_launcher(job, attempt), owner=body, update=False)
+    # Asserted on every pass (idempotent), so an operator that died between creating the
+    # launcher and writing the status still records the transition after its restart.
+    if ready == job.workers:
+        st.cond("WorkersReady", True, "AllWorkersReady",
+                f"{job.workers}/{job.workers} workers ready and resolvable")
     if st.is_true("Restarting"):
         st.cond("Restarting", False, "GangRestarted", f"attempt {attempt} is running")
-    if job.launcher == "mpi":
-        kube.ensure(render.render_launcher(job, attempt), owner=body, update=False)
     st.cond("Running", True, "LauncherCreated" if job.launcher == "mpi" else "WorkersRunning",
             f"{job.total_slots} ranks on {job.workers} workers (attempt {attempt})")
     st.phase("Running")
     return res
 
 
-def _launcher_failure(job: Job, pods: list[dict], attempt: int) -> Failure:
+def _gang_ready(job: Job, st: _Status, res: Result, cfg: Config, ready: int) -> bool:
+    """Every worker Ready and, for ssh, published in DNS; else a waiting condition."""
+    if ready < job.workers:
+        st.cond("WorkersReady", False, "WaitingForWorkers",
+                f"{ready}/{job.workers} workers ready")
+        res.wait, res.delay = f"{ready}/{job.workers} workers ready", cfg.resync_seconds
+        return False
+    if job.launcher == "mpi" and not _endpoints_published(job):
+        st.cond("WorkersReady", False, "WaitingForDNS",
+                "every worker is Ready; waiting for their DNS names (EndpointSlices)")
+        res.wait, res.delay = "waiting for the workers' DNS names", cfg.resync_seconds
+        return False
+    return True
+
+
+def _launcher_failure(job: Job, pods: list[dict]) -> Failure:
     for pod in pods:
         if pod["metadata"]["labels"].get(common.LABEL_ROLE) == render.LAUNCHER:
             failure = pod_failure(pod)

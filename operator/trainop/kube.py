@@ -33,6 +33,10 @@ _PLURALS = {"Endpoints": "endpoints", "NetworkPolicy": "networkpolicies",
             "PriorityClass": "priorityclasses", "StorageClass": "storageclasses",
             "IngressClass": "ingressclasses", "RuntimeClass": "runtimeclasses"}
 
+# (connect, read) seconds: a stalled connection becomes an error kopf retries, never a reconcile
+# that hangs (and with it the job's finalizer) forever.
+REQUEST_TIMEOUT = (10, 60)
+
 _lock = threading.Lock()
 _client: k8s.ApiClient | None = None
 
@@ -82,7 +86,8 @@ def request(method: str, url_path: str, *, body=None, query: list | None = None,
         method, url_path, query_params=query or [], body=body,
         header_params={"Content-Type": content_type, "Accept": "application/json"},
         auth_settings=["BearerToken"])
-    resp = api.call_api(method, url, header_params=headers, body=body_)
+    resp = api.call_api(method, url, header_params=headers, body=body_,
+                        _request_timeout=REQUEST_TIMEOUT)
     resp.read()
     if not 200 <= resp.status <= 299:
         raise ApiException(http_resp=resp)

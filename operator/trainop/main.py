@@ -30,6 +30,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.
     # log lines ("failed temporarily" while a job waits) must not become Events.
     settings.posting.level = logging.CRITICAL
     settings.watching.server_timeout = 300
+    settings.networking.connect_timeout = 10
+    settings.networking.request_timeout = 60
     settings.execution.max_workers = 16
     logger.info("trainop operator configured: %d node pools, resync %.1fs",
                 len(memo.config.node_pools), memo.config.resync_seconds)

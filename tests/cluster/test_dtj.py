@@ -352,3 +352,17 @@ def test_torchrun_job_succeeds_when_every_worker_completes(cluster, namespace, a
     cluster.end_pod(namespace, "tr-worker-0", 0)
     cluster.end_pod(namespace, "tr-worker-1", 0)
     api.wait_phase("tr", "Succeeded")
+
+
+def test_kubectl_explain_documents_the_fields(cluster):
+    def explain(path):  # kubectl wraps descriptions: compare with whitespace collapsed
+        result = cluster.kubectl("explain", path, check=False)
+        return result.returncode == 0 and " ".join(result.stdout.split())
+    # the API server publishes a new CRD's OpenAPI a little after it is Established
+    wait_until(lambda: explain("dtj.spec"), timeout=60, what="the DTJ schema in kubectl explain")
+    out = explain("dtj.spec.runPolicy")
+    assert "Restarts, deadlines, cleanup and suspension of the gang" in out
+    for field in ("backoffLimit", "activeDeadlineSeconds", "cleanPodPolicy", "suspend",
+                  "ttlSecondsAfterFinished"):
+        assert field in out
+    assert "Running (default) deletes pods still running" in explain("dtj.spec.runPolicy.cleanPodPolicy")
