@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +38,14 @@ total = comm.allreduce(comm.rank)
 env = os.environ.get("TRAINOP_TEST")
 print(f"rank {comm.rank}/{comm.size} via {server} sum {total} env {env}", flush=True)
 """
+
+
+def _accepts(address: str, port: int) -> bool:
+    try:
+        socket.create_connection((address, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def _need(*tools):
@@ -93,8 +102,7 @@ def test_launcher_runs_ranks_over_sshd_on_both_workers(rendered, tmp_path):
         def listening():
             for proc in workers:
                 assert proc.poll() is None, (tmp_path / "worker-0.log").read_text() + (tmp_path / "worker-1.log").read_text()
-            out = subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
-            return all(f"127.0.0.{2 + i}:{dtj.SSH_PORT}" in out for i in range(job.workers))
+            return all(_accepts(f"127.0.0.{2 + i}", dtj.SSH_PORT) for i in range(job.workers))
         wait_until(listening, timeout=20, what="both sshd workers listening")
 
         hosts = tmp_path / "hosts"
