@@ -1,0 +1,204 @@
+"""Gang admission on the real control plane: the API server enforces real ResourceQuotas (its
+quota admission plugin and the controller-manager's quota controller), the operator runs as
+production runs it, KWOK runs the pods. A watch on pods proves a queued job never has any."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import watch
+
+from tests.cluster.test_dtj import FAST, Api, manifest
+from tests.fixtures.waiting import wait_until
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def api(cluster, namespace):
+    return Api(cluster, namespace)
+
+
+@pytest.fixture
+def op(operator_factory):
+    return operator_factory(config=FAST)
+
+
+def make_quota(api: Api, gpus: int, name: str = "gpu") -> None:
+    api.core.create_namespaced_resource_quota(api.ns, k8s.V1ResourceQuota(
+        metadata=k8s.V1ObjectMeta(name=name),
+        spec=k8s.V1ResourceQuotaSpec(hard={"requests.nvidia.com/gpu": str(gpus)})))
+    # The API server refuses pods until the quota controller has counted the namespace.
+    wait_until(lambda: (api.core.read_namespaced_resource_quota(name, api.ns).status.hard or {})
+               .get("requests.nvidia.com/gpu") == str(gpus), timeout=30, what=f"quota {name} counted")
+
+
+class PodWatch:
+    """Every pod ADDED in the namespace, with its job label and the moment it was seen."""
+
+    def __init__(self, api: Api):
+        self.api, self.added, self._stop = api, [], watch.Watch()
+        self._ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self._ready.wait(10), "pod watch did not start"
+
+    def _run(self):
+        version = self.api.core.list_namespaced_pod(self.api.ns).metadata.resource_version
+        self._ready.set()
+        for ev in self._stop.stream(self.api.core.list_namespaced_pod, self.api.ns,
+                                    resource_version=version):
+            if ev["type"] == "ADDED":
+                labels = ev["object"].metadata.labels or {}
+                self.added.append((time.monotonic(), labels.get("trainop.io/job-name"),
+                                   ev["object"].metadata.name))
+
+    def pods_of(self, job: str) -> list[tuple[float, str]]:
+        return [(t, name) for t, j, name in self.added if j == job]
+
+    def stop(self):
+        self._stop.stop()
+
+
+@pytest.fixture
+def pod_watch(api):
+    w = PodWatch(api)
+    yield w
+    w.stop()
+
+
+def admitted_at(api: Api, name: str) -> float:
+    """Wait until the job is Admitted; the monotonic time it was first seen so."""
+    wait_until(lambda: (api.condition(name, "Admitted") or {}).get("status") == "True",
+               timeout=60, what=f"{name} admitted (status: {api.status(name)})")
+    return time.monotonic()
+
+
+def end_job(cluster, api: Api, name: str) -> None:
+    cluster.end_pod(api.ns, api.wait_running(name).metadata.name, 0)
+    api.wait_phase(name, "Succeeded")
+
+
+def test_second_job_waits_with_no_pod_and_runs_when_the_first_ends(cluster, namespace, api, op,
+                                                                  pod_watch):
+    make_quota(api, 8)
+    cluster.apply(manifest("first"), namespace)  # 2 workers x 4 GPUs: the whole quota
+    api.wait_running("first")
+    cluster.apply(manifest("second"), namespace)
+    status = api.wait_phase("second", "Queued")
+    cond = api.condition("second", "Admitted")
+    assert (cond["status"], cond["reason"]) == ("False", "QuotaExceeded")
+    assert cond["message"] == f"needs 8 nvidia.com/gpu; 0 of 8 free in ResourceQuota {namespace}/gpu"
+    assert "Normal/QuotaExceeded" in api.event_reasons("second")
+    assert status["gpus"] == 8 and api.children("second") == {
+        "pods": [], "services": [], "secrets": [], "configmaps": [], "jobs": []}
+
+    ending = time.monotonic()  # the second job was Queued all along until now
+    end_job(cluster, api, "first")
+    api.wait_running("second")
+    seen = pod_watch.pods_of("second")  # watched since before the second job existed
+    assert len(seen) == 3 and min(t for t, _ in seen) > ending  # 2 workers + the launcher
+    assert "Normal/QuotaReserved" in api.event_reasons("second")
+
+
+def test_priority_beats_arrival_order(cluster, namespace, api, op, pod_watch):
+    make_quota(api, 8)
+    cluster.apply(manifest("blocker"), namespace)
+    api.wait_running("blocker")
+    cluster.apply(manifest("low", priority=0), namespace)
+    api.wait_phase("low", "Queued")
+    cluster.apply(manifest("high", priority=10), namespace)
+    api.wait_phase("high", "Queued")
+    end_job(cluster, api, "blocker")
+    api.wait_running("high")
+    status = api.status("low")
+    assert status["phase"] == "Queued" and not pod_watch.pods_of("low")
+    assert api.condition("low", "Admitted")["message"] == \
+        f"needs 8 nvidia.com/gpu; 0 of 8 free in ResourceQuota {namespace}/gpu"
+
+
+def test_a_large_job_is_not_starved_by_small_ones(cluster, namespace, api, op, pod_watch):
+    """Policy: queued jobs reserve their demand in queue order, so small jobs that would fit
+    the free room wait behind the large one instead of taking what it waits for."""
+    make_quota(api, 16)
+    cluster.apply(manifest("blocker"), namespace)                      # 8 GPUs
+    api.wait_running("blocker")
+    cluster.apply(manifest("large", workers=4), namespace)             # 16 GPUs: 8 free
+    api.wait_phase("large", "Queued")
+    for i in range(3):                                                 # 4 GPUs each: would fit
+        cluster.apply(manifest(f"small{i}", workers=1), namespace)
+    for i in range(3):
+        api.wait_phase(f"small{i}", "Queued")
+    assert api.condition("small0", "Admitted")["message"] == (
+        f"needs 4 nvidia.com/gpu; 8 of 16 free in ResourceQuota {namespace}/gpu, 16 of it held "
+        f"for jobs ahead in the queue (large)")
+    end_job(cluster, api, "blocker")
+    api.wait_running("large")
+    for i in range(3):
+        assert api.status(f"small{i}")["phase"] == "Queued"
+        assert not pod_watch.pods_of(f"small{i}")
+
+
+def test_raising_the_quota_admits_a_queued_job_within_seconds(cluster, namespace, api, op):
+    make_quota(api, 8)
+    cluster.apply(manifest("first"), namespace)
+    api.wait_running("first")
+    cluster.apply(manifest("second"), namespace)
+    api.wait_phase("second", "Queued")
+    pid = op.proc.pid
+    raised = time.monotonic()
+    api.core.patch_namespaced_resource_quota("gpu", namespace,
+                                             {"spec": {"hard": {"requests.nvidia.com/gpu": "16"}}})
+    took = admitted_at(api, "second") - raised
+    assert took < 10, f"admitted {took:.1f}s after the quota was raised"
+    api.wait_running("second")
+    assert op.proc.pid == pid and op.proc.poll() is None  # the same operator, never restarted
+
+
+def test_unsatisfiable_jobs_fail_at_once(cluster, namespace, api, op, pod_watch):
+    make_quota(api, 8)
+    cluster.apply(manifest("huge", workers=4), namespace)  # 16 GPUs > the quota's 8
+    api.wait_phase("huge", "Failed", timeout=20)
+    cond = api.condition("huge", "Failed")
+    assert cond["reason"] == "Unsatisfiable"
+    assert cond["message"] == (f"needs 16 nvidia.com/gpu but ResourceQuota {namespace}/gpu allows "
+                               f"at most 8; reduce workers or per-worker resources, or ask for a "
+                               f"larger quota")
+    cluster.apply(manifest("wide", workers=5, nodePool={"name": "gpu"}), namespace)  # 20 > 16
+    api.wait_phase("wide", "Failed", timeout=20)
+    assert api.condition("wide", "Failed")["message"].startswith(
+        "needs 20 nvidia.com/gpu but node pool 'gpu' has 16 in all")
+    assert not pod_watch.pods_of("huge") and not pod_watch.pods_of("wide")
+
+
+def test_namespace_gpu_cap_without_a_quota(cluster, namespace, api, operator_factory, pod_watch):
+    operator_factory(config={**FAST, "limits": {"namespaceGpus": 8}})
+    cluster.apply(manifest("first"), namespace)
+    api.wait_running("first")
+    cluster.apply(manifest("second"), namespace)
+    api.wait_phase("second", "Queued")
+    assert api.condition("second", "Admitted")["message"] == \
+        "needs 8 nvidia.com/gpu; 0 of 8 free in the operator's limits.namespaceGpus"
+    api.custom.delete_namespaced_custom_object("trainop.io", "v1alpha1", namespace,
+                                               "distributedtrainingjobs", "first")
+    api.wait_running("second")  # admitted once the first job's pods are gone
+
+
+def test_trainop_quota_shows_quota_used_and_queued_demand(cluster, namespace, api, op):
+    make_quota(api, 8)
+    cluster.apply(manifest("first"), namespace)
+    api.wait_running("first")
+    cluster.apply(manifest("second", workers=1), namespace)
+    api.wait_phase("second", "Queued")
+    out = subprocess.run([sys.executable, "-m", "trainop", "quota", "-n", namespace],
+                         capture_output=True, text=True, check=True,
+                         env={"KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin:/bin"})
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["NAMESPACE", "QUOTA", "GPU-HARD", "GPU-USED", "ADMITTED",
+                                "QUEUED", "QUEUED-GPUS"]
+    assert lines[1].split() == [namespace, "gpu", "8", "8", "1", "1", "4"]
