@@ -50,4 +50,5 @@ fi
 # --- Go: the real Kubernetes control plane, etcd and KWOK (cached by version) -----------------
 command -v go >/dev/null || { echo "bootstrap: Go >= 1.26 is needed to build the local control plane" >&2; exit 1; }
 .venv/bin/trainop devcluster build >/dev/null
+scripts/install-helm.sh >/dev/null
 say "ready"
