@@ -136,6 +136,13 @@ def test_launcher_pod_has_the_sidecar_the_shared_volume_and_the_identity(cluster
     assert (status["logsURL"], status["outputURL"]) == (base, base + "output/")
     assert sas not in json.dumps(pod) and sas not in json.dumps(status)
 
+    # Bad input to `trainop logs`: one line naming the problem.
+    trainop = [sys.executable, "-m", "trainop", "logs", "-n", namespace, "--kubeconfig", str(cluster.kubeconfig)]
+    for args, message in ((["ship", "--pod", "boss"], "trainop logs: --pod 'boss': expected launcher or worker-N (e.g. worker-0)\n"),
+                          (["nope"], f"trainop logs: DistributedTrainingJob {namespace}/nope not found\n")):
+        shown = subprocess.run([*trainop, *args], capture_output=True, text=True, timeout=60)
+        assert (shown.returncode, shown.stderr) == (1, message)
+
 
 def _container_of(cluster, namespace: str) -> str:
     return cluster.get("dtj", "ship", "-n", namespace)["spec"]["output"]["blob"]["container"]

@@ -97,7 +97,11 @@ def show(job: dict, pod: str | None, attempt: int | None, follow: bool, out: Bin
             print(f"trainop logs: {exc}; showing the archived log", file=sys.stderr)
     if not archived:
         what = f"{name}-{role}" + ("" if index is None else f"-{index}")
-        raise LogsError(f"no live pod {what} (attempt {attempt}) and the job has no spec.output.blob to "
+        claim = ((job["spec"].get("output") or {}).get("pvc") or {}).get("claimName")
+        if claim:
+            raise LogsError(f"no live pod {what} (attempt {attempt}); its log is on PVC {claim} under "
+                            f"logs/{name}/{attempt}/ (mount the claim to read it)")
+        raise LogsError(f"no live pod {what} (attempt {attempt}) and the job has no spec.output to "
                         "archive logs in")
     _stream_blob(job, role, index, attempt, follow, out)
 
