@@ -18,7 +18,6 @@ the child's name exists but belongs to someone else (never adopted, never overwr
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 
@@ -26,7 +25,6 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-HASH_ANNOTATION = "trainop.io/spec-hash"
 FIELD_MANAGER = "trainop"
 # Kinds whose plural is not kind.lower() + "s".
 _PLURALS = {"Endpoints": "endpoints", "NetworkPolicy": "networkpolicies",
@@ -167,27 +165,33 @@ def controlled_by(obj: dict, owner: dict) -> bool:
                for ref in obj["metadata"].get("ownerReferences") or [])
 
 
-def spec_hash(obj: dict) -> str:
-    """Stable digest of a rendered manifest; stored on the child to detect drift cheaply."""
-    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+def contains(live, desired) -> bool:
+    """True when every field of `desired` is in `live` with the same value. The API server adds
+    defaults (a Service's clusterIPs, sessionAffinity, ...), so drift means a rendered field
+    differs, not that the objects are unequal."""
+    if isinstance(desired, dict):
+        return isinstance(live, dict) and all(k in live and contains(live[k], v)
+                                              for k, v in desired.items())
+    if isinstance(desired, list):
+        return isinstance(live, list) and len(live) == len(desired) and \
+            all(contains(a, b) for a, b in zip(live, desired))
+    # 1 and "1" are the same quantity; the server returns numbers as it stores them
+    return live == desired or (type(live) is not type(desired) and str(live) == str(desired))
 
 
 def with_owner(obj: dict, owner: dict | None) -> dict:
-    """Copy of `obj` carrying its hash annotation and (if given) the owner reference."""
+    """Copy of `obj` carrying the owner's controller reference (if given)."""
     out = json.loads(json.dumps(obj))
-    meta = out.setdefault("metadata", {})
-    meta.setdefault("annotations", {})[HASH_ANNOTATION] = spec_hash(obj)
     if owner is not None:
-        meta["ownerReferences"] = [owner_reference(owner)]
+        out.setdefault("metadata", {})["ownerReferences"] = [owner_reference(owner)]
     return out
 
 
 def ensure(obj: dict, owner: dict | None = None, *, update: bool = True) -> dict:
     """Create `obj` if missing; otherwise check that `owner` controls it and, when `update`
-    and the rendered hash differs, merge-patch the rendered fields onto it (drift fix).
-    Returns the live object. Use update=False for immutable or generate-once children
-    (Pods, Jobs, the SSH Secret): the caller compares HASH_ANNOTATION itself if it cares."""
+    and a rendered field differs from the live one, merge-patch the rendered fields onto it
+    (drift fix: an edited hostfile or Service comes back). Returns the live object. Use
+    update=False for immutable or generate-once children (Pods, Jobs, the SSH Secret)."""
     desired = with_owner(obj, owner)
     api_version, kind, name, namespace = _ref(desired)
     live = get(api_version, kind, name, namespace)
@@ -204,10 +208,9 @@ def ensure(obj: dict, owner: dict | None = None, *, update: bool = True) -> dict
         raise OwnershipError(f"{kind} {namespace}/{name} already exists and is not controlled "
                              f"by {owner['kind']} {owner['metadata']['name']}; delete or "
                              f"rename it")
-    live_hash = (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION)
-    if update and live_hash != desired["metadata"]["annotations"][HASH_ANNOTATION]:
-        body = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind", "status")}
-        body["metadata"] = {k: desired["metadata"][k] for k in ("labels", "annotations")
-                            if k in desired["metadata"]}
+    body = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind", "status")}
+    body["metadata"] = {k: desired["metadata"][k] for k in ("labels", "annotations")
+                        if k in desired["metadata"]}
+    if update and not contains(live, body):
         live = patch(api_version, kind, name, namespace, body)
     return live

@@ -366,3 +366,17 @@ def test_kubectl_explain_documents_the_fields(cluster):
                   "ttlSecondsAfterFinished"):
         assert field in out
     assert "Running (default) deletes pods still running" in explain("dtj.spec.runPolicy.cleanPodPolicy")
+
+
+def test_edited_children_are_restored(cluster, namespace, api, op):
+    cluster.apply(manifest("drift", workers=5), namespace)  # 4/5 workers: stays Starting
+    wait_until(lambda: (c := api.condition("drift", "WorkersReady")) and c["message"] == "4/5 workers ready",
+               timeout=60, what="4 of 5 workers ready")
+    hostfile = api.core.read_namespaced_config_map("drift-mpi", namespace).data["hostfile"]
+    api.core.patch_namespaced_config_map("drift-mpi", namespace, {"data": {"hostfile": "evil slots=99\n"}})
+    api.core.patch_namespaced_service("drift", namespace, {"spec": {"selector": {"trainop.io/role": "launcher"}}})
+    wait_until(lambda: api.core.read_namespaced_config_map("drift-mpi", namespace).data["hostfile"] == hostfile,
+               timeout=30, what="hostfile restored")
+    wait_until(lambda: api.core.read_namespaced_service("drift", namespace).spec.selector ==
+               {"trainop.io/job-name": "drift", "trainop.io/role": "worker"},
+               timeout=30, what="Service selector restored")
