@@ -33,7 +33,7 @@ _PLURALS = {"Endpoints": "endpoints", "NetworkPolicy": "networkpolicies",
 
 # (connect, read) seconds: a stalled connection becomes an error kopf retries, never a reconcile
 # that hangs (and with it the job's finalizer) forever.
-REQUEST_TIMEOUT = (10, 60)
+REQUEST_TIMEOUT = (10, 30)
 
 _lock = threading.Lock()
 _client: k8s.ApiClient | None = None
