@@ -60,6 +60,3 @@ def set_condition(conditions: list[dict] | None, type_: str, status: bool | str,
         out.append(new)
     return out
 
-
-def remove_condition(conditions: list[dict] | None, type_: str) -> list[dict]:
-    return [dict(c) for c in conditions or [] if c.get("type") != type_]

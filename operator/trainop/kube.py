@@ -10,7 +10,7 @@ service account or $KUBECONFIG.
     pods = kube.list_objects("v1", "Pod", ns, labels={"trainop.io/job-name": name})
     kube.get("trainop.io/v1alpha1", "DataStage", name, ns)   # None when absent
     kube.delete("v1", "Pod", name, ns)                        # False when already gone
-    kube.patch_status(job_body, {"phase": "Running"})
+    kube.patch("v1", "ConfigMap", name, ns, {"data": {...}})  # JSON merge patch
 
 Errors: kubernetes.client.ApiException for API failures; OwnershipError when an object with
 the child's name exists but belongs to someone else (never adopted, never overwritten).
@@ -146,11 +146,6 @@ def patch(api_version: str, kind: str, name: str, namespace: str | None, body: d
     """JSON merge patch (RFC 7386): maps merge, lists and scalars replace, None deletes."""
     return request("PATCH", path(api_version, kind, namespace, name, subresource), body=body,
                    content_type="application/merge-patch+json")
-
-
-def patch_status(obj: dict, status: dict) -> dict:
-    api_version, kind, name, namespace = _ref(obj)
-    return patch(api_version, kind, name, namespace, {"status": status}, subresource="status")
 
 
 def owner_reference(owner: dict) -> dict:
