@@ -69,6 +69,7 @@ class Plan:
     scripts: dict[str, str]  # process name -> the rendered shell script, localized
     files: dict[str, str]  # path under run_dir -> content (what the pods get mounted)
     env: dict[str, str]  # added to this process's environment
+    trainer: bool  # runs the built-in trainer, so its metric reports are expected
 
     @property
     def output_dir(self) -> Path:
@@ -97,9 +98,9 @@ def reduce(job: Job, opts: Options) -> tuple[Job, list[str], list[str]]:
         job = replace(job, synthetic=False, data_stage=None)
         notes.append(f"data: the local folder {opts.data_dir}")
     elif job.data_stage:
-        job = replace(job, synthetic=True, data_stage=None)
         notes.append(f"data: synthetic in place of DataStage {job.data_stage!r} "
                      f"(--data-dir DIR trains on a local copy)")
+        job = replace(job, synthetic=True, data_stage=None)
     if not opts.full and job.total_slots > MAX_RANKS:
         workers = min(job.workers, MAX_RANKS)
         slots = max(1, MAX_RANKS // workers)
@@ -154,6 +155,7 @@ def _localize_hosts(text: str, job: Job, rdzv_port: int) -> str:
 
 def plan(job: Job, opts: Options, run_dir: Path, rdzv_port: int) -> Plan:
     """Pure: what runs, where, with which environment (no process started, nothing written)."""
+    trainer = _uses_trainer(job)
     job, notes, extra = reduce(job, opts)
     mounts = {common.MOUNT_ROOT: str(run_dir / "etc-trainop"), dtj.OUTPUT_DIR: str(run_dir / "output")}
     if opts.data_dir is not None:
@@ -179,7 +181,8 @@ def plan(job: Job, opts: Options, run_dir: Path, rdzv_port: int) -> Plan:
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
         # One thread pool per rank sized to its share of the cores, not every core each.
         env["OMP_NUM_THREADS"] = str(max(1, opts.cpus // job.total_slots))
-    return Plan(job=job, notes=tuple(notes), run_dir=run_dir, scripts=scripts, files=files, env=env)
+    return Plan(job=job, notes=tuple(notes), run_dir=run_dir, scripts=scripts, files=files, env=env,
+                trainer=trainer)
 
 
 def preflight(job: Job) -> None:
@@ -369,7 +372,7 @@ def execute(p: Plan, progress: Progress, echo: TextIO | None = None,
             code = proc.wait()
             if code and failure is None:
                 failure = f"{name} exited with code {code}"
-    if failure is None and not any(r.get("final") for r in reports):
+    if failure is None and p.trainer and not any(r.get("final") for r in reports):
         failure = "the trainer ended without its final report"
     return Outcome(ok=failure is None, seconds=time.monotonic() - start, reports=reports,
                    failure=failure, log=log_path, checkpoint=_checkpoint(p.output_dir))
