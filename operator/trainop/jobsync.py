@@ -132,18 +132,19 @@ def _children(job: Job) -> tuple[list[dict], dict | None]:
     return pods, launcher
 
 
-def _stop(job: Job, policy: str, pods: list[dict], launcher: dict | None) -> None:
-    """Finish: an active launcher always stops; pods go as cleanPodPolicy says."""
-    if launcher and _launcher_outcome(launcher) is None:
-        kube.delete("batch/v1", "Job", launcher["metadata"]["name"], job.namespace,
-                    uid=launcher["metadata"]["uid"])
+def _stop(job: Job, policy: str, pods: list[dict], launcher: dict | None) -> int:
+    """Finish: an active launcher always stops; pods go as cleanPodPolicy says. Returns how
+    many deletions it had to issue (0: nothing left to clean)."""
+    issued = 0
+    if launcher and not launcher["metadata"].get("deletionTimestamp") and \
+            (policy == "All" or _launcher_outcome(launcher) is None):
+        issued += kube.delete("batch/v1", "Job", launcher["metadata"]["name"], job.namespace,
+                              uid=launcher["metadata"]["uid"])
     if policy == "All":
-        if launcher:
-            kube.delete("batch/v1", "Job", launcher["metadata"]["name"], job.namespace,
-                        uid=launcher["metadata"]["uid"])
-        _delete_pods(pods)
+        issued += _delete_pods(pods)
     elif policy == "Running":
-        _delete_pods(pods, keep=lambda p: p.get("status", {}).get("phase") in TERMINAL)
+        issued += _delete_pods(pods, keep=lambda p: p.get("status", {}).get("phase") in TERMINAL)
+    return issued
 
 
 def _finish(st: _Status, phase: str, reason: str, message: str, now: dt.datetime) -> None:
@@ -192,6 +193,10 @@ def _sync(body: dict, cfg: Config, st: _Status, now: dt.datetime) -> Result:
             st.data.get("observedGeneration") != body["metadata"].get("generation"):
         st.data = {}
 
+    ttl = ((body.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+    if st.data.get("phase") in TERMINAL and st.data.get("cleanedUp") and ttl is None:
+        return res  # finished, cleaned, kept: nothing to look at (no API call, no parse)
+
     try:
         job = parse(body, cfg)
         logship.parse_output(job.output, job.logship)
@@ -202,7 +207,8 @@ def _sync(body: dict, cfg: Config, st: _Status, now: dt.datetime) -> Result:
 
     rp = job.run_policy
     if st.data.get("phase") in TERMINAL:
-        _stop(job, rp.clean_pod_policy, *_children(job))
+        if not st.data.get("cleanedUp") and _stop(job, rp.clean_pod_policy, *_children(job)) == 0:
+            st.data["cleanedUp"] = True
         if rp.ttl_seconds_after_finished is not None and st.data.get("completionTime"):
             left = (conditions.parse_time(st.data["completionTime"])
                     + dt.timedelta(seconds=rp.ttl_seconds_after_finished) - now).total_seconds()

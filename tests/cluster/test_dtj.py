@@ -242,6 +242,9 @@ def test_clean_pod_policy(cluster, namespace, api, op, policy, left):
     api.wait_phase(name, "Succeeded")
     wait_until(lambda: {p.metadata.labels["trainop.io/role"] for p in api.pods(name)} == left,
                timeout=30, what=f"pods left by cleanPodPolicy {policy}: {left}")
+    # once clean, the operator stops looking at the finished job
+    wait_until(lambda: api.status(name).get("cleanedUp"), timeout=30, what="status.cleanedUp")
+    assert {p.metadata.labels["trainop.io/role"] for p in api.pods(name)} == left
 
 
 def test_ttl_after_finished_deletes_job_and_children(cluster, namespace, api, op):
