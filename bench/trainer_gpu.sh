@@ -6,8 +6,8 @@
 # Horovod (built here from the sdist by trainer_images/install.sh) vs DDP under mpirun.
 # Prints a table (trainer/reference ratio, 2-GPU scaling) and writes $OUT/results.jsonl.
 #
-#   MODES="eager compile" HOROVOD=1 bash bench/trainer_gpu.sh
-# Environment: MODES (eager and/or compile), HOROVOD (1: build and run Horovod; needs
+#   RUNS="eager:1 eager:2 compile:1 compile:2" HOROVOD=1 bash bench/trainer_gpu.sh
+# Environment: RUNS (mode:GPUs pairs, mode eager or compile), HOROVOD (1: build and run Horovod on 2 GPUs; needs
 # $HOROVOD_SDIST and cffi importable), BATCH (per GPU, 256), STEPS (per epoch, 50), EPOCHS (3;
 # the first is not timed), PY (python3), OUT (output folder).
 set -uo pipefail
@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/trainer-bench}"
 PY="${PY:-python3}"
 BATCH="${BATCH:-256}" STEPS="${STEPS:-50}" EPOCHS="${EPOCHS:-3}"
-MODES="${MODES:-eager compile}"
+RUNS="${RUNS:-eager:1 eager:2 compile:1 compile:2}"
 HOROVOD="${HOROVOD:-0}"
 mkdir -p "$OUT"
 results="$OUT/results.jsonl"
@@ -51,19 +51,18 @@ EOF
   echo "{\"run\": \"$1\", \"gpus\": $2, \"mode\": \"$3\", \"imagesPerSec\": ${rate:-null}}" | tee -a "$results"
 }
 
-for mode in $MODES; do
+for run in $RUNS; do
+  mode=${run%:*} n=${run#*:}
   flag=()
   [[ $mode == compile ]] && flag=(--compile)
-  for n in 1 2; do
-    log="$OUT/trainer-$mode-$n.log"
-    torchrun --standalone --nproc-per-node "$n" -m trainop_trainer "${trainer_args[@]}" "${flag[@]}" \
-      --backend native --output-dir "/tmp/trainer-$mode-$n" >"$log" 2>&1
-    record trainer "$n" "$mode" "$log"
-    log="$OUT/reference-$mode-$n.log"
-    torchrun --standalone --nproc-per-node "$n" bench/reference_ddp.py --batch-size "$BATCH" --steps "$STEPS" \
-      --epochs "$EPOCHS" "${flag[@]}" >"$log" 2>&1
-    record reference "$n" "$mode" "$log"
-  done
+  log="$OUT/trainer-$mode-$n.log"
+  torchrun --standalone --nproc-per-node "$n" -m trainop_trainer "${trainer_args[@]}" "${flag[@]}" \
+    --backend native --output-dir "/tmp/trainer-$mode-$n" >"$log" 2>&1
+  record trainer "$n" "$mode" "$log"
+  log="$OUT/reference-$mode-$n.log"
+  torchrun --standalone --nproc-per-node "$n" bench/reference_ddp.py --batch-size "$BATCH" --steps "$STEPS" \
+    --epochs "$EPOCHS" "${flag[@]}" >"$log" 2>&1
+  record reference "$n" "$mode" "$log"
 done
 
 if [[ $HOROVOD == 1 ]]; then
@@ -84,13 +83,13 @@ fi
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 get = {(r["run"], r["gpus"], r["mode"]): r["imagesPerSec"] for r in rows}
-print("\nrun        mode     GPUs  images/s  per GPU  trainer/ref  scaling(2 vs 1)")
+print("\nrun            mode     GPUs  images/s  per GPU  trainer/ref  scaling vs 1 GPU")
 for (run, gpus, mode), rate in sorted(get.items()):
     if rate is None:
-        print(f"{run:10} {mode:8} {gpus:4}  FAILED"); continue
+        print(f"{run:14} {mode:8} {gpus:4}  FAILED"); continue
     ref = get.get(("reference", gpus, mode))
-    one = get.get((run, 1, mode))
-    ratio = f"{rate / ref:.3f}" if ref and run == "trainer" else ""
-    scaling = f"{rate / (2 * one):.1%}" if gpus == 2 and one else ""
-    print(f"{run:10} {mode:8} {gpus:4}  {rate:8.0f}  {rate / gpus:7.0f}  {ratio:11}  {scaling}")
+    one = get.get((run, 1, mode)) or (get.get(("trainer", 1, mode)) if run.startswith("mpirun") else None)
+    ratio = f"{rate / ref:.3f}" if ref and run != "reference" else ""
+    scaling = f"{rate / (gpus * one):.1%}" if gpus > 1 and one else ""
+    print(f"{run:14} {mode:8} {gpus:4}  {rate:8.0f}  {rate / gpus:7.0f}  {ratio:11}  {scaling}")
 EOF

@@ -3,7 +3,7 @@
 # The Dockerfiles, CI (through scripts/bootstrap.sh) and the GPU benchmark all run this script, so
 # what the images install is what the tests exercised. Idempotent: a warm run only checks.
 #
-#   install.sh [all|system|frameworks|horovod|trainer]      (default: all)
+#   install.sh [all | system frameworks horovod trainer ...]      (default: all)
 #
 # Environment:
 #   TRAINOP_PYTHON      interpreter to install into (default: <repo>/.venv/bin/python, else python3)
@@ -167,8 +167,11 @@ trainer() {
   fi
 }
 
-case "${1:-all}" in
-  all) system; frameworks; horovod; trainer ;;
-  system | frameworks | horovod | trainer) "$1" ;;
-  *) log "unknown step '$1': use all, system, frameworks, horovod or trainer"; exit 2 ;;
-esac
+(($#)) || set -- all
+for step in "$@"; do
+  case "$step" in
+    all) system; frameworks; horovod; trainer ;;
+    system | frameworks | horovod | trainer) "$step" ;;
+    *) log "unknown step '$step': use all, system, frameworks, horovod or trainer"; exit 2 ;;
+  esac
+done

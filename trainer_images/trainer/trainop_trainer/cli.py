@@ -95,10 +95,10 @@ def resolve_backend(requested: str, framework: str, launcher: str) -> str:
     if requested == "auto":
         return "horovod" if installed and launcher == "mpirun" else "native"
     if requested == "horovod":
-        if not installed:
-            raise ConfigError(f"--backend horovod: {module} is not installed; run trainer_images/install.sh or use --backend native")
         if launcher == "torchrun":
             raise ConfigError("--backend horovod needs mpirun (Open MPI); torchrun starts only --backend native")
+        if not installed:
+            raise ConfigError(f"--backend horovod: {module} is not installed; run trainer_images/install.sh or use --backend native")
     return requested
 
 

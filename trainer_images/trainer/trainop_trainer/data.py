@@ -11,6 +11,7 @@ parallel map); the decode step is this module's, so both see the same pixels.
 from __future__ import annotations
 
 import io
+import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,13 @@ class DataSet:
     def shard(self, rank: int, size: int) -> tuple[Sample, ...]:
         """Every `size`-th sample from `rank`: disjoint across ranks, covering the whole set."""
         return self.samples[rank::size]
+
+    def rank_shard(self, rank: int, size: int, where: Path) -> tuple[Sample, ...]:
+        """`shard()`, and one stderr line saying what this rank reads."""
+        shard = self.shard(rank, size)
+        print(f"trainop_trainer: rank {rank}/{size} reads {len(shard)} of {len(self.samples)} images "
+              f"({len(self.classes)} classes) in {where}", file=sys.stderr, flush=True)
+        return shard
 
     def steps_per_epoch(self, size: int, batch_size: int) -> int:
         """Full batches of the smallest shard: every rank must run the same number of steps."""

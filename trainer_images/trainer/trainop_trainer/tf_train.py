@@ -23,8 +23,9 @@ from trainop_trainer.world import World  # noqa: E402
 
 
 def _tf_config(world: World) -> str:
-    # One port per rank (base + rank): distinct even when several ranks share a host.
-    workers = [f"{host}:{world.master_port + i}" for i, host in enumerate(world.hosts)]
+    # One port per rank, after MASTER_PORT (which torchrun's own store holds): distinct even when
+    # several ranks share a host.
+    workers = [f"{host}:{world.master_port + 1 + i}" for i, host in enumerate(world.hosts)]
     return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": world.rank}})
 
 
@@ -71,7 +72,7 @@ def _dataset(tf, cfg: Config, world: World):
         ds = tf.data.Dataset.from_tensor_slices((noise + tiled, labels)).repeat()
         return ds, 100
     dataset = data.scan(cfg.data_dir)
-    shard = dataset.shard(world.rank, world.size)
+    shard = dataset.rank_shard(world.rank, world.size, cfg.data_dir)
     rng = np.random.default_rng(cfg.seed + world.rank)
 
     def load(i):
@@ -160,11 +161,12 @@ def _set_lr(optimizer, cfg: Config, world: World, step: int, steps: int) -> None
 
 def _end_epoch(cfg, world, backend, model, reporter, epoch, steps, seconds, local_loss) -> float:
     own_rate = steps * cfg.batch_size / seconds
+    if world.is_chief:
+        # Before the collective, so the other ranks wait for it there, outside their timed epoch.
+        model.save_weights(cfg.output_dir / f"checkpoint-epoch{epoch}.weights.h5")
     total_rate, loss_total = backend.sum([own_rate, local_loss])
     loss = loss_total / world.size
     reporter.epoch(epoch, epoch * steps, loss, total_rate, steps)
-    if world.is_chief:
-        model.save_weights(cfg.output_dir / f"checkpoint-epoch{epoch}.weights.h5")
     return loss
 
 

@@ -83,7 +83,7 @@ class _Images(torch.utils.data.Dataset):
 
 def _folder_batches(cfg: Config, world: World, device: torch.device, memory_format):
     dataset = data.scan(cfg.data_dir)
-    shard = dataset.shard(world.rank, world.size)
+    shard = dataset.rank_shard(world.rank, world.size, cfg.data_dir)
     loader = torch.utils.data.DataLoader(
         _Images(shard, cfg.image_size), batch_size=cfg.batch_size, shuffle=True, drop_last=True,
         num_workers=cfg.loader_workers, pin_memory=device.type == "cuda",
@@ -149,12 +149,13 @@ def train(cfg: Config, world: World) -> None:
             global_step += 1
         local_loss = loss_sum.item() / steps  # waits for the device: the epoch's time is complete
         own_rate = steps * cfg.batch_size / (time.perf_counter() - start)
+        if world.is_chief:
+            # Before the collective, so the other ranks wait for it there, outside their timed epoch.
+            torch.save({"epoch": epoch, "model": net.state_dict(), "optimizer": optimizer.state_dict()},
+                       cfg.output_dir / f"checkpoint-epoch{epoch}.pt")
         total_rate, loss_total = comm.sum([own_rate, local_loss])
         loss = loss_total / world.size
         reporter.epoch(epoch, global_step, loss, total_rate, steps)
-        if world.is_chief:
-            torch.save({"epoch": epoch, "model": net.state_dict(), "optimizer": optimizer.state_dict()},
-                       cfg.output_dir / f"checkpoint-epoch{epoch}.pt")
     reporter.final(cfg.epochs, global_step, loss)
     report.log_digest(world.rank, world.size,
                       report.parameter_digest(p.detach().float().cpu().numpy() for p in net.parameters()))

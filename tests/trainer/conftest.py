@@ -1,0 +1,164 @@
+"""Helpers for the trainer's acceptance tests: real 2-rank runs under mpirun (Open MPI) and
+torchrun on CPU, each run once and shared by the tests that read it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+VENV_BIN = Path(sys.executable).parent
+# Tiny configuration: 32 px images, ResNet-18, a handful of steps; the synthetic task is learnable.
+TINY = ["--synthetic", "--image-size", "32", "--model", "resnet18", "--num-classes", "4", "--synthetic-batches", "2",
+        "--batch-size", "4", "--epochs", "3", "--steps-per-epoch", "4", "--warmup-epochs", "1",
+        "--base-lr", "0.01", "--loader-workers", "1"]
+RUN_TIMEOUT = 300
+
+
+def free_port_block(n: int = 4) -> int:
+    """A base port with `n` consecutive free ports (rendezvous + one per TensorFlow worker)."""
+    for _ in range(100):
+        # Below Linux's ephemeral range (32768+), where other processes' outgoing connections land.
+        base = random.randint(20000, 32000 - n)
+        try:
+            socks = []
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port block")
+
+
+def base_env() -> dict:
+    env = dict(os.environ)
+    env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", CUDA_VISIBLE_DEVICES="")
+    env.pop("TF_CONFIG", None)
+    return env
+
+
+def launch_command(launcher: str, ranks: int, args: list[str], port: int) -> list[str]:
+    trainer = ["-m", "trainop_trainer", *args]
+    if launcher == "mpirun":
+        return [shutil.which("mpirun") or "mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none",
+                "-x", "PYTHONUNBUFFERED", "-x", "OMP_NUM_THREADS", "-x", "TF_CPP_MIN_LOG_LEVEL",
+                "-x", "CUDA_VISIBLE_DEVICES", "-x", f"MASTER_PORT={port}", sys.executable, *trainer]
+    if launcher == "torchrun":
+        return [str(VENV_BIN / "torchrun"), "--nnodes", "1", "--nproc-per-node", str(ranks),
+                "--master-addr", "127.0.0.1", "--master-port", str(port), *trainer]
+    return [sys.executable, *trainer]
+
+
+@dataclass
+class Run:
+    returncode: int
+    lines: list[tuple[float, str]]  # stdout lines with their arrival time (monotonic seconds)
+    stderr: str
+    wall: float
+    output_dir: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def records(self) -> list[dict]:
+        return [json.loads(line) for _, line in self.lines if line.startswith("{")]
+
+    @property
+    def digests(self) -> dict[int, str]:
+        out = {}
+        for line in self.stderr.splitlines():
+            if "parameter sha256" in line:
+                words = line.split()
+                out[int(words[words.index("rank") + 1].split("/")[0])] = words[-1]
+        return out
+
+    def explain(self) -> str:
+        return f"exit {self.returncode}\nstdout:\n" + "\n".join(l for _, l in self.lines) + f"\nstderr:\n{self.stderr[-4000:]}"
+
+
+def run_trainer(launcher: str, args: list[str], output_dir: Path, ranks: int = 2) -> Run:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    full = [*args, "--output-dir", str(output_dir)]
+    cmd = launch_command(launcher, ranks, full, free_port_block())
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base_env(),
+                            cwd=output_dir)
+    lines: list[tuple[float, str]] = []
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
+    for line in proc.stdout:  # timestamps as lines arrive: compared with the reported throughput
+        lines.append((time.monotonic(), line.rstrip("\n")))
+    try:
+        proc.wait(timeout=RUN_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    reader.join(timeout=10)
+    return Run(proc.returncode, lines, "".join(err), time.monotonic() - start, output_dir, full)
+
+
+@pytest.fixture(scope="session")
+def trainer_runs(tmp_path_factory):
+    """Memoized runs: several tests read one run instead of training again."""
+    cache: dict[tuple, Run] = {}
+
+    def get(launcher: str, framework: str, backend: str, extra: tuple[str, ...] = (), ranks: int = 2) -> Run:
+        key = (launcher, framework, backend, extra, ranks)
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"{launcher}-{framework}-{backend}")
+            cache[key] = run_trainer(launcher, ["--framework", framework, "--backend", backend, *TINY, *extra],
+                                     out, ranks)
+        return cache[key]
+
+    return get
+
+
+def make_image_folder(root: Path, classes: int = 3, per_class: int = 8) -> Path:
+    """A tiny ImageNet-style set: `<wnid>/<name>.JPEG`, each class its own colour plus noise."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        d = root / f"n{c:08d}"
+        d.mkdir(parents=True)
+        for i in range(per_class):
+            colour = np.array([80 * c % 256, 255 - 60 * c, 40 + 50 * c], dtype=np.float32)
+            pixels = np.clip(colour + rng.normal(0, 30, (40 + i, 48, 3)), 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(d / f"n{c:08d}_{i}.JPEG", quality=90)
+    return root
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory) -> Path:
+    return make_image_folder(tmp_path_factory.mktemp("imagenet") / "train")
+
+
+@pytest.fixture(scope="session")
+def image_tars(image_folder, tmp_path_factory) -> Path:
+    """The same images as two .tar shards of `<class>/<image>` members (every other file in each)."""
+    import tarfile
+
+    root = tmp_path_factory.mktemp("imagenet-tar")
+    files = sorted(image_folder.glob("*/*.JPEG"))
+    for k in range(2):
+        with tarfile.open(root / f"train-{k:02d}.tar", "w") as tar:
+            for f in files[k::2]:
+                tar.add(f, arcname=f"{f.parent.name}/{f.name}")
+    return root
