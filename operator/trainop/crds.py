@@ -78,13 +78,17 @@ def _path(error: jsonschema.ValidationError) -> str:
     return out or "<root>"
 
 
+@functools.cache
+def _validator(kind: str, version: str) -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(schema(kind, version))
+
+
 def validate(obj: dict) -> list[str]:
     """Schema errors of `obj` (after defaulting), each 'field.path: problem'; [] when valid."""
     try:
-        sch = schema(obj["kind"], obj["apiVersion"].split("/")[-1])
+        validator = _validator(obj["kind"], obj["apiVersion"].split("/")[-1])
     except (KeyError, AttributeError, TypeError):
         return [f"kind/apiVersion: not a known custom resource "
                 f"({obj.get('apiVersion') if isinstance(obj, dict) else obj!r})"]
-    validator = jsonschema.Draft7Validator(sch)
     errors = sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path)))
     return [f"{_path(e)}: {e.message}" for e in errors]

@@ -251,7 +251,10 @@ def _sync(body: dict, cfg: Config, st: _Status, now: dt.datetime) -> Result:
             _finish(st, "Failed", "Unsatisfiable", str(problem), now)
             return res
     try:
-        _ensure_shared_children(job, body)
+        # While the gang runs, mpirun has read these already: check them again only when a
+        # (re)start needs them, so a running job costs two reads per resync.
+        if not st.is_true("Running"):
+            _ensure_shared_children(job, body)
     except OwnershipError as exc:
         st.cond("Created", False, "NameConflict", str(exc))
         st.phase("Pending")
