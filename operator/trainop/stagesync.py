@@ -77,6 +77,8 @@ def check_references(stage: render.Stage) -> None:
 def sync(body: dict, cfg: Config) -> Result:
     meta = body["metadata"]
     st = _Status(body.get("status") or {}, meta.get("generation"))
+    if meta.get("deletionTimestamp"):  # the finalizer's turn: creating anything now would leak it
+        return st.result()
     try:
         stage = render.parse(body)
         check_references(stage)
