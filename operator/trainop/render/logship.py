@@ -186,7 +186,8 @@ def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, outpu
     return {
         "name": SIDECAR,
         "image": cfg["image"],
-        # Native sidecar: started before, stopped after the training container (Kubernetes >= 1.29).
+        # Native sidecar: started before, stopped after the training container. Kubernetes >= 1.29
+        # (every AKS version in support); older API servers reject restartPolicy here.
         "restartPolicy": "Always",
         "command": ["python", "-m", "trainop.logship"],
         "args": args,
