@@ -1,0 +1,159 @@
+"""Kueue on the local control plane: build the real controller once, install its CRDs, run it
+as a local process.
+
+    binary, crds = kueue.ensure_built()          # cached under $TRAINOP_CACHE/kueue/<version>
+    kueue.install_crds(kubeconfig)               # Kueue's own CRDs, from its module source
+    proc = kueue.Kueue(kubeconfig, state_dir).start()   # ... proc.stop()
+
+Build: `go install sigs.k8s.io/kueue/cmd/kueue@VERSION` (its go.mod has no replace directives)
+into the cache, never rebuilt while present; the CRDs are copied from the module's
+config/components/crd/bases next to the binary.
+
+Webhooks: the local control plane has no Service network, so the API server could reach a
+webhook only by a URL on 127.0.0.1 with a certificate for that address. Kueue 0.17 serves its
+metrics only with certificates from a fixed system path unless its internal certificate
+management is on, and that management issues certificates for the in-cluster Service name. So
+Kueue runs with internal certificates (for its own listeners) and NO webhook registered with the
+API server. What that loses: defaulting and validation of Kueue's own objects (tests write them
+complete and valid) and Kueue's Job/Pod integrations' webhooks (trainop does not use them: it
+creates Workloads itself). The conversion webhook is not registered either: only the storage
+version (v1beta2) is used. Admission, quota accounting, ordering and preemption are the
+controller's and run unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from trainop.devcluster import kubectl
+from trainop.paths import cache_dir
+
+MODULE, VERSION = "sigs.k8s.io/kueue", "v0.17.0"
+NAMESPACE = "kueue-system"
+
+
+def build_dir() -> Path:
+    return cache_dir() / "kueue" / VERSION
+
+
+def is_built() -> bool:
+    return (build_dir() / "kueue").is_file() and any((build_dir() / "crds").glob("*.yaml"))
+
+
+def ensure_built() -> tuple[Path, Path]:
+    """(binary, CRD folder); builds once (minutes on 2 cores), then reuses the cache."""
+    target = build_dir()
+    if not is_built():
+        target.mkdir(parents=True, exist_ok=True)
+        tmp = target / "bin.partial"
+        shutil.rmtree(tmp, ignore_errors=True)
+        env = dict(os.environ, GOBIN=str(tmp), CGO_ENABLED="0")
+        subprocess.run(["go", "install", "-trimpath", "-ldflags=-s -w",
+                        f"{MODULE}/cmd/kueue@{VERSION}"], env=env, check=True)
+        info = json.loads(subprocess.run(["go", "mod", "download", "-json", f"{MODULE}@{VERSION}"],
+                                         env=env, check=True, capture_output=True,
+                                         text=True).stdout)
+        crds = target / "crds"
+        shutil.rmtree(crds, ignore_errors=True)
+        shutil.copytree(Path(info["Dir"]) / "config/components/crd/bases", crds)
+        for path in crds.rglob("*"):  # the module cache is read-only; the copy need not be
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        (tmp / "kueue").rename(target / "kueue")
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target / "kueue", target / "crds"
+
+
+def install_crds(kubeconfig: Path) -> None:
+    _, crds = ensure_built()
+    files = sorted(crds.glob("*.yaml"))
+    for path in files:
+        kubectl.run(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(path),
+                    check=True)
+    names = [f"crd/{yaml.safe_load(p.read_text())['metadata']['name']}" for p in files]
+    kubectl.run(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", *names,
+                check=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Kueue:
+    """The Kueue controller manager as a local process against `kubeconfig`."""
+
+    def __init__(self, kubeconfig: Path, state_dir: Path):
+        self.kubeconfig, self.state_dir = Path(kubeconfig), Path(state_dir)
+        self.proc: subprocess.Popen | None = None
+        self.health_port = 0
+
+    @property
+    def log_file(self) -> Path:
+        return self.state_dir / "kueue.log"
+
+    def config(self) -> dict:
+        return {
+            "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+            "namespace": NAMESPACE,
+            "health": {"healthProbeBindAddress": f"127.0.0.1:{self.health_port}"},
+            "metrics": {"bindAddress": "0"},
+            "webhook": {"port": _free_port(), "host": "127.0.0.1",
+                        "certDir": str(self.state_dir / "certs")},
+            "leaderElection": {"leaderElect": False},
+            "internalCertManagement": {"enable": True,
+                                       "webhookServiceName": "kueue-webhook-service",
+                                       "webhookSecretName": "kueue-webhook-server-cert"},
+            "integrations": {"frameworks": ["batch/job"]},
+            "manageJobsWithoutQueueName": False,
+            "featureGates": {"VisibilityOnDemand": False},
+        }
+
+    def start(self, timeout: float = 120) -> "Kueue":
+        binary, _ = ensure_built()
+        install_crds(self.kubeconfig)
+        kubectl.run(self.kubeconfig, "create", "namespace", NAMESPACE, check=False)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.health_port = _free_port()
+        config = self.state_dir / "kueue-config.yaml"
+        config.write_text(yaml.safe_dump(self.config()))
+        self.proc = subprocess.Popen(
+            [str(binary), f"--config={config}", "--zap-log-level=2"],
+            env=dict(os.environ, KUBECONFIG=str(self.kubeconfig)),
+            stdout=self.log_file.open("ab"), stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.state_dir)
+        deadline = time.monotonic() + timeout
+        while not self._ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_file.read_text(errors="replace")[-3000:]
+                self.stop()
+                raise RuntimeError(f"Kueue did not become ready; its log ends:\n{tail}")
+            time.sleep(0.3)
+        return self
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz",
+                                        timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
