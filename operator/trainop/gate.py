@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import prometheus_client as prom
@@ -30,6 +29,8 @@ from trainop.render import common
 from trainop.spec import KIND, Job, SpecError, parse
 
 RECHECK_SECONDS = 30.0
+ADMITTED_EARLIER = Decision(admission.ADMITTED, "QuotaReserved",
+                            "the whole gang fits the namespace's quotas")
 TERMINAL = ("Succeeded", "Failed")
 
 QUEUED_JOBS = prom.Gauge("trainop_queued_jobs", "Jobs waiting for GPU quota (native admission)",
@@ -49,7 +50,13 @@ class _Namespace:
     dirty: bool = True
 
 
-_spaces: dict[str, _Namespace] = defaultdict(_Namespace)
+_spaces: dict[str, _Namespace] = {}
+_spaces_lock = threading.Lock()
+
+
+def _space(namespace: str) -> _Namespace:
+    with _spaces_lock:  # one lock object per namespace, even when two threads ask at once
+        return _spaces.setdefault(namespace, _Namespace())
 
 
 def _is_admitted(space: _Namespace, body: dict) -> bool:
@@ -94,7 +101,7 @@ def _evaluate(namespace: str, space: _Namespace, cfg: Config) -> None:
     decisions = admission.plan(candidates, ledgers, nodes)
     for body in jobs:
         name = body["metadata"]["name"]
-        if decisions.get(name, Decision("", "", "")).admitted:
+        if getattr(decisions.get(name), "admitted", False):
             space.admitted[name] = (body["metadata"]["uid"], body["metadata"].get("generation"))
     space.admitted = {n: v for n, v in space.admitted.items() if n in names}
     space.asking &= names
@@ -110,19 +117,19 @@ def decide(job: Job, body: dict, cfg: Config) -> Decision:
     """May this job's gang be created now? Called for a job that is not yet Admitted."""
     if kueue.manages(body):
         return kueue.decide(job, body)
-    space = _spaces[job.namespace]
+    space = _space(job.namespace)
     with space.lock:
-        if _is_admitted(space, body):
-            return Decision(admission.ADMITTED, "QuotaReserved", "admitted")
         new = job.name not in space.asking
         space.asking.add(job.name)
-        if new or space.dirty or job.name not in space.decisions or \
-                time.monotonic() - space.checked > RECHECK_SECONDS:
+        if not _is_admitted(space, body) and (
+                new or space.dirty or job.name not in space.decisions or
+                time.monotonic() - space.checked > RECHECK_SECONDS):
             _evaluate(job.namespace, space, cfg)
-        if _is_admitted(space, body):
-            return space.decisions.get(job.name) or \
-                Decision(admission.ADMITTED, "QuotaReserved", "admitted")
-        return space.decisions[job.name]
+        if _is_admitted(space, body):  # admitted here, its status not written yet
+            return space.decisions.get(job.name) or ADMITTED_EARLIER
+        # Absent only if the job changed under us (suspended, edited): judge it next time.
+        return space.decisions.get(job.name) or Decision(
+            admission.QUEUED, "QuotaExceeded", "waiting for the namespace's queue to be judged")
 
 
 def wake(namespace: str, cfg: Config) -> None:

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 
 from trainop import admission, config, kueue
-from trainop.admission import ADMITTED, QUEUED, UNSATISFIABLE, Ledger
+from trainop.admission import ADMITTED, QUEUED, UNSATISFIABLE
 from trainop.devcluster.pools import default_pools
 from trainop.spec import parse
 
