@@ -67,7 +67,7 @@ def test_checkpoints_model_and_metrics_written(run):
     for rec in metrics:
         assert set(rec) == CONTRACT_KEYS
         assert rec["worldSize"] == 2
-        assert rec["imagesPerSecPerGPU"] == pytest.approx(rec["imagesPerSec"] / 2, rel=1e-3)
+        assert rec["imagesPerSecPerGPU"] == pytest.approx(rec["imagesPerSec"] / 2, abs=0.01)
     assert [r["final"] for r in metrics] == [False] * EPOCHS + [True]
 
 

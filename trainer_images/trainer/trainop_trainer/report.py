@@ -41,7 +41,7 @@ class Reporter:
         self._epochs.append((seconds, steps))
         self._emit(epoch, step, loss, total_images_per_sec, seconds / steps, final=False)
 
-    def final(self, epoch: int, step: int, loss: float) -> float:
+    def final(self, epoch: int, step: int, loss: float) -> None:
         timed = self._epochs[1:] or self._epochs
         seconds = sum(s for s, _ in timed)
         steps = sum(n for _, n in timed)
@@ -49,7 +49,6 @@ class Reporter:
         self._emit(epoch, step, loss, total, seconds / steps, final=True)
         if self.chief:
             print(f"Total images/sec: {total:.1f}", flush=True)
-        return total
 
     def _emit(self, epoch, step, loss, total, step_time, final):
         if not self.chief:

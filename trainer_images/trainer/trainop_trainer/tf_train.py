@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
+from pathlib import Path
 
 # Must be set before TensorFlow is first imported: it picks tf.keras once.
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -118,6 +120,15 @@ class _Backend:
             t = self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(lambda: tf.identity(t)), axis=None)
         return [float(v) for v in t.numpy()]
 
+    def save(self, world: World, path, write) -> None:
+        """The chief writes `path`. Under MultiWorkerMirroredStrategy saving runs collectives, so
+        every worker must save: the others write into a scratch folder that is then removed."""
+        if world.is_chief:
+            write(path)
+        elif self.strategy.num_replicas_in_sync > 1 and not self.hvd:
+            with tempfile.TemporaryDirectory() as scratch:
+                write(Path(scratch) / Path(path).name)
+
     def distribute(self, ds):
         if self.hvd:
             return ds.prefetch(self.tf.data.AUTOTUNE)
@@ -151,8 +162,7 @@ def train(cfg: Config, world: World) -> None:
     loss = run(tf, keras, cfg, world, backend, model, optimizer, backend.distribute(ds), steps, reporter)
     reporter.final(cfg.epochs, cfg.epochs * steps, loss)
     report.log_digest(world.rank, world.size, report.parameter_digest(w.numpy() for w in model.trainable_weights))
-    if world.is_chief:
-        model.save(cfg.output_dir / "model.keras")
+    backend.save(world, cfg.output_dir / "model.keras", model.save)
 
 
 def _set_lr(optimizer, cfg: Config, world: World, step: int, steps: int) -> None:
@@ -161,9 +171,8 @@ def _set_lr(optimizer, cfg: Config, world: World, step: int, steps: int) -> None
 
 def _end_epoch(cfg, world, backend, model, reporter, epoch, steps, seconds, local_loss) -> float:
     own_rate = steps * cfg.batch_size / seconds
-    if world.is_chief:
-        # Before the collective, so the other ranks wait for it there, outside their timed epoch.
-        model.save_weights(cfg.output_dir / f"checkpoint-epoch{epoch}.weights.h5")
+    # Before the collective, so the other ranks wait for the chief there, outside their timed epoch.
+    backend.save(world, cfg.output_dir / f"checkpoint-epoch{epoch}.weights.h5", model.save_weights)
     total_rate, loss_total = backend.sum([own_rate, local_loss])
     loss = loss_total / world.size
     reporter.epoch(epoch, epoch * steps, loss, total_rate, steps)

@@ -1,0 +1,54 @@
+"""Reporting pieces shared by every framework: learning-rate warm-up, throughput over the timed
+epochs, and the parameter digest the identical-parameters test compares."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.trainer.test_distributed import assert_identical
+from trainop_trainer import report
+
+pytestmark = pytest.mark.trainer
+
+
+def test_learning_rate_warms_up_to_the_scaled_rate():
+    lr = [report.learning_rate(s, steps_per_epoch=10, base_lr=0.1, world_size=4, warmup_epochs=2) for s in range(25)]
+    assert lr[0] == pytest.approx(0.1)
+    assert lr[10] == pytest.approx(0.1 + 0.3 * 10 / 20)
+    assert lr[20:] == [pytest.approx(0.4)] * 5
+    assert all(a <= b for a, b in zip(lr, lr[1:]))
+
+
+def test_final_throughput_leaves_out_the_first_epoch(tmp_path, capsys):
+    r = report.Reporter(tmp_path / "m.jsonl", world_size=2, global_batch=8, chief=True)
+    r.epoch(1, 10, 2.0, total_images_per_sec=10.0, steps=10)  # 8 s: compilation
+    r.epoch(2, 20, 1.0, total_images_per_sec=80.0, steps=10)  # 1 s
+    r.epoch(3, 30, 0.5, total_images_per_sec=40.0, steps=10)  # 2 s
+    r.final(3, 30, 0.5)
+    lines = capsys.readouterr().out.splitlines()
+    final = json.loads(lines[-2])
+    assert final == {"epoch": 3, "step": 30, "loss": 0.5, "imagesPerSec": pytest.approx(160 / 3, abs=0.01),
+                     "imagesPerSecPerGPU": pytest.approx(80 / 3, abs=0.01), "stepTime": 0.15,
+                     "worldSize": 2, "final": True}
+    assert lines[-1] == "Total images/sec: 53.3"
+    assert (tmp_path / "m.jsonl").read_text().splitlines() == lines[:-1]
+
+
+def test_only_the_chief_reports(tmp_path, capsys):
+    r = report.Reporter(tmp_path / "m.jsonl", world_size=2, global_batch=8, chief=False)
+    r.epoch(1, 1, 1.0, 8.0, 1)
+    r.final(1, 1, 1.0)
+    assert capsys.readouterr().out == "" and not (tmp_path / "m.jsonl").exists()
+
+
+def test_identity_check_catches_a_one_ulp_difference():
+    params = [np.linspace(-1, 1, 1000, dtype=np.float32), np.ones((3, 3), np.float32)]
+    drifted = [params[0].copy(), params[1]]
+    drifted[0][500] = np.nextafter(drifted[0][500], np.float32(2))
+    same = report.parameter_digest(params)
+    assert_identical({0: same, 1: report.parameter_digest([p.copy() for p in params])}, 2)
+    with pytest.raises(AssertionError, match="ranks diverged"):
+        assert_identical({0: same, 1: report.parameter_digest(drifted)}, 2)
+    with pytest.raises(AssertionError):
+        assert_identical({0: same}, 2)  # a rank that reported nothing
