@@ -16,8 +16,9 @@ management is on, and that management issues certificates for the in-cluster Ser
 Kueue runs with internal certificates (for its own listeners) and NO webhook registered with the
 API server. What that loses: defaulting and validation of Kueue's own objects (tests write them
 complete and valid) and Kueue's Job/Pod integrations' webhooks (trainop does not use them: it
-creates Workloads itself). The conversion webhook is not registered either: only the storage
-version (v1beta2) is used. Admission, quota accounting, ordering and preemption are the
+creates Workloads itself). The CRDs' conversion webhook is registered (the rotator insists) on
+127.0.0.1, but its certificate names the Service, so v1beta1 reads fail: only the storage
+version v1beta2 works. Admission, quota accounting, ordering and preemption are the
 controller's and run unchanged.
 """
 
@@ -73,15 +74,25 @@ def ensure_built() -> tuple[Path, Path]:
     return target / "kueue", target / "crds"
 
 
-def install_crds(kubeconfig: Path) -> None:
+# CRDs whose conversion webhook Kueue's certificate rotator fills in (and waits for).
+CONVERTED = ("localqueues", "clusterqueues", "workloads", "cohorts", "multikueueclusters")
+
+
+def install_crds(kubeconfig: Path, webhook_port: int) -> None:
+    """Apply Kueue's CRDs. Those Kueue injects a CA into get a conversion webhook pointing at
+    the local process (as Kueue's kustomization patches them): without that field the rotator
+    never reports ready."""
     _, crds = ensure_built()
-    files = sorted(crds.glob("*.yaml"))
-    for path in files:
-        kubectl.run(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(path),
-                    check=True)
-    names = [f"crd/{yaml.safe_load(p.read_text())['metadata']['name']}" for p in files]
-    kubectl.run(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", *names,
-                check=True)
+    docs = [yaml.safe_load(p.read_text()) for p in sorted(crds.glob("*.yaml"))]
+    for doc in docs:
+        if doc["spec"]["names"]["plural"] in CONVERTED:
+            doc["spec"]["conversion"] = {"strategy": "Webhook", "webhook": {
+                "clientConfig": {"url": f"https://127.0.0.1:{webhook_port}/convert"},
+                "conversionReviewVersions": ["v1"]}}
+    kubectl.run(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", "-",
+                input=yaml.safe_dump_all(docs), check=True)
+    kubectl.run(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
+                *[f"crd/{d['metadata']['name']}" for d in docs], check=True)
 
 
 def _free_port() -> int:
@@ -96,7 +107,7 @@ class Kueue:
     def __init__(self, kubeconfig: Path, state_dir: Path):
         self.kubeconfig, self.state_dir = Path(kubeconfig), Path(state_dir)
         self.proc: subprocess.Popen | None = None
-        self.health_port = 0
+        self.health_port = self.webhook_port = 0
 
     @property
     def log_file(self) -> Path:
@@ -108,7 +119,7 @@ class Kueue:
             "namespace": NAMESPACE,
             "health": {"healthProbeBindAddress": f"127.0.0.1:{self.health_port}"},
             "metrics": {"bindAddress": "0"},
-            "webhook": {"port": _free_port(), "host": "127.0.0.1",
+            "webhook": {"port": self.webhook_port, "host": "127.0.0.1",
                         "certDir": str(self.state_dir / "certs")},
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": True,
@@ -121,10 +132,10 @@ class Kueue:
 
     def start(self, timeout: float = 120) -> "Kueue":
         binary, _ = ensure_built()
-        install_crds(self.kubeconfig)
+        self.health_port, self.webhook_port = _free_port(), _free_port()
+        install_crds(self.kubeconfig, self.webhook_port)
         kubectl.run(self.kubeconfig, "create", "namespace", NAMESPACE, check=False)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.health_port = _free_port()
         config = self.state_dir / "kueue-config.yaml"
         config.write_text(yaml.safe_dump(self.config()))
         self.proc = subprocess.Popen(
