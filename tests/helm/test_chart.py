@@ -1,0 +1,198 @@
+"""The chart without a cluster: lint, rendering, the values schema, the RBAC rule table, the
+single source of CRDs, the operator configuration it renders, and the operator's Dockerfile."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helm.helm import CHART, find
+from trainop import config
+from trainop.paths import CRDS_DIR, REPO_ROOT
+
+IMAGE = "trainop/operator:0.1.0"
+
+# The operator's whole permission set, as the chart must render it (resource -> verbs).
+CLUSTER_RULES = {
+    ("", "nodes"): ["list"],
+    ("", "persistentvolumes"): ["get", "create", "patch", "delete"],
+    ("apiextensions.k8s.io", "customresourcedefinitions"): ["list", "watch"],
+    ("", "namespaces"): ["list", "watch"],
+}
+NAMESPACED_RULES = {
+    ("trainop.io", "distributedtrainingjobs"): ["list", "watch", "patch", "delete"],
+    ("trainop.io", "datastages"): ["get", "list", "watch", "patch"],
+    ("trainop.io", "distributedtrainingjobs/status"): ["get", "patch"],
+    ("trainop.io", "datastages/status"): ["get", "patch"],
+    ("", "events"): ["create"],
+    ("", "pods"): ["get", "list", "create", "delete"],
+    ("batch", "jobs"): ["get", "list", "create", "delete"],
+    ("", "services"): ["get", "create", "patch"],
+    ("", "configmaps"): ["get", "create", "patch"],
+    ("", "serviceaccounts"): ["get", "create", "patch"],
+    ("", "persistentvolumeclaims"): ["get", "create", "patch"],
+    ("apps", "statefulsets"): ["get", "create", "patch"],
+    ("rbac.authorization.k8s.io", "roles"): ["get", "create", "patch"],
+    ("rbac.authorization.k8s.io", "rolebindings"): ["get", "create", "patch"],
+    ("", "secrets"): ["get", "create"],
+    ("discovery.k8s.io", "endpointslices"): ["list"],
+}
+PEERING = ["list", "watch", "patch"]
+
+
+def rule_table(role: dict) -> dict:
+    table = {}
+    for rule in role["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no resourceNames/nonResourceURLs
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert (group, resource) not in table, f"{group}/{resource} listed twice"
+                table[(group, resource)] = rule["verbs"]
+    return table
+
+
+def test_helm_lint(helm):
+    out = helm("lint", "--strict", str(CHART))
+    assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
+
+
+def test_default_render_serves_every_namespace(render):
+    objs = render()
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == sorted(["CustomResourceDefinition"] * 4 + [
+        "ClusterKopfPeering", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
+        "ConfigMap", "Deployment", "Service", "ServiceAccount"])
+    args = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == ["operator", "--all-namespaces", "--peering=trainop", "--priority=random",
+                    "--liveness=http://0.0.0.0:8080/healthz", "--metrics-port=9090"]
+    assert find(objs, "ClusterKopfPeering")["metadata"]["name"] == "trainop"
+    assert rule_table(find(objs, "ClusterRole", "trainop-cluster")) == \
+        CLUSTER_RULES | {("kopf.dev", "clusterkopfpeerings"): PEERING}
+    assert rule_table(find(objs, "ClusterRole", "trainop-namespaced")) == NAMESPACED_RULES
+    binding = find(objs, "ClusterRoleBinding", "trainop-namespaced")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainop", "namespace": "trainop-system"}]
+
+
+def test_watched_namespaces_get_role_bindings_and_peerings_only_there(render):
+    objs = render({"watchNamespaces": ["team-a", "team-b"]})
+    assert not [o for o in objs if o["kind"] == "ClusterKopfPeering"]
+    assert [o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRoleBinding"] == ["trainop-cluster"]
+    bindings = [o for o in objs if o["kind"] == "RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                "name": "trainop-namespaced"} for b in bindings)
+    assert sorted(p["metadata"]["namespace"] for p in objs if p["kind"] == "KopfPeering") == ["team-a", "team-b"]
+    assert rule_table(find(objs, "ClusterRole", "trainop-cluster")) == CLUSTER_RULES
+    assert rule_table(find(objs, "ClusterRole", "trainop-namespaced")) == \
+        NAMESPACED_RULES | {("kopf.dev", "kopfpeerings"): PEERING}
+    args = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["operator", "--namespace=team-a", "--namespace=team-b"]
+
+
+def test_pod_meets_the_restricted_profile_and_probes_kopf(render):
+    pod = find(render(), "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = pod["containers"][0]
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"health": 8080, "metrics": 9090}
+    assert container["image"] == IMAGE
+    assert {"name": "TRAINOP_CONFIG", "value": "/etc/trainop/config.yaml"} in container["env"]
+
+
+def test_workload_identity_annotation_and_pod_label(render):
+    objs = render({"serviceAccount": {"workloadIdentity": {"enabled": True, "clientId": "1111-2222",
+                                                           "tenantId": "3333"}}})
+    sa = find(objs, "ServiceAccount")
+    assert sa["metadata"]["annotations"] == {"azure.workload.identity/client-id": "1111-2222",
+                                             "azure.workload.identity/tenant-id": "3333"}
+    labels = find(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert labels["azure.workload.identity/use"] == "true"
+    plain = render()
+    assert "annotations" not in find(plain, "ServiceAccount")["metadata"]
+    assert "azure.workload.identity/use" not in find(plain, "Deployment")["spec"]["template"]["metadata"]["labels"]
+
+
+def test_service_monitor_and_digest(render):
+    objs = render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+                   "image": {"digest": "sha256:" + "a" * 64}})
+    monitor = find(objs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert find(objs, "Service")["spec"]["ports"][0]["targetPort"] == "metrics"
+    image = "trainop/operator@sha256:" + "a" * 64
+    assert find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"] == image
+    rendered = yaml.safe_load(find(objs, "ConfigMap")["data"]["config.yaml"])
+    assert rendered["datastage"]["image"] == rendered["logship"]["image"] == image
+
+
+def test_rendered_config_is_what_the_operator_loads(render):
+    """The chart's defaults are config.py's defaults; admins' values reach the operator."""
+    text = find(render(), "ConfigMap")["data"]["config.yaml"]
+    loaded = config.from_dict(yaml.safe_load(text))
+    defaults = config.from_dict(None)
+    for attr in ("resync_seconds", "node_pools", "default_node_pools", "images", "launcher_resources",
+                 "max_gpus_per_job"):
+        assert getattr(loaded, attr) == getattr(defaults, attr), attr
+    assert loaded.section("datastage") == {"image": IMAGE} and loaded.section("logship") == {"image": IMAGE}
+
+    custom = render({"config": {"nodePools": {"ibgpu": None, "a100": {
+        "nodeSelector": {"pool": "a100"}, "infiniband": True, "rdmaResource": "rdma/hca"}},
+        "defaultNodePools": {"infiniband": "a100"}, "limits": {"maxGpusPerJob": 16},
+        "logship": {"image": "mirror/op:1"}}})
+    cfg = config.from_dict(yaml.safe_load(find(custom, "ConfigMap")["data"]["config.yaml"]))
+    assert sorted(cfg.node_pools) == ["a100", "gpu", "system"]
+    assert cfg.node_pools["a100"] == config.NodePool("a100", {"pool": "a100"}, [], True, "nvidia.com/gpu", "rdma/hca")
+    assert cfg.max_gpus_per_job == 16 and cfg.section("logship") == {"image": "mirror/op:1"}
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"config": {"nodePools": {"big": {"tolerations": []}}}},
+     "at '/config/nodePools/big': missing property 'nodeSelector'"),
+    ({"config": {"nodePools": {"big": {"nodeSelector": {}}}}},
+     "at '/config/nodePools/big/nodeSelector': minProperties"),
+    ({"config": {"limits": {"maxGpusPerJob": -1}}},
+     "at '/config/limits/maxGpusPerJob': minimum: got -1, want 0"),
+    ({"config": {"resyncSeconds": 0}}, "/config/resyncSeconds"),
+    ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
+    ({"serviceAccount": {"workloadIdentity": {"enabled": True}}}, "clientId"),
+    ({"config": {"nodePool": {}}}, "nodePool"),
+])
+def test_wrong_values_fail_with_the_schema_message(helm, values, message):
+    out = helm("template", "trainop", str(CHART), values=values, check=False)
+    assert out.returncode != 0
+    assert "values don't meet the specifications of the schema" in out.stderr
+    assert message in out.stderr, out.stderr
+
+
+def test_chart_crds_are_the_repository_crds(helm, tmp_path):
+    """One source: the chart's crds/ links every file of crds/, and `helm package` stores the
+    linked files' contents."""
+    chart_crds = CHART / "crds"
+    for crd in sorted(CRDS_DIR.glob("*.yaml")):
+        link = chart_crds / crd.name
+        assert link.is_symlink() and link.resolve() == crd.resolve(), f"{link} must link to {crd}"
+    links = {p.name for p in chart_crds.iterdir() if p.is_symlink()}
+    assert links == {p.name for p in CRDS_DIR.glob("*.yaml")}
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    with tarfile.open(tmp_path / "trainop-0.1.0.tgz") as tar:
+        for crd in CRDS_DIR.glob("*.yaml"):
+            assert tar.extractfile(f"trainop/crds/{crd.name}").read() == crd.read_bytes()
+
+
+def test_operator_dockerfile_passes_hadolint():
+    hadolint = Path(sys.executable).parent / "hadolint"
+    out = subprocess.run([str(hadolint), "--format", "json", str(REPO_ROOT / "operator" / "Dockerfile")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and json.loads(out.stdout or "[]") == [], out.stdout + out.stderr
+    text = (REPO_ROOT / "operator" / "Dockerfile").read_text()
+    assert "USER 10001" in text and 'ENTRYPOINT ["trainop"]' in text

@@ -1,0 +1,186 @@
+"""`helm install` into the real local control plane (kube-apiserver with RBAC and Pod Security
+admission, controller-manager, scheduler, KWOK nodes), then a DistributedTrainingJob driven to
+Succeeded by an operator that holds nothing but the chart's ServiceAccount token.
+
+The chart's Deployment runs on a KWOK node (its pod is simulated, so it never acts); the
+operator that acts is `python -m trainop operator` with the Deployment's flags, started as a
+subprocess whose kubeconfig carries a token of the chart's ServiceAccount (`kubectl create
+token`): every API call it makes is authorized by the chart's RBAC and nothing else."""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import subprocess
+import types
+import urllib.request
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.fixtures.cluster import OperatorProcess
+from tests.fixtures.waiting import wait_until
+from tests.helm.helm import CHART, docs
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+RELEASE = "trainop"
+SA = "trainop"  # the chart's ServiceAccount (the release's full name)
+RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn")}
+
+
+@pytest.fixture(scope="module")
+def install(cluster, helm_bin, tmp_path_factory):
+    """The chart installed in a `restricted` namespace, watching one job namespace."""
+    suffix = secrets.token_hex(3)
+    system, jobs = f"trainop-system-{suffix}", f"helm-jobs-{suffix}"
+    cluster.kubectl("create", "namespace", system)
+    cluster.kubectl("label", "namespace", system, *(f"{k}={v}" for k, v in RESTRICTED.items()))
+    cluster.kubectl("create", "namespace", jobs)
+    values = tmp_path_factory.mktemp("helm") / "values.yaml"
+    values.write_text(yaml.safe_dump({"watchNamespaces": [jobs], "config": {"resyncSeconds": 0.5}}))
+    helm = [str(helm_bin), "--kubeconfig", str(cluster.kubeconfig)]
+    out = subprocess.run([*helm, "install", RELEASE, str(CHART), "-n", system, "-f", str(values),
+                          "--wait", "--timeout", "120s"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    try:
+        yield types.SimpleNamespace(system=system, jobs=jobs, values=values, helm=helm)
+    finally:
+        subprocess.run([*helm, "uninstall", RELEASE, "-n", system, "--wait"], capture_output=True)
+        cluster.kubectl("delete", "namespace", system, jobs, "--wait=false", check=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def token_kubeconfig(cluster, namespace: str, path) -> str:
+    """A kubeconfig for the cluster whose only credential is the chart ServiceAccount's token."""
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    token = cluster.kubectl("create", "token", SA, "-n", namespace, "--duration=1h").stdout.strip()
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": "c", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}]}))
+    return path
+
+
+def scrape(port: int) -> dict[tuple, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def can_i(cluster, system: str, *args: str) -> bool:
+    out = cluster.kubectl("auth", "can-i", f"--as=system:serviceaccount:{system}:{SA}", *args, check=False)
+    return out.stdout.strip() == "yes"
+
+
+def test_operator_pod_admitted_under_the_restricted_profile(cluster, install):
+    deploy = cluster.get("deployment", RELEASE, "-n", install.system)
+    assert deploy["status"].get("readyReplicas") == 1
+    pod = cluster.get("pods", "-n", install.system, "-l", "app.kubernetes.io/name=trainop")["items"][0]
+    assert pod["spec"]["serviceAccountName"] == SA
+    assert cluster.get("kopfpeering", "trainop", "-n", install.jobs)["kind"] == "KopfPeering"
+
+
+@pytest.mark.parametrize("mode", [{"watchNamespaces": ["default"]}, {}], ids=["namespaced", "clusterwide"])
+def test_rendered_manifests_pass_server_side_dry_run(cluster, install, mode, tmp_path):
+    """The API server's own schemas (strict field validation) and admission (Pod Security
+    `restricted`, warn mode) accept every rendered object."""
+    values = tmp_path / "v.yaml"
+    values.write_text(yaml.safe_dump(mode))
+    rendered = subprocess.run([*install.helm, "template", "dryrun", str(CHART), "-n", install.system,
+                               "-f", str(values)], capture_output=True, text=True, check=True).stdout
+    assert len(docs(rendered)) >= 8
+    out = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-n", install.system, "-f", "-",
+                          input=rendered, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "Warning" not in out.stderr, out.stderr
+
+
+def test_job_end_to_end_with_only_the_chart_service_account(cluster, install, tmp_path):
+    kubeconfig = token_kubeconfig(cluster, install.system, tmp_path / "sa.kubeconfig")
+    chart_config = cluster.get("configmap", f"{RELEASE}-config", "-n", install.system)["data"]["config.yaml"]
+    port = _free_port()
+    deployment_args = cluster.get("deployment", RELEASE, "-n", install.system)[
+        "spec"]["template"]["spec"]["containers"][0]["args"]
+    # the Deployment's flags, with local ports (the fixture adds --liveness and --namespace)
+    flags = [a for a in deployment_args[1:] if a.startswith(("--peering", "--priority"))]
+    op = OperatorProcess(types.SimpleNamespace(kubeconfig=kubeconfig), [install.jobs],
+                         tmp_path / "operator.log", config=yaml.safe_load(chart_config),
+                         extra_args=[*flags, f"--metrics-port={port}"])
+    op.start()
+    try:
+        before = scrape(port)
+        key = ("trainop_jobs", (("namespace", install.jobs), ("phase", "Succeeded")))
+        assert key not in before
+        cluster.apply({"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+                       "metadata": {"name": "helm"}, "spec": {"workers": 2, "gpusPerWorker": 4}},
+                      install.jobs)
+
+        def launcher_pod():
+            pods = cluster.get("pods", "-n", install.jobs, "-l", "trainop.io/role=launcher")["items"]
+            return next((p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"), None)
+
+        pod = wait_until(launcher_pod, timeout=90, what="the launcher pod Running")
+        running = scrape(port)
+        assert running[("trainop_jobs", (("namespace", install.jobs), ("phase", "Running")))] == 1
+        cluster.end_pod(install.jobs, pod, 0)
+        wait_until(lambda: cluster.get("dtj", "helm", "-n", install.jobs).get("status", {}).get("phase")
+                   == "Succeeded", timeout=60, what="job helm Succeeded")
+        after = wait_until(lambda: (m := scrape(port)).get(key) == 1 and m, timeout=10,
+                           what="trainop_jobs{phase=Succeeded} == 1")
+        assert ("trainop_jobs", (("namespace", install.jobs), ("phase", "Running"))) not in after or \
+            after[("trainop_jobs", (("namespace", install.jobs), ("phase", "Running")))] == 0
+        transitions = ("trainop_phase_transitions_total", (("kind", "DistributedTrainingJob"), ("phase", "Succeeded")))
+        assert after[transitions] == before.get(transitions, 0) + 1
+        count = ("trainop_reconcile_duration_seconds_count", (("kind", "DistributedTrainingJob"),))
+        assert after[count] > running[count] > 0
+        assert not [k for k in after if k[0] == "trainop_reconcile_errors_total"]
+    finally:
+        op.stop()
+    log = op.logs()
+    for word in ("Forbidden", "forbidden", "Not enough permissions", " 403"):
+        assert word not in log, f"{word!r} in the operator log:\n{log[-4000:]}"
+
+
+def test_rbac_is_not_broader_than_listed(cluster, install):
+    system, jobs = install.system, install.jobs
+    # what it needs, in the namespace it serves (positive controls: the check can say yes)
+    for verb_resource in (("get", "secrets"), ("create", "pods"), ("patch", "distributedtrainingjobs/status"),
+                          ("create", "rolebindings")):
+        assert can_i(cluster, system, *verb_resource, "-n", jobs), verb_resource
+    assert can_i(cluster, system, "list", "nodes")
+    # nothing in namespaces it does not serve
+    for ns in ("default", "kube-system", system):
+        for verb_resource in (("get", "secrets"), ("create", "pods"), ("list", "distributedtrainingjobs")):
+            assert not can_i(cluster, system, *verb_resource, "-n", ns), (ns, verb_resource)
+    # and no more than listed where it does serve
+    for verb_resource in (("list", "secrets"), ("watch", "secrets"), ("delete", "secrets"), ("patch", "pods"),
+                          ("update", "distributedtrainingjobs"), ("create", "distributedtrainingjobs"),
+                          ("delete", "roles"), ("escalate", "roles"), ("bind", "clusterroles"),
+                          ("create", "pods/exec"), ("delete", "namespaces"), ("patch", "nodes"),
+                          ("create", "clusterroles"), ("list", "clusterkopfpeerings")):
+        assert not can_i(cluster, system, *verb_resource, "-n", jobs), verb_resource
+    assert not can_i(cluster, system, "*", "*", "--all-namespaces")
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"config": {"nodePools": {"big": {"tolerations": []}}}}, "missing property 'nodeSelector'"),
+    ({"config": {"limits": {"maxGpusPerJob": -4}}}, "/config/limits/maxGpusPerJob"),
+])
+def test_wrong_value_fails_helm_install_and_creates_nothing(cluster, install, values, message, tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(values))
+    out = subprocess.run([*install.helm, "install", "bad", str(CHART), "-n", install.system, "-f", str(path)],
+                         capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "values don't meet the specifications of the schema" in out.stderr and message in out.stderr, out.stderr
+    left = cluster.kubectl("get", "configmap,secret,deployment", "-n", install.system, "-o", "name").stdout
+    assert "bad" not in left, left
