@@ -126,7 +126,7 @@ def _copy_phase(st: _Status, job: dict | None, body: dict) -> Result:
         return st.result()
     if "Failed" in finished:
         why = (body.get("status") or {}).get("lastError") or finished["Failed"].get("message") or "failed"
-        message = f"copy Job {name} failed: {why}"
+        message = f"copy Job {name} failed: {why}; fix the cause, then delete the Job to retry (the copy resumes)"
         st.cond("Copied", False, "CopyFailed", message)
         st.phase("Failed", "CopyFailed", message, warning=True)
         return st.result()

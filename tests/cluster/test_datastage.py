@@ -312,6 +312,16 @@ def test_copy_failure_reports_the_stagers_line(cluster, namespace, api, op, azur
     assert wrong not in str(status) and "AAAA" not in str(status)
     wait_until(lambda: "Warning/CopyFailed" in api.events("denied"), timeout=15, what="a Warning Event")
 
+    # As the message says: fix the cause, delete the Job, and the copy runs again.
+    cluster.kubectl("delete", "secret", "storage", "-n", namespace)
+    sas_secret(cluster, namespace, good)
+    cluster.kubectl("delete", "job", status["copyJobName"], "-n", namespace)
+    api.wait_phase("denied", "Copying")
+    proc = run_pod_process(cluster, api, "denied", good, tmp_path / "share", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cluster.end_pod(namespace, api.copy_pod("denied").metadata.name, 0)
+    assert "lastError" not in api.wait_phase("denied", "Ready")
+
 
 def test_provisioned_nfs_server_backs_the_volume_with_its_cluster_ip(cluster, namespace, api, op):
     # The server's disk: a StorageClass without a provisioner and a volume for it to bind, as a
