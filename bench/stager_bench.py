@@ -27,8 +27,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "operator")]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.fixtures (trainop is installed)
 
 from tests.fixtures import azurite as azurite_mod  # noqa: E402
 from trainop import blob, stager  # noqa: E402
@@ -77,8 +76,8 @@ def main() -> int:
         "large (32 MiB blobs)": {f"large/{i}.bin": 32 << 20 for i in range(args.large_mib // 32)},
         "small (64 KiB blobs)": {f"small/{i // 100}/{i}.bin": 64 << 10 for i in range(args.small_count)},
     }
-    results = {"host": platform.node(), "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "sets": {}}
+    results = {"host": platform.node(), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "sets": {}}
     with tempfile.TemporaryDirectory() as tmp, azurite_mod.running(Path(tmp), https=False) as server:
         service = blob.service_client(server.http_url, "AccountKey", server.account_key,
                                       max_single_get_size=stager.FIRST_GET, max_chunk_get_size=stager.CHUNK_GET)
