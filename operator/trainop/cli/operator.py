@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,
         priority=args.priority,
-        namespaces=args.namespaces or None,
+        namespaces=args.namespaces,  # kopf wants a collection (empty with clusterwide), never None
         clusterwide=not args.namespaces,
         liveness_endpoint=args.liveness,
     )
