@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -31,12 +32,14 @@ pytestmark = [pytest.mark.mpi, pytest.mark.timeout(180)]
 
 RANK_PROGRAM = """
 import os
+import re
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 server = os.environ.get("SSH_CONNECTION", "none none local").split()[2]
 total = comm.allreduce(comm.rank)
 env = os.environ.get("TRAINOP_TEST")
-print(f"rank {comm.rank}/{comm.size} via {server} sum {total} env {env}", flush=True)
+# one write per report: mpirun interleaves the ranks' output chunk by chunk
+os.write(1, f"rank {comm.rank}/{comm.size} via {server} sum {total} env {env}\\n".encode())
 """
 
 
@@ -123,7 +126,7 @@ def test_launcher_runs_ranks_over_sshd_on_both_workers(rendered, tmp_path):
             proc.wait(10)
 
     assert run.returncode == 0, f"launcher failed ({run.returncode}):\n{run.stdout}\n{run.stderr}"
-    lines = sorted(line for line in run.stdout.splitlines() if line.startswith("rank "))
+    lines = sorted(re.findall(r"rank \d+/\d+ via \S+ sum \d+ env \S+", run.stdout))
     # every rank came through the sshd of its worker (hostfile order, 2 slots each), reached
     # every other rank (allreduce), and got the job's env (mpirun -x) despite sshd's clean env
     assert lines == [f"rank {r}/4 via 127.0.0.{2 + r // 2} sum 6 env forwarded" for r in range(4)], \
