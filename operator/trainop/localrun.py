@@ -42,7 +42,7 @@ from trainop.spec import Job
 LOCALHOST = "127.0.0.1"
 # The reduced run: at most MAX_RANKS ranks; each training value at most these.
 MAX_RANKS = 2
-SMALL = {"batch_size": 8, "epochs": 2, "steps_per_epoch": 10, "image_size": 64}
+SMALL = {"batch_size": 8, "epochs": 2, "steps_per_epoch": 5, "image_size": 64}
 SMALL_MODEL = "resnet18"  # the trainer's default is resnet50
 TRAINER = ["python", "-m", "trainop_trainer"]
 STOP_GRACE_SECONDS = 10
@@ -395,7 +395,7 @@ def summary(p: Plan, outcome: Outcome) -> list[tuple[str, str]]:
     final = outcome.final or {}
     job = p.job
     rows = [("job", f"{job.name} ({job.framework}, launcher {job.launcher}, "
-                    f"{job.workers} workers x {job.slots_per_worker} ranks)")]
+                    f"{job.workers} workers x {job.slots_per_worker} rank{'s' if job.slots_per_worker > 1 else ''})")]
     if final:
         total = float(final["imagesPerSec"])
         rows += [("images/sec (all ranks)", f"{total:,.1f}"),

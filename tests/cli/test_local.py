@@ -111,7 +111,7 @@ def test_reduction_is_listed_and_full_keeps_the_manifests_sizes(tmp_path):
         "model: ResNet-50 -> ResNet-18",
         "batch size per rank: 256 -> 8",
         "image size: 224 -> 64",
-        "steps per epoch: 200 -> 10",
+        "steps per epoch: 200 -> 5",
         "precision: bf16 -> fp32",
     )
     assert reduced.env["NCCL_IB_DISABLE"] == "1" and "UCX_TLS" not in reduced.env
