@@ -98,62 +98,165 @@ def test_rendered_manifests_pass_server_side_dry_run(cluster, install, mode, tmp
     rendered = subprocess.run([*install.helm, "template", "dryrun", str(CHART), "-n", install.system,
                                "-f", str(values)], capture_output=True, text=True, check=True).stdout
     assert len(docs(rendered)) >= 8
-    out = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-n", install.system, "-f", "-",
+    out = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-",
                           input=rendered, check=False)
     assert out.returncode == 0, out.stderr
     assert "Warning" not in out.stderr, out.stderr
 
 
-def test_job_end_to_end_with_only_the_chart_service_account(cluster, install, tmp_path):
-    kubeconfig = token_kubeconfig(cluster, install.system, tmp_path / "sa.kubeconfig")
+FORBIDDEN = ("Forbidden", "forbidden", "Not enough permissions", " 403")
+
+
+def assert_no_refusals(op: OperatorProcess) -> None:
+    log = op.logs()
+    for word in FORBIDDEN:
+        assert word not in log, f"{word!r} in the operator log:\n{log[-4000:]}"
+
+
+def start_sa_operator(cluster, install, tmp_path, name: str) -> OperatorProcess:
+    """`trainop operator` with the Deployment's flags and configuration, authenticated only by a
+    token of the chart's ServiceAccount; its metrics on a free local port."""
+    kubeconfig = token_kubeconfig(cluster, install.system, tmp_path / f"{name}.kubeconfig")
     chart_config = cluster.get("configmap", f"{RELEASE}-config", "-n", install.system)["data"]["config.yaml"]
-    port = _free_port()
     deployment_args = cluster.get("deployment", RELEASE, "-n", install.system)[
         "spec"]["template"]["spec"]["containers"][0]["args"]
-    # the Deployment's flags, with local ports (the fixture adds --liveness and --namespace)
+    # the fixture adds --liveness and --namespace; the metrics port is a free local one
     flags = [a for a in deployment_args[1:] if a.startswith(("--peering", "--priority"))]
-    op = OperatorProcess(types.SimpleNamespace(kubeconfig=kubeconfig), [install.jobs],
-                         tmp_path / "operator.log", config=yaml.safe_load(chart_config),
-                         extra_args=[*flags, f"--metrics-port={port}"])
-    op.start()
-    try:
-        before = scrape(port)
-        key = ("trainop_jobs", (("namespace", install.jobs), ("phase", "Succeeded")))
-        assert key not in before
-        cluster.apply({"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
-                       "metadata": {"name": "helm"}, "spec": {"workers": 2, "gpusPerWorker": 4}},
-                      install.jobs)
+    assert flags == ["--peering=trainop", "--priority=random"]
+    # POD_ID: kopf's identity in the peering object, as the Deployment sets it (the pod's name)
+    op = OperatorProcess(types.SimpleNamespace(kubeconfig=kubeconfig), [install.jobs], tmp_path / f"{name}.log",
+                         config=yaml.safe_load(chart_config), extra_args=[*flags, f"--metrics-port={_free_port()}"],
+                         env={"POD_ID": name})
+    op.metrics_port = int(op.extra_args[-1].split("=")[1])
+    return op.start()
 
-        def launcher_pod():
-            pods = cluster.get("pods", "-n", install.jobs, "-l", "trainop.io/role=launcher")["items"]
+
+@pytest.fixture(scope="module")
+def sa_operator(cluster, install, tmp_path_factory):
+    op = start_sa_operator(cluster, install, tmp_path_factory.mktemp("operator"), "operator")
+    yield op
+    op.stop()
+
+
+def sample(metrics: dict, name: str, **labels) -> float | None:
+    return metrics.get((name, tuple(sorted(labels.items()))))
+
+
+def test_job_end_to_end_with_only_the_chart_service_account(cluster, install, sa_operator):
+    ns, port = install.jobs, sa_operator.metrics_port
+    before = scrape(port)
+    assert sample(before, "trainop_jobs", namespace=ns, phase="Succeeded") is None
+    cluster.apply({"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+                   "metadata": {"name": "helm"}, "spec": {"workers": 2, "gpusPerWorker": 4}}, ns)
+
+    def launcher_pod():
+        pods = cluster.get("pods", "-n", ns, "-l", "trainop.io/job-name=helm,trainop.io/role=launcher")["items"]
+        return next((p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"), None)
+
+    pod = wait_until(launcher_pod, timeout=90, what="the launcher pod Running")
+    running = scrape(port)
+    assert sample(running, "trainop_jobs", namespace=ns, phase="Running") == 1
+    cluster.end_pod(ns, pod, 0)
+    wait_until(lambda: cluster.get("dtj", "helm", "-n", ns).get("status", {}).get("phase") == "Succeeded",
+               timeout=60, what="job helm Succeeded")
+    after = wait_until(lambda: (m := scrape(port)) and
+                       sample(m, "trainop_jobs", namespace=ns, phase="Succeeded") == 1 and m,
+                       timeout=10, what="trainop_jobs{phase=Succeeded} == 1")
+    assert not sample(after, "trainop_jobs", namespace=ns, phase="Running")
+    transitions = dict(name="trainop_phase_transitions_total", kind="DistributedTrainingJob", phase="Succeeded")
+    assert sample(after, **transitions) == (sample(before, **transitions) or 0) + 1
+    count = dict(name="trainop_reconcile_duration_seconds_count", kind="DistributedTrainingJob")
+    assert sample(after, **count) > sample(running, **count) > 0
+    assert not [k for k in after if k[0] == "trainop_reconcile_errors_total"]
+    assert_no_refusals(sa_operator)
+
+
+def test_datastage_end_to_end_with_only_the_chart_service_account(cluster, install, sa_operator):
+    """The DataStage side of the RBAC: a provisioned NFS server (Service, StatefulSet), the
+    cluster-scoped PV and its claim, the stager's ServiceAccount/Role/RoleBinding (which the
+    API server lets the operator create only if it holds the Role's rights itself), the copy
+    Job, and the finalizer that deletes the PV."""
+    ns, port = install.jobs, sa_operator.metrics_port
+    sc = f"disk-{ns}"[:60]  # the server's disk: a class without a provisioner and a volume for it
+    cluster.apply({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": sc},
+                   "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "Immediate"})
+    cluster.apply({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{sc}-pv"},
+                   "spec": {"capacity": {"storage": "8Gi"}, "accessModes": ["ReadWriteOnce"],
+                            "storageClassName": sc, "hostPath": {"path": "/tmp/nfs-disk"}}})
+    try:
+        cluster.kubectl("create", "secret", "generic", "storage", "-n", ns, "--from-literal=sas=sv=x&sig=y")
+        cluster.apply({"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": {"name": "data"},
+                       "spec": {"source": {"blob": {"accountURL": "https://acct.blob.core.windows.net",
+                                                    "container": "imagenet",
+                                                    "auth": {"sasSecretRef": {"name": "storage", "key": "sas"}}}},
+                                "destination": {"provision": {"size": "8Gi", "storageClassName": sc}}}}, ns)
+
+        def copy_pod():
+            pods = cluster.get("pods", "-n", ns, "-l", "trainop.io/datastage=data,trainop.io/role=copy")["items"]
             return next((p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"), None)
 
-        pod = wait_until(launcher_pod, timeout=90, what="the launcher pod Running")
-        running = scrape(port)
-        assert running[("trainop_jobs", (("namespace", install.jobs), ("phase", "Running")))] == 1
-        cluster.end_pod(install.jobs, pod, 0)
-        wait_until(lambda: cluster.get("dtj", "helm", "-n", install.jobs).get("status", {}).get("phase")
-                   == "Succeeded", timeout=60, what="job helm Succeeded")
-        after = wait_until(lambda: (m := scrape(port)).get(key) == 1 and m, timeout=10,
-                           what="trainop_jobs{phase=Succeeded} == 1")
-        assert ("trainop_jobs", (("namespace", install.jobs), ("phase", "Running"))) not in after or \
-            after[("trainop_jobs", (("namespace", install.jobs), ("phase", "Running")))] == 0
-        transitions = ("trainop_phase_transitions_total", (("kind", "DistributedTrainingJob"), ("phase", "Succeeded")))
-        assert after[transitions] == before.get(transitions, 0) + 1
-        count = ("trainop_reconcile_duration_seconds_count", (("kind", "DistributedTrainingJob"),))
-        assert after[count] > running[count] > 0
-        assert not [k for k in after if k[0] == "trainop_reconcile_errors_total"]
+        pod = wait_until(copy_pod, timeout=90, what="the copy pod Running")
+        pv = f"trainop-{ns}-data"
+        assert cluster.kubectl("get", "pv", pv, check=False).returncode == 0
+        cluster.end_pod(ns, pod, 0)
+        wait_until(lambda: cluster.get("dstage", "data", "-n", ns).get("status", {}).get("phase") == "Ready",
+                   timeout=60, what="DataStage data Ready")
+        wait_until(lambda: sample(scrape(port), "trainop_datastages", namespace=ns, phase="Ready") == 1,
+                   timeout=10, what="trainop_datastages{phase=Ready} == 1")
+        cluster.kubectl("delete", "dstage", "data", "-n", ns, "--wait=false")
+        wait_until(lambda: cluster.kubectl("get", "pv", pv, check=False).returncode != 0, timeout=60,
+                   what="the finalizer deleted the NFS PV")
     finally:
-        op.stop()
+        cluster.kubectl("delete", "pv", f"{sc}-pv", "--wait=false", check=False)
+        cluster.kubectl("delete", "storageclass", sc, check=False)
+    assert not [k for k in scrape(port) if k[0] == "trainop_reconcile_errors_total"]
+    assert_no_refusals(sa_operator)
+
+
+PAUSED, RESUMED = "Pausing operations in favour of", "Resuming operations after the pause"
+
+
+def acting(op: OperatorProcess) -> bool:
+    """kopf logs each pause and resume; a replica starts paused until it knows its peers."""
     log = op.logs()
-    for word in ("Forbidden", "forbidden", "Not enough permissions", " 403"):
-        assert word not in log, f"{word!r} in the operator log:\n{log[-4000:]}"
+    return log.rfind(RESUMED) > log.rfind(PAUSED)
+
+
+def reconciles(op: OperatorProcess) -> float:
+    return sample(scrape(op.metrics_port), "trainop_reconcile_duration_seconds_count",
+                  kind="DistributedTrainingJob") or 0
+
+
+def test_second_replica_stands_by_then_takes_over(cluster, install, sa_operator, tmp_path):
+    """Peering as the chart sets it up: of two replicas (random priorities) only the higher one
+    reconciles; when it stops, the other resumes and carries on with the same job."""
+    ns = install.jobs
+    second = start_sa_operator(cluster, install, tmp_path, "second")
+    try:
+        peers = wait_until(lambda: (st := cluster.get("kopfpeering", "trainop", "-n", ns).get("status") or {})
+                           and {"operator", "second"} <= set(st) and st, timeout=30, what="both replicas in the KopfPeering")
+        ops = {"operator": sa_operator, "second": second}
+        active_id = max(("operator", "second"), key=lambda k: peers[k]["priority"])
+        active, standby = ops[active_id], ops["second" if active_id == "operator" else "operator"]
+        wait_until(lambda: acting(active) and not acting(standby), timeout=30,
+                   what=f"{active_id} (higher priority) acting, the other paused")
+        idle = reconciles(standby)
+        cluster.apply({"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+                       "metadata": {"name": "peer"}, "spec": {"workers": 1, "gpusPerWorker": 1}}, ns)
+        wait_until(lambda: cluster.get("dtj", "peer", "-n", ns).get("status", {}).get("phase") == "Running",
+                   timeout=60, what="job peer Running")
+        assert reconciles(standby) == idle, "the paused replica reconciled"
+        active.stop()  # a clean exit removes it from the peering at once
+        wait_until(lambda: acting(standby), timeout=30, what="the standby resuming")
+        wait_until(lambda: reconciles(standby) > idle, timeout=30, what="the standby reconciling the job")
+    finally:
+        second.stop()
 
 
 def test_rbac_is_not_broader_than_listed(cluster, install):
     system, jobs = install.system, install.jobs
     # what it needs, in the namespace it serves (positive controls: the check can say yes)
-    for verb_resource in (("get", "secrets"), ("create", "pods"), ("patch", "distributedtrainingjobs/status"),
+    for verb_resource in (("get", "secrets"), ("create", "pods"), ("patch", "distributedtrainingjobs", "--subresource=status"),
                           ("create", "rolebindings")):
         assert can_i(cluster, system, *verb_resource, "-n", jobs), verb_resource
     assert can_i(cluster, system, "list", "nodes")
@@ -165,7 +268,8 @@ def test_rbac_is_not_broader_than_listed(cluster, install):
     for verb_resource in (("list", "secrets"), ("watch", "secrets"), ("delete", "secrets"), ("patch", "pods"),
                           ("update", "distributedtrainingjobs"), ("create", "distributedtrainingjobs"),
                           ("delete", "roles"), ("escalate", "roles"), ("bind", "clusterroles"),
-                          ("create", "pods/exec"), ("delete", "namespaces"), ("patch", "nodes"),
+                          ("create", "pods", "--subresource=exec"),
+                          ("get", "pods", "--subresource=log"), ("update", "distributedtrainingjobs", "--subresource=status"), ("delete", "namespaces"), ("patch", "nodes"),
                           ("create", "clusterroles"), ("list", "clusterkopfpeerings")):
         assert not can_i(cluster, system, *verb_resource, "-n", jobs), verb_resource
     assert not can_i(cluster, system, "*", "*", "--all-namespaces")
