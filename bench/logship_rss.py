@@ -28,7 +28,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.fixtures.azurite import ACCOUNT, ACCOUNT_KEY, AZURITE_BIN, _ready, free_port, wait_until  # noqa: E402
+from tests.fixtures.azurite import ACCOUNT, ACCOUNT_KEY, AZURITE_BIN, _ready, free_port  # noqa: E402
+from tests.fixtures.waiting import wait_until  # noqa: E402
 
 SDK_UPLOAD = """
 import sys
@@ -75,7 +76,7 @@ def measure(cmd: list[str], env: dict, stop_when=None) -> tuple[float, int, int]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     if stop_when:
-        wait_until(lambda: stop_when(Path(out.name).read_text()), 60, "the shipper to start")
+        wait_until(lambda: stop_when(Path(out.name).read_text()), timeout=60, what="the shipper to start")
         proc.send_signal(signal.SIGTERM)
     _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.monotonic() - start
@@ -100,7 +101,7 @@ def main() -> None:
                                     "--disableTelemetry", "--silent"], stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            wait_until(lambda: _ready(url, None), 60, "azurite")
+            wait_until(lambda: _ready(url, None), timeout=60, what="azurite")
             from azure.core.credentials import AzureNamedKeyCredential
             service = BlobServiceClient(url, AzureNamedKeyCredential(ACCOUNT, ACCOUNT_KEY))
             container = service.create_container("bench")
