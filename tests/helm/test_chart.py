@@ -70,7 +70,7 @@ def test_default_render_serves_every_namespace(render):
         "ConfigMap", "Deployment", "Service", "ServiceAccount"])
     args = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args == ["operator", "--all-namespaces", "--peering=trainop", "--priority=random",
-                    "--liveness=http://0.0.0.0:8080/healthz", "--metrics-port=9090"]
+                    "--liveness=http://0.0.0.0:8080/healthz", "--metrics-port=9090", "--log-format=json"]
     assert find(objs, "ClusterKopfPeering")["metadata"]["name"] == "trainop"
     assert rule_table(find(objs, "ClusterRole", "trainop-cluster")) == \
         CLUSTER_RULES | {("kopf.dev", "clusterkopfpeerings"): PEERING}

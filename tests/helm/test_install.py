@@ -9,6 +9,7 @@ token`): every API call it makes is authorized by the chart's RBAC and nothing e
 
 from __future__ import annotations
 
+import json
 import secrets
 import socket
 import subprocess
@@ -121,8 +122,8 @@ def start_sa_operator(cluster, install, tmp_path, name: str) -> OperatorProcess:
     deployment_args = cluster.get("deployment", RELEASE, "-n", install.system)[
         "spec"]["template"]["spec"]["containers"][0]["args"]
     # the fixture adds --liveness and --namespace; the metrics port is a free local one
-    flags = [a for a in deployment_args[1:] if a.startswith(("--peering", "--priority"))]
-    assert flags == ["--peering=trainop", "--priority=random"]
+    flags = [a for a in deployment_args[1:] if a.startswith(("--peering", "--priority", "--log-format"))]
+    assert flags == ["--peering=trainop", "--priority=random", "--log-format=json"]
     # POD_ID: kopf's identity in the peering object, as the Deployment sets it (the pod's name)
     op = OperatorProcess(types.SimpleNamespace(kubeconfig=kubeconfig), [install.jobs], tmp_path / f"{name}.log",
                          config=yaml.safe_load(chart_config), extra_args=[*flags, f"--metrics-port={_free_port()}"],
@@ -169,6 +170,11 @@ def test_job_end_to_end_with_only_the_chart_service_account(cluster, install, sa
     assert sample(after, **count) > sample(running, **count) > 0
     assert not [k for k in after if k[0] == "trainop_reconcile_errors_total"]
     assert_no_refusals(sa_operator)
+    # structured logs: JSON lines, the job's own lines naming it
+    lines = [json.loads(line) for line in sa_operator.logs().splitlines() if line.startswith("{")]
+    about = [r for r in lines if (r.get("object") or {}).get("name") == "helm"]
+    assert about and all(r["object"]["namespace"] == ns and r["object"]["kind"] == "DistributedTrainingJob"
+                         for r in about)
 
 
 def test_datastage_end_to_end_with_only_the_chart_service_account(cluster, install, sa_operator):

@@ -29,6 +29,8 @@ def register(subparsers) -> None:
                         "Deployment need distinct ones")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics")
+    p.add_argument("--log-format", choices=["full", "json", "plain"], default="full",
+                   help="json: one object per line, with the resource each line is about")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
 
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         from trainop import metrics
         metrics.serve(args.metrics_port)
-    kopf.configure(verbose=args.verbose)
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
     kopf.run(
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,
