@@ -18,7 +18,7 @@ def _run(launcher: str, ranks: int, args: list[str], out):
 
 @pytest.mark.parametrize("args, message", [
     (["--framework", "mxnet", "--synthetic", "--batch-size", "2"],
-     "argument --framework: invalid choice: 'mxnet' (choose from pytorch, tensorflow, keras)"),
+     "argument --framework: invalid choice: 'mxnet' (choose from 'pytorch', 'tensorflow', 'keras')"),
     (["--framework", "pytorch", "--data-dir", "/nonexistent/imagenet", "--batch-size", "2"],
      "--data-dir /nonexistent/imagenet: no such directory; mount the data set there or pass --synthetic"),
 ])
