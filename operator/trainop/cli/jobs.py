@@ -212,7 +212,7 @@ def _data(spec: dict) -> str:
     return "synthetic"
 
 
-def _output(spec: dict, status: dict) -> str:
+def _output(spec: dict) -> str:
     out = spec.get("output") or {}
     if "blob" in out:
         b = out["blob"]
@@ -240,7 +240,7 @@ def describe_text(job: dict, pods: list[dict], events: list[dict]) -> str:
         ("Node pool", (pool.get("name") or (f"nodeSelector {pool['nodeSelector']}" if "nodeSelector" in pool
                                             else "the operator's default"))
                       + (", InfiniBand" if spec.get("infiniband") else "")),
-        ("Data", _data(spec)), ("Output", _output(spec, status)),
+        ("Data", _data(spec)), ("Output", _output(spec)),
         ("Restarts", f"{status.get('restarts', 0)} (backoffLimit {(spec.get('runPolicy') or {}).get('backoffLimit', 3)})"),
     ]
     for key, label in (("startTime", "Started"), ("completionTime", "Completed"),

@@ -1,0 +1,40 @@
+"""The pure parts of `trainop get/describe`: ages and the describe text."""
+
+import datetime as dt
+
+from trainop.cli import jobs
+
+NOW = dt.datetime(2026, 11, 26, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def test_age_reads_like_kubectls():
+    def ago(seconds):
+        return jobs.age((NOW - dt.timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z"), NOW)
+
+    assert [ago(s) for s in (5, 119, 120, 7199, 7200, 172799, 172800)] == \
+        ["5s", "119s", "2m", "119m", "2h", "47h", "2d"]
+    assert jobs.age(None, NOW) == "<unknown>"
+
+
+def test_describe_names_data_output_failure_and_lists_children():
+    job = {"metadata": {"name": "j", "namespace": "team", "creationTimestamp": "2026-11-26T11:00:00Z"},
+           "spec": {"framework": "tensorflow", "launcher": "mpi", "workers": 2, "gpusPerWorker": 8,
+                    "infiniband": True, "nodePool": {"name": "ibgpu"},
+                    "data": {"dataStageRef": {"name": "imagenet"}, "mountPath": "/data"},
+                    "output": {"blob": {"accountURL": "https://acct.blob.core.windows.net/", "container": "results",
+                                        "prefix": "rn50", "auth": {"sasSecretRef": {"name": "s", "key": "sas"}}}}},
+           "status": {"phase": "Failed", "restarts": 3,
+                      "lastFailure": {"message": "pod j-worker-1 container worker exited 137 (OOMKilled)"},
+                      "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                      "message": "3 restarts"}]}}
+    text = jobs.describe_text(job, [], [])
+    lines = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in text.split("\n\n")[0].splitlines()}
+    assert lines["Framework"] == "tensorflow, launcher mpi (OpenMPI)"
+    assert lines["Last failure"] == "pod j-worker-1 container worker exited 137 (OOMKilled)"
+    assert lines["Output"] == "Blob https://acct.blob.core.windows.net/results/rn50"
+    assert "0/2 ready, 8 GPUs each (16 in all)" in text
+    assert "ibgpu, InfiniBand" in text
+    assert "DataStage imagenet, mounted read-only at /data" in text
+    assert "BackoffLimitExceeded" in text.split("Conditions:")[1]
+    assert text.split("Pods:")[1].split("Events:")[0].strip() == "<none>"
+    assert "sasSecretRef" not in text  # the auth block is never printed
