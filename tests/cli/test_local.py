@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainop import config, localrun, spec
+from trainop import cli, config, localrun, spec
 from trainop.render import dtj
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,15 +53,16 @@ def job(name: str = "j", **spec_) -> dict:
     (job(nodePool={"name": "tpu"}), ["spec.nodePool.name: node pool 'tpu' does not exist"]),
     ([job("a"), job("b")], ["holds 2 jobs; give one DistributedTrainingJob per file"]),
 ])
-def test_bad_input_exits_non_zero_with_one_line_naming_the_problem(tmp_path, content, words):
+def test_bad_input_exits_non_zero_with_one_line_naming_the_problem(tmp_path, monkeypatch, capsys, content, words):
+    monkeypatch.setenv("TRAINOP_STATE", str(tmp_path / "state"))
     path = tmp_path / "nope.yaml" if content is None else write(tmp_path, content)
-    result = trainop("run", str(path), "--local", state=tmp_path / "state")
-    assert result.returncode == 2, result
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("trainop run: "), result.stderr
+    assert cli.main(["run", str(path), "--local"]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("trainop run: "), err
     for word in words:
         assert word in lines[0]
-    assert result.stdout == ""
+    assert out == ""
     assert not (tmp_path / "state" / "runs").exists()  # nothing started, no run folder
 
 
