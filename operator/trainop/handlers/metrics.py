@@ -6,9 +6,22 @@ server holds, also for objects the timers have not reached yet.
 
 from __future__ import annotations
 
+import logging
+
 import kopf
 
 from trainop import GROUP, VERSION, metrics
+
+_QUIET = ("Handler 'job_event' succeeded.", "Handler 'stage_event' succeeded.")
+
+
+def _not_routine(record: logging.LogRecord) -> bool:
+    """kopf logs every handler's success at INFO: for these watchers that is a line per watch
+    event of every object, which says nothing; failures are still logged."""
+    return record.getMessage() not in _QUIET
+
+
+logging.getLogger("kopf.objects").addFilter(_not_routine)
 
 
 @kopf.on.event(GROUP, VERSION, "distributedtrainingjobs")
