@@ -106,6 +106,7 @@ def test_copy_job_mounts_the_export_read_write_and_gets_the_secret_by_reference(
     pod = job["spec"]["template"]["spec"]
     assert job["spec"]["backoffLimit"] == 2
     assert pod["restartPolicy"] == "Never" and pod["serviceAccountName"] == "imagenet-stager"
+    assert pod["securityContext"] == {"runAsUser": 10001, "runAsGroup": 10001, "runAsNonRoot": True}
     assert pod["nodeSelector"] == SYSTEM_POOL["nodeSelector"]
     assert pod["volumes"] == [{"name": "share", "nfs": {"server": "10.1.2.3", "path": "/export/data"}}]
     (container,) = pod["containers"]
@@ -170,6 +171,7 @@ def test_provisioned_server_statefulset_service_and_volume_on_cluster_ip():
     assert container["image"] == "trainop/nfs-server:0.1.0"
     assert container["volumeMounts"] == [{"name": "export", "mountPath": "/exports"}]
     assert container["securityContext"] == {"privileged": True}
+    assert container["env"] == [{"name": "EXPORT_OWNER", "value": "10001:10001"}]  # the copy's user
     assert render.server_address(stage, {"spec": {"clusterIP": "10.96.0.77"}}) == "10.96.0.77"
     assert render.server_address(stage, {"spec": {}}) is None
     pv, _ = render.volume_objects(stage, "10.96.0.77")
@@ -178,12 +180,14 @@ def test_provisioned_server_statefulset_service_and_volume_on_cluster_ip():
 
 
 def test_operator_configuration_overrides_images():
-    cfg = config.from_dict({"datastage": {"image": "registry.example/trainop:9", "nfsServerImage": "registry.example/nfs:9"}})
+    cfg = config.from_dict({"datastage": {"image": "registry.example/trainop:9", "nfsServerImage": "registry.example/nfs:9",
+                                          "securityContext": {"runAsUser": 2000}}})
     stage = render.parse(body({"provision": {"size": "1Gi"}}))
     assert render.copy_job(stage, "10.0.0.1", cfg)["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/trainop:9"
     sts = render.server_objects(stage, cfg)[1]
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/nfs:9"
     assert "storageClassName" not in sts["spec"]["volumeClaimTemplates"][0]["spec"]
+    assert sts["spec"]["template"]["spec"]["containers"][0]["env"] == [{"name": "EXPORT_OWNER", "value": "2000:2000"}]
 
 
 def test_render_is_pure():

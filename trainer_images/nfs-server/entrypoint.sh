@@ -5,11 +5,17 @@ set -eu
 
 EXPORT_DIR="${EXPORT_DIR:-/exports}"
 THREADS="${NFS_THREADS:-16}"
-# rw for the copy Job; root is not squashed because the stager writes as root; fsid=0 makes the
-# directory the NFSv4 pseudo-root (clients mount "<server>:/").
-OPTIONS="${EXPORT_OPTIONS:-rw,fsid=0,sync,no_subtree_check,no_root_squash,insecure}"
+# rw for the copy Job (training pods mount read-only); fsid=0 makes the directory the NFSv4
+# pseudo-root (clients mount "<server>:/"); sync: a write is on disk when the client's close()
+# returns; root is squashed (nothing needs root on the share).
+OPTIONS="${EXPORT_OPTIONS:-rw,fsid=0,sync,no_subtree_check,root_squash,insecure}"
 
 mkdir -p "$EXPORT_DIR"
+# The DataStage copy Job writes as a non-root user (the operator sets EXPORT_OWNER to its
+# uid:gid); readers get the files through their default 0644/0755 modes.
+if [ -n "${EXPORT_OWNER:-}" ]; then
+    chown "$EXPORT_OWNER" "$EXPORT_DIR"
+fi
 echo "$EXPORT_DIR *($OPTIONS)" > /etc/exports
 
 mountpoint -q /proc/fs/nfsd || mount -t nfsd nfsd /proc/fs/nfsd

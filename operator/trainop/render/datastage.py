@@ -34,6 +34,9 @@ DEFAULTS = {
     "image": "trainop/operator:0.1.0",  # the stager is part of the operator's package
     "nfsServerImage": "trainop/nfs-server:0.1.0",
     "progressIntervalSeconds": 5,
+    # The copy runs as the operator image's non-root user; a provisioned server hands its export
+    # root to the same uid/gid. An existing export must let this user write (or set yours here).
+    "securityContext": {"runAsUser": 10001, "runAsGroup": 10001, "runAsNonRoot": True},
     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
     "nfsServerResources": {"requests": {"cpu": "1", "memory": "2Gi"}},
 }
@@ -176,6 +179,7 @@ def server_objects(stage: Stage, cfg: Config) -> list[dict]:
                         "securityContext": {"privileged": True},
                         "ports": [{"name": "nfs", "containerPort": NFS_PORT, "protocol": "TCP"}],
                         "readinessProbe": {"tcpSocket": {"port": NFS_PORT}, "periodSeconds": 5},
+                        "env": [{"name": "EXPORT_OWNER", "value": _owner(settings)}],
                         "volumeMounts": [{"name": "export", "mountPath": EXPORT_DIR}],
                         "resources": settings["nfsServerResources"],
                     }],
@@ -185,6 +189,12 @@ def server_objects(stage: Stage, cfg: Config) -> list[dict]:
         },
     }
     return [service, statefulset]
+
+
+def _owner(settings: dict) -> str:
+    """uid:gid the copy runs as, which must own the provisioned export."""
+    ctx = settings["securityContext"]
+    return f"{ctx.get('runAsUser', 0)}:{ctx.get('runAsGroup', ctx.get('runAsUser', 0))}"
 
 
 def server_address(stage: Stage, service: dict | None) -> str | None:
@@ -278,6 +288,7 @@ def copy_job(stage: Stage, server: str, cfg: Config) -> dict:
                     **_placement(cfg),
                     "restartPolicy": "Never",
                     "serviceAccountName": stager_service_account(stage),
+                    "securityContext": settings["securityContext"],
                     "containers": [{
                         "name": "stager", "image": settings["image"],
                         "command": ["python", "-m", "trainop.stager"],
