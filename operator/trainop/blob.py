@@ -196,6 +196,7 @@ def explain(exc: BaseException, *secrets: str | None) -> str:
     if isinstance(exc, BlobConfigError):
         return str(exc)
     code = getattr(exc, "error_code", None) or ""
+    code = getattr(code, "value", code)  # the SDK's StorageErrorCode enum -> "AuthenticationFailed"
     status = getattr(exc, "status_code", None)
     if isinstance(exc, ClientAuthenticationError) and status is None:
         # Raised by azure-identity: the token exchange itself failed. DefaultAzureCredential lists
