@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from tests.helm.helm import CHART, helm_binary, values_args
+from tests.helm.helm import CHART, docs, helm_binary, values_args
 
 
 @pytest.fixture(scope="session")
@@ -30,8 +30,6 @@ def helm(helm_bin, tmp_path):
 @pytest.fixture
 def render(helm):
     """render(values=None, namespace="trainop-system") -> the manifests `helm template` renders."""
-    from tests.helm.helm import docs
-
     def run(values: dict | None = None, namespace: str = "trainop-system", release: str = "trainop"):
         return docs(helm("template", release, str(CHART), "--namespace", namespace,
                          "--include-crds", values=values).stdout)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import subprocess
 import types
 import urllib.request
@@ -20,7 +19,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fixtures.cluster import OperatorProcess
+from tests.fixtures.cluster import OperatorProcess, _free_port
 from tests.fixtures.waiting import wait_until
 from tests.helm.helm import CHART, docs
 
@@ -50,12 +49,6 @@ def install(cluster, helm_bin, tmp_path_factory):
     finally:
         subprocess.run([*helm, "uninstall", RELEASE, "-n", system, "--wait"], capture_output=True)
         cluster.kubectl("delete", "namespace", system, jobs, "--wait=false", check=False)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def token_kubeconfig(cluster, namespace: str, path) -> str:
@@ -125,10 +118,11 @@ def start_sa_operator(cluster, install, tmp_path, name: str) -> OperatorProcess:
     flags = [a for a in deployment_args[1:] if a.startswith(("--peering", "--priority", "--log-format"))]
     assert flags == ["--peering=trainop", "--priority=random", "--log-format=json"]
     # POD_ID: kopf's identity in the peering object, as the Deployment sets it (the pod's name)
+    port = _free_port()
     op = OperatorProcess(types.SimpleNamespace(kubeconfig=kubeconfig), [install.jobs], tmp_path / f"{name}.log",
-                         config=yaml.safe_load(chart_config), extra_args=[*flags, f"--metrics-port={_free_port()}"],
+                         config=yaml.safe_load(chart_config), extra_args=[*flags, f"--metrics-port={port}"],
                          env={"POD_ID": name})
-    op.metrics_port = int(op.extra_args[-1].split("=")[1])
+    op.metrics_port = port
     return op.start()
 
 
