@@ -12,7 +12,7 @@ export npm_config_cache=${npm_config_cache:-$TRAINOP_CACHE/npm}
 say() { printf '[bootstrap %s] %s\n' "$(date +%T)" "$*" >&2; }
 
 # --- Debian packages -------------------------------------------------------------------------
-apt_packages=(openmpi-bin libopenmpi-dev openssh-server openssh-client python3-venv)
+apt_packages=(openmpi-bin libopenmpi-dev openssh-server openssh-client openssl python3-venv)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
