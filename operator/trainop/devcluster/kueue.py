@@ -12,7 +12,8 @@ config/components/crd/bases next to the binary.
 Webhooks: the local control plane has no Service network, so the API server could reach a
 webhook only by a URL on 127.0.0.1 with a certificate for that address. Kueue 0.17 serves its
 metrics only with certificates from a fixed system path unless its internal certificate
-management is on, and that management issues certificates for the in-cluster Service name. So
+management is on, and that management issues certificates for the in-cluster Service name (into
+a Secret, which the harness copies to Kueue's certificate folder as a kubelet would). So
 Kueue runs with internal certificates (for its own listeners) and NO webhook registered with the
 API server. What that loses: defaulting and validation of Kueue's own objects (tests write them
 complete and valid) and Kueue's Job/Pod integrations' webhooks (trainop does not use them: it
@@ -24,6 +25,7 @@ controller's and run unchanged.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -54,24 +56,28 @@ def is_built() -> bool:
 def ensure_built() -> tuple[Path, Path]:
     """(binary, CRD folder); builds once (minutes on 2 cores), then reuses the cache."""
     target = build_dir()
-    if not is_built():
-        target.mkdir(parents=True, exist_ok=True)
+    target.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, CGO_ENABLED="0")
+    if not (target / "kueue").is_file():
         tmp = target / "bin.partial"
         shutil.rmtree(tmp, ignore_errors=True)
-        env = dict(os.environ, GOBIN=str(tmp), CGO_ENABLED="0")
         subprocess.run(["go", "install", "-trimpath", "-ldflags=-s -w",
-                        f"{MODULE}/cmd/kueue@{VERSION}"], env=env, check=True)
+                        f"{MODULE}/cmd/kueue@{VERSION}"], env=dict(env, GOBIN=str(tmp)),
+                       check=True)
+        (tmp / "kueue").rename(target / "kueue")  # complete binaries only under the final name
+        shutil.rmtree(tmp, ignore_errors=True)
+    crds = target / "crds"
+    if not any(crds.glob("*.yaml")):
         info = json.loads(subprocess.run(["go", "mod", "download", "-json", f"{MODULE}@{VERSION}"],
                                          env=env, check=True, capture_output=True,
                                          text=True).stdout)
-        crds = target / "crds"
-        shutil.rmtree(crds, ignore_errors=True)
-        shutil.copytree(Path(info["Dir"]) / "config/components/crd/bases", crds)
-        for path in crds.rglob("*"):  # the module cache is read-only; the copy need not be
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        (tmp / "kueue").rename(target / "kueue")
+        tmp = target / "crds.partial"
         shutil.rmtree(tmp, ignore_errors=True)
-    return target / "kueue", target / "crds"
+        shutil.copytree(Path(info["Dir"]) / "config/components/crd/bases", tmp)
+        for path in [tmp, *tmp.rglob("*")]:  # the module cache is read-only; the copy need not be
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        tmp.rename(crds)
+    return target / "kueue", crds
 
 
 # CRDs whose conversion webhook Kueue's certificate rotator fills in (and waits for).
@@ -135,6 +141,9 @@ class Kueue:
         self.health_port, self.webhook_port = _free_port(), _free_port()
         install_crds(self.kubeconfig, self.webhook_port)
         kubectl.run(self.kubeconfig, "create", "namespace", NAMESPACE, check=False)
+        # The rotator fills this Secret in but does not create it (Kueue's manifests do).
+        kubectl.run(self.kubeconfig, "create", "secret", "generic", "-n", NAMESPACE,
+                    "kueue-webhook-server-cert", check=False)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         config = self.state_dir / "kueue-config.yaml"
         config.write_text(yaml.safe_dump(self.config()))
@@ -145,12 +154,29 @@ class Kueue:
             stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.state_dir)
         deadline = time.monotonic() + timeout
         while not self._ready():
+            self._mount_certs()
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 tail = self.log_file.read_text(errors="replace")[-3000:]
                 self.stop()
                 raise RuntimeError(f"Kueue did not become ready; its log ends:\n{tail}")
             time.sleep(0.3)
         return self
+
+    def _mount_certs(self) -> None:
+        """Do what the kubelet does for Kueue's pod: copy the Secret its certificate rotator
+        writes into the folder it reads (it waits for those files before it starts)."""
+        certs = self.state_dir / "certs"
+        if (certs / "tls.key").exists():
+            return
+        got = kubectl.run(self.kubeconfig, "get", "secret", "-n", NAMESPACE,
+                          "kueue-webhook-server-cert", "-o", "json")
+        data = json.loads(got.stdout).get("data") or {} if got.returncode == 0 else {}
+        if not {"tls.crt", "tls.key"} <= set(data):
+            return
+        certs.mkdir(mode=0o700, exist_ok=True)
+        for name in ("ca.crt", "tls.crt", "tls.key"):  # the key last: it marks completion
+            if name in data:
+                (certs / name).write_bytes(base64.b64decode(data[name]))
 
     def _ready(self) -> bool:
         try:
