@@ -78,8 +78,8 @@ class Candidate:
     key: str                 # the job's name (one namespace is judged at a time)
     priority: int
     created: str             # metadata.creationTimestamp (RFC 3339 sorts as text)
-    demand: list[dict]       # usage per pod the gang will have: [Usage, ...] with the pod
-    outstanding: list[dict]  # the part of `demand` not yet counted in quota usage
+    demand: list[dict]       # the pods the gang will have (rendered manifests)
+    outstanding: list[dict]  # those of `demand` not yet counted in the quotas' usage
     gpus: int
     gpus_resource: str
     pool: str
@@ -210,7 +210,7 @@ def ledgers(namespace: str, quotas: list[dict], pods: list[dict], cfg: Config,
     if cap is not None and not any(keys & set(ledger.hard) for ledger in out):
         used: Usage = {}
         for pod in pods:
-            if counts_in_quota(pod) and not (pod["metadata"].get("deletionTimestamp")):
+            if counts_in_quota(pod):  # a deleting pod still counts until it is gone
                 used = _add(used, {k: v for k, v in pod_usage(pod).items() if k in keys})
         out.append(Ledger(NAMESPACE_CAP, {k: Decimal(cap) for k in keys}, used))
     return out

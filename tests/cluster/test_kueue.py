@@ -68,9 +68,15 @@ def test_cluster_queue_admits_jobs_in_its_order_and_unadmitted_jobs_have_no_pods
         assert (cond["status"], cond["reason"]) == ("False", "WaitingForKueue")
         assert cond["message"].startswith("Workload dtj-b waits in LocalQueue team")
 
+        assert not watch.pods_of("b") and not watch.pods_of("c")
+        wl = api.custom.get_namespaced_custom_object(*KUEUE, namespace, "workloads", "dtj-c")
+        assert {c["type"]: c["status"] for c in wl["status"]["conditions"]}["QuotaReserved"] == "False"
+
         cluster.end_pod(namespace, api.wait_running("a").metadata.name, 0)
         api.wait_phase("a", "Succeeded")
         api.wait_running("c")  # the ClusterQueue's order: priority before arrival
+        wl = api.custom.get_namespaced_custom_object(*KUEUE, namespace, "workloads", "dtj-a")
+        assert {c["type"]: c["status"] for c in wl["status"]["conditions"]}["Finished"] == "True"
         assert api.status("b")["phase"] == "Queued" and not watch.pods_of("b")
         cluster.end_pod(namespace, api.wait_running("c").metadata.name, 0)
         api.wait_running("b")
