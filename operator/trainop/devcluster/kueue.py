@@ -2,6 +2,7 @@
 as a local process.
 
     binary, crds = kueue.ensure_built()          # cached under $TRAINOP_CACHE/kueue/<version>
+    # (bootstrap: python -m trainop.devcluster.kueue)
     kueue.install_crds(kubeconfig)               # Kueue's own CRDs, from its module source
     proc = kueue.Kueue(kubeconfig, state_dir).start()   # ... proc.stop()
 
@@ -194,3 +195,9 @@ class Kueue:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+if __name__ == "__main__":  # scripts/bootstrap.sh: build (or find) Kueue in the cache
+    started = time.monotonic()
+    binary, crds = ensure_built()
+    print(f"kueue {VERSION}: {binary} and {crds} ({time.monotonic() - started:.1f}s)")
