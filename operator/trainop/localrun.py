@@ -153,8 +153,13 @@ def _localize_hosts(text: str, job: Job, rdzv_port: int) -> str:
     return text
 
 
+def _search_path() -> str:
+    """PATH with this interpreter's folder first: its `python`, `torchrun` (and a venv's mpirun)."""
+    return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 def plan(job: Job, opts: Options, run_dir: Path, rdzv_port: int) -> Plan:
-    """Pure: what runs, where, with which environment (no process started, nothing written)."""
+    """What runs, where, with which environment; starts nothing and writes nothing."""
     trainer = _uses_trainer(job)
     job, notes, extra = reduce(job, opts)
     mounts = {common.MOUNT_ROOT: str(run_dir / "etc-trainop"), dtj.OUTPUT_DIR: str(run_dir / "output")}
@@ -177,7 +182,7 @@ def plan(job: Job, opts: Options, run_dir: Path, rdzv_port: int) -> Plan:
         scripts = {dtj.worker_name(job, i).removeprefix(f"{job.name}-"): localize(dtj.torchrun_script(job))
                    for i in range(job.workers)}
     env = {e["name"]: e.get("value", "") for e in dtj.container_env(job)}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    env["PATH"] = _search_path()
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
         # One thread pool per rank sized to its share of the cores, not every core each.
         env["OMP_NUM_THREADS"] = str(max(1, opts.cpus // job.total_slots))
@@ -189,8 +194,7 @@ def preflight(job: Job) -> None:
     """LocalRunError naming what this machine lacks to run `job`, and how to get it."""
     fix = "run scripts/bootstrap.sh demo (or trainer_images/install.sh)"
     tool = "mpirun" if job.launcher == "mpi" else "torchrun"
-    search = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    if shutil.which(tool, path=search) is None:
+    if shutil.which(tool, path=_search_path()) is None:
         raise LocalRunError(f"spec.launcher {job.launcher}: {tool} is not installed; {fix}")
     if not _uses_trainer(job):
         return
