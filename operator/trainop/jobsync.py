@@ -17,7 +17,7 @@ import copy
 import datetime as dt
 from dataclasses import dataclass, field
 
-from trainop import API_VERSION, conditions, kube, sshkeys
+from trainop import API_VERSION, conditions, gate, kube, sshkeys
 from trainop.config import Config
 from trainop.kube import OwnershipError
 from trainop.render import common, logship
@@ -250,6 +250,19 @@ def _sync(body: dict, cfg: Config, st: _Status, now: dt.datetime) -> Result:
         if problem:
             _finish(st, "Failed", "Unsatisfiable", str(problem), now)
             return res
+    if not st.is_true("Admitted"):  # the whole gang fits the quotas, or no child is made
+        decision = gate.decide(job, body, cfg)
+        if decision.outcome == "Unsatisfiable":
+            _finish(st, "Failed", "Unsatisfiable", decision.message, now)
+            return res
+        if not decision.admitted and \
+                conditions.get_condition(st.data.get("conditions"), "Admitted") is None:
+            res.events.append(("Normal", decision.reason, decision.message))
+        st.cond("Admitted", decision.admitted, decision.reason, decision.message)
+        if not decision.admitted:
+            st.phase("Queued")
+            res.wait, res.delay = decision.message, cfg.resync_seconds
+            return res
     try:
         # While the gang runs, mpirun has read these already: check them again only when a
         # (re)start needs them, so a running job costs two reads per resync.
@@ -272,6 +285,8 @@ def _suspend(job: Job, st: _Status, res: Result, cfg: Config) -> Result:
         kube.delete("batch/v1", "Job", launcher["metadata"]["name"], job.namespace,
                     uid=launcher["metadata"]["uid"])
     _delete_pods(pods)
+    if st.is_true("Admitted"):  # resuming asks for admission again
+        st.cond("Admitted", False, "JobSuspended", "suspended: its quota is free for others")
     st.cond("Suspended", True, "JobSuspended",
             "runPolicy.suspend is true: pods deleted; Secret, hostfile and Service kept")
     if conditions.get_condition(st.data.get("conditions"), "Running"):

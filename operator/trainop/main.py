@@ -11,6 +11,7 @@ import logging
 import kopf
 
 from trainop import config, kube
+from trainop.handlers import admission  # noqa: F401  (re-judges queued jobs on events)
 from trainop.handlers import dtj  # noqa: F401  (registers the DistributedTrainingJob handlers)
 from trainop.handlers import datastage  # noqa: F401  (registers the DataStage handlers)
 from trainop.handlers import metrics  # noqa: F401  (watch events -> Prometheus gauges)
