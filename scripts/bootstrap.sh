@@ -13,6 +13,7 @@ say() { printf '[bootstrap %s] %s\n' "$(date +%T)" "$*" >&2; }
 
 # --- Debian packages -------------------------------------------------------------------------
 apt_packages=(openmpi-bin libopenmpi-dev openssh-server openssh-client openssl python3-venv)
+[ "$what" = test ] && ! command -v npm >/dev/null && apt_packages+=(nodejs npm)  # Azurite
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -50,5 +51,6 @@ fi
 # --- Go: the real Kubernetes control plane, etcd and KWOK (cached by version) -----------------
 command -v go >/dev/null || { echo "bootstrap: Go >= 1.26 is needed to build the local control plane" >&2; exit 1; }
 .venv/bin/trainop devcluster build >/dev/null
+.venv/bin/python -m trainop.devcluster.kueue >/dev/null  # the real Kueue controller, for the quota tests
 scripts/install-helm.sh >/dev/null
 say "ready"
