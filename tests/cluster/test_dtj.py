@@ -138,8 +138,9 @@ def test_job_succeeds_when_the_launcher_completes(cluster, namespace, api, op):
 
 
 def test_launcher_waits_for_every_worker(cluster, namespace, api, op):
-    # 5 workers x 4 GPUs on a 4-node x 4-GPU pool: one worker can never be scheduled
-    cluster.apply(manifest("gate", workers=5), namespace)
+    # 5 workers x 3 GPUs on a 4-node x 4-GPU pool: one worker per node, the fifth never
+    # schedules (15 GPUs fit the pool's 16 in all, so admission does not judge it Unsatisfiable)
+    cluster.apply(manifest("gate", workers=5, gpusPerWorker=3), namespace)
     cond = wait_until(lambda: (c := api.condition("gate", "WorkersReady")) and
                       c["message"] == "4/5 workers ready" and c, timeout=60,
                       what="4 of 5 workers ready")
@@ -372,7 +373,7 @@ def test_kubectl_explain_documents_the_fields(cluster):
 
 
 def test_edited_children_are_restored(cluster, namespace, api, op):
-    cluster.apply(manifest("drift", workers=5), namespace)  # 4/5 workers: stays Starting
+    cluster.apply(manifest("drift", workers=5, gpusPerWorker=3), namespace)  # 4/5: stays Starting
     wait_until(lambda: (c := api.condition("drift", "WorkersReady")) and c["message"] == "4/5 workers ready",
                timeout=60, what="4 of 5 workers ready")
     hostfile = api.core.read_namespaced_config_map("drift-mpi", namespace).data["hostfile"]
