@@ -8,12 +8,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import pytest
 from kubernetes import client as k8s
 from kubernetes import watch
 
 from tests.cluster.test_dtj import FAST, Api, manifest
+from tests.fixtures.cluster import _free_port
 from tests.fixtures.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
@@ -111,7 +113,17 @@ def test_second_job_waits_with_no_pod_and_runs_when_the_first_ends(cluster, name
     assert "Normal/QuotaReserved" in api.event_reasons("second")
 
 
-def test_priority_beats_arrival_order(cluster, namespace, api, op, pod_watch):
+def metric(port: int, name: str, namespace: str) -> float | None:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{namespace="{namespace}"}} '):
+            return float(line.split()[-1])
+    return None
+
+
+def test_priority_beats_arrival_order(cluster, namespace, api, operator_factory, pod_watch):
+    port = _free_port()
+    operator_factory(config=FAST, extra_args=[f"--metrics-port={port}"])
     make_quota(api, 8)
     cluster.apply(manifest("blocker"), namespace)
     api.wait_running("blocker")
@@ -119,12 +131,17 @@ def test_priority_beats_arrival_order(cluster, namespace, api, op, pod_watch):
     api.wait_phase("low", "Queued")
     cluster.apply(manifest("high", priority=10), namespace)
     api.wait_phase("high", "Queued")
+    wait_until(lambda: metric(port, "trainop_queued_jobs", namespace) == 2, timeout=20,
+               what="trainop_queued_jobs 2")
+    assert metric(port, "trainop_queued_gpus", namespace) == 16
     end_job(cluster, api, "blocker")
     api.wait_running("high")
     status = api.status("low")
     assert status["phase"] == "Queued" and not pod_watch.pods_of("low")
     assert api.condition("low", "Admitted")["message"] == \
         f"needs 8 nvidia.com/gpu; 0 of 8 free in ResourceQuota {namespace}/gpu"
+    assert metric(port, "trainop_queued_jobs", namespace) == 1
+    assert metric(port, "trainop_admitted_gpus", namespace) == 8
 
 
 def test_a_large_job_is_not_starved_by_small_ones(cluster, namespace, api, op, pod_watch):
