@@ -10,6 +10,7 @@ finalizer so the quota is released at once.
     kueue.render_workload(job, priority) # pure: the Workload manifest
     kueue.decide(job, body)              # Decision (creates the Workload if missing)
     kueue.finish(namespace, job_name)    # the job Succeeded/Failed: release the quota
+    kueue.release(namespace, job_name)   # the job was suspended: give the quota back
 
 Not done: Kueue's flavor assignment (nodeSelector of the admitted ResourceFlavor) is not copied
 onto the pods (the job's own node pool selects the nodes), and an eviction of an admitted
@@ -109,8 +110,24 @@ def finish(namespace: str, job_name: str, succeeded: bool) -> None:
             "the DistributedTrainingJob " + ("succeeded" if succeeded else "failed"))
         kube.patch(API_VERSION, "Workload", name, namespace, {"status": {"conditions": done}},
                    subresource="status")
+    _drop_finalizer(wl)
+
+
+def release(namespace: str, job_name: str) -> None:
+    """The job was suspended: delete its Workload (its quota goes back to the ClusterQueue);
+    resuming creates a new one, which queues again."""
+    wl = kube.get(API_VERSION, "Workload", workload_name(job_name), namespace)
+    if wl is not None:
+        _drop_finalizer(wl)
+        kube.delete(API_VERSION, "Workload", wl["metadata"]["name"], namespace,
+                    uid=wl["metadata"]["uid"])
+
+
+def _drop_finalizer(wl: dict) -> None:
+    """Kueue keeps its finalizer on an admitted Workload until the job's controller (for a
+    kind it knows) lets go; for ours, trainop does."""
     if FINALIZER in (wl["metadata"].get("finalizers") or []):
         rest = [f for f in wl["metadata"]["finalizers"] if f != FINALIZER]
-        kube.patch(API_VERSION, "Workload", name, namespace,
+        kube.patch(API_VERSION, "Workload", wl["metadata"]["name"], wl["metadata"]["namespace"],
                    {"metadata": {"finalizers": rest or None,
                                  "resourceVersion": wl["metadata"]["resourceVersion"]}})

@@ -78,7 +78,11 @@ def test_cluster_queue_admits_jobs_in_its_order_and_unadmitted_jobs_have_no_pods
         wl = api.custom.get_namespaced_custom_object(*KUEUE, namespace, "workloads", "dtj-a")
         assert {c["type"]: c["status"] for c in wl["status"]["conditions"]}["Finished"] == "True"
         assert api.status("b")["phase"] == "Queued" and not watch.pods_of("b")
-        cluster.end_pod(namespace, api.wait_running("c").metadata.name, 0)
+        # Suspending c gives its Workload (and quota) back: b runs.
+        api.custom.patch_namespaced_custom_object("trainop.io", "v1alpha1", namespace,
+                                                  "distributedtrainingjobs", "c",
+                                                  {"spec": {"runPolicy": {"suspend": True}}})
         api.wait_running("b")
+        assert api.status("c")["phase"] == "Suspended" and not api.pods("c")
     finally:
         watch.stop()

@@ -1,9 +1,10 @@
 """kopf handlers that re-judge queued jobs the moment room may have appeared: a ResourceQuota
-changed (raised, or its `used` went down because pods went away), a job finished or was
-deleted, a job's pod finished or was deleted (what frees a namespace's GPU cap, which no quota
+changed (raised, or its `used` went down because pods went away), a job finished, was
+suspended or deleted, a job's pod finished or was deleted (what frees a namespace's GPU cap, which no quota
 counts). The decision itself is gate.wake() -> admission.plan(); these only route events.
 
-A finished job that Kueue admitted releases its Workload here (kueue.finish).
+A finished job that Kueue admitted marks its Workload Finished here (kueue.finish); a suspended
+one gives its Workload up (kueue.release) and queues again when resumed.
 """
 
 from __future__ import annotations
@@ -23,9 +24,13 @@ def quota_changed(namespace: str, memo: kopf.Memo, **_) -> None:
 
 @kopf.on.event(GROUP, VERSION, "distributedtrainingjobs")
 def job_changed(event: dict, body: kopf.Body, namespace: str, memo: kopf.Memo, **_) -> None:
-    phase = (body.get("status") or {}).get("phase")
-    if event.get("type") == "DELETED" or phase in TERMINAL:
-        if phase in TERMINAL and (body.get("spec") or {}).get("queue") and kueue.installed():
+    spec, phase = body.get("spec") or {}, (body.get("status") or {}).get("phase")
+    suspended = phase == "Suspended" and (spec.get("runPolicy") or {}).get("suspend")
+    queued_in_kueue = bool(spec.get("queue")) and kueue.installed()
+    if queued_in_kueue and suspended:  # (not once resumed: its new Workload must stay)
+        kueue.release(namespace, body["metadata"]["name"])
+    if event.get("type") == "DELETED" or phase in TERMINAL or suspended:
+        if phase in TERMINAL and queued_in_kueue:
             kueue.finish(namespace, body["metadata"]["name"], phase == "Succeeded")
         gate.wake(namespace, memo.config)
 
