@@ -225,3 +225,23 @@ def test_trainop_quota_shows_quota_used_and_queued_demand(cluster, namespace, ap
     assert lines[0].split() == ["NAMESPACE", "QUOTA", "GPU-HARD", "GPU-USED", "ADMITTED",
                                 "QUEUED", "QUEUED-GPUS"]
     assert lines[1].split() == [namespace, "gpu", "8", "8", "1", "1", "4"]
+
+
+def test_suspending_gives_the_quota_back_and_resuming_queues_again(cluster, namespace, api, op):
+    make_quota(api, 8)
+    cluster.apply(manifest("first"), namespace)
+    api.wait_running("first")
+    cluster.apply(manifest("second"), namespace)
+    api.wait_phase("second", "Queued")
+    suspend = {"spec": {"runPolicy": {"suspend": True}}}
+    api.custom.patch_namespaced_custom_object("trainop.io", "v1alpha1", namespace,
+                                              "distributedtrainingjobs", "first", suspend)
+    api.wait_running("second")
+    assert api.condition("first", "Admitted")["reason"] == "JobSuspended"
+    suspend["spec"]["runPolicy"]["suspend"] = False
+    api.custom.patch_namespaced_custom_object("trainop.io", "v1alpha1", namespace,
+                                              "distributedtrainingjobs", "first", suspend)
+    api.wait_phase("first", "Queued")
+    assert api.condition("first", "Admitted")["message"] == \
+        f"needs 8 nvidia.com/gpu; 0 of 8 free in ResourceQuota {namespace}/gpu"
+    wait_until(lambda: not api.pods("first"), timeout=20, what="the suspended gang's pods gone")
