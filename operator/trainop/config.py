@@ -22,7 +22,9 @@ Format (every key optional; camelCase like Helm values):
     defaultNodePools: {cpu: system, gpu: gpu, infiniband: ibgpu}
     images: {pytorch: IMAGE, tensorflow: IMAGE, keras: IMAGE}
     launcherResources: {requests: {cpu: 500m, memory: 512Mi}}
-    limits: {maxGpusPerJob: 64}      # null: no limit
+    limits:
+      maxGpusPerJob: 64              # null: no limit (spec.parse refuses a bigger job)
+      namespaceGpus: 32              # GPUs a namespace without a ResourceQuota may use (admission.py)
 """
 
 from __future__ import annotations
