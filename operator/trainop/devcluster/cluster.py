@@ -55,10 +55,19 @@ def _alive(pid: int) -> bool:
         return True
 
 
+def _die_with_parent() -> None:
+    """Linux prctl(PR_SET_PDEATHSIG, SIGKILL): a killed test run leaves no control plane behind."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
 @dataclass
 class DevCluster:
     state_dir: Path
     pools: list[NodePool] = field(default_factory=default_pools)
+    # False for `trainop devcluster up` (the cluster outlives the command); True for test sessions.
+    die_with_parent: bool = False
 
     # ---- files ---------------------------------------------------------------------------
     @property
@@ -108,6 +117,7 @@ class DevCluster:
                 [str(bins / name), *self._args(name, ports, bins)],
                 stdout=self.log_file(name).open("ab"), stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.state_dir,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
             state["pids"][name] = proc.pid
             self._state_file.write_text(json.dumps(state, indent=1))
