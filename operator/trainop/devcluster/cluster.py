@@ -7,6 +7,7 @@ The same class backs `trainop devcluster up|down|status` (processes detached, st
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -55,11 +56,14 @@ def _alive(pid: int) -> bool:
         return True
 
 
+# Looked up once in the parent: the forked child (preexec_fn) must not take the dynamic loader's
+# locks, which another thread of the test process may have held at fork time.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+
 def _die_with_parent() -> None:
     """Linux prctl(PR_SET_PDEATHSIG, SIGKILL): a killed test run leaves no control plane behind."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+    _prctl(1, signal.SIGKILL)
 
 
 @dataclass
