@@ -98,7 +98,7 @@ def install_crds(kubeconfig: Path, webhook_port: int) -> None:
                 "conversionReviewVersions": ["v1"]}}
     kubectl.run(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", "-",
                 input=yaml.safe_dump_all(docs), check=True)
-    kubectl.run(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s",
+    kubectl.run(kubeconfig, "wait", "--for=condition=Established", "--timeout=180s",
                 *[f"crd/{d['metadata']['name']}" for d in docs], check=True)
 
 
