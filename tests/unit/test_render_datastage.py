@@ -135,9 +135,7 @@ def test_stager_identity_may_patch_only_its_own_status():
     sa, role, binding = render.rbac_objects(render.parse(body()))
     assert sa == {"apiVersion": "v1", "kind": "ServiceAccount",
                   "metadata": {"name": "imagenet-stager", "namespace": "team-a",
-                               "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "copy"}},
-                  # explicit: the copy pod needs its token to patch the DataStage's status
-                  "automountServiceAccountToken": True}
+                               "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "copy"}}}
     assert role["rules"] == [{"apiGroups": ["trainop.io"], "resources": ["datastages/status"],
                               "resourceNames": ["imagenet"], "verbs": ["get", "patch"]}]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "imagenet-stager", "namespace": "team-a"}]

@@ -43,24 +43,3 @@ def metadata(name: str, namespace: str, labels_: dict[str, str],
 def env(values: dict[str, str]) -> list[dict]:
     """{"A": "1"} -> [{"name": "A", "value": "1"}], in the mapping's order."""
     return [{"name": k, "value": str(v)} for k, v in values.items()]
-
-
-def status_writer(name: str, namespace: str, labels_: dict[str, str], account: str,
-                  resource: str, object_name: str) -> list[dict]:
-    """The least-privilege identity a pod uses to report into one object's status: a Role that may
-    only get/patch `<resource>/status` of that one object, bound to `account` (a ServiceAccount
-    created here when it is ours, i.e. named `name`; a user-owned federated one is left alone)."""
-    objs = []
-    if account == name:
-        objs.append({"apiVersion": "v1", "kind": "ServiceAccount",
-                     "metadata": metadata(name, namespace, labels_),
-                     "automountServiceAccountToken": True})
-    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                 "metadata": metadata(name, namespace, labels_),
-                 "rules": [{"apiGroups": [GROUP], "resources": [f"{resource}/status"],
-                            "resourceNames": [object_name], "verbs": ["get", "patch"]}]})
-    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                 "metadata": metadata(name, namespace, labels_),
-                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                 "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]})
-    return objs

@@ -244,7 +244,19 @@ def rbac_objects(stage: Stage) -> list[dict]:
     else. The operator never needs the data's credentials for that."""
     name, lbl = stager_identity_name(stage), labels(stage, "copy")
     account = stager_service_account(stage)
-    return common.status_writer(name, stage.namespace, lbl, account, "datastages", stage.name)
+    out = []
+    if account == name:
+        out.append({"apiVersion": "v1", "kind": "ServiceAccount",
+                    "metadata": common.metadata(name, stage.namespace, lbl)})
+    out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": common.metadata(name, stage.namespace, lbl),
+                "rules": [{"apiGroups": [GROUP], "resources": ["datastages/status"],
+                           "resourceNames": [stage.name], "verbs": ["get", "patch"]}]})
+    out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": common.metadata(name, stage.namespace, lbl),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": stage.namespace}]})
+    return out
 
 
 def stager_args(stage: Stage, progress_interval: float) -> list[str]:

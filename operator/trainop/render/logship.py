@@ -212,5 +212,17 @@ def rbac(job: Job, cfg: dict) -> list[dict]:
     name = f"{job.name}-{SIDECAR}"
     account = service_account_name(job, out)
     labels = common.labels(job.name)
-    return common.status_writer(name, job.namespace, labels, account,
-                                "distributedtrainingjobs", job.name)
+    objs = []
+    if account == name:
+        objs.append({"apiVersion": "v1", "kind": "ServiceAccount",
+                     "metadata": common.metadata(name, job.namespace, labels),
+                     "automountServiceAccountToken": True})
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                 "metadata": common.metadata(name, job.namespace, labels),
+                 "rules": [{"apiGroups": [GROUP], "resources": ["distributedtrainingjobs/status"],
+                            "resourceNames": [job.name], "verbs": ["get", "patch"]}]})
+    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                 "metadata": common.metadata(name, job.namespace, labels),
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                 "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": job.namespace}]})
+    return objs
