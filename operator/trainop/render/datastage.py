@@ -288,7 +288,7 @@ def copy_job(stage: Stage, server: str, cfg: Config) -> dict:
                     **_placement(cfg),
                     "restartPolicy": "Never",
                     "serviceAccountName": stager_service_account(stage),
-                    "securityContext": settings["securityContext"],
+                    "securityContext": common.pod_security_context(settings["securityContext"]),
                     "containers": [{
                         "name": "stager", "image": settings["image"],
                         "command": ["python", "-m", "trainop.stager"],
@@ -298,7 +298,10 @@ def copy_job(stage: Stage, server: str, cfg: Config) -> dict:
                         "resources": settings["resources"],
                         # the stager's one-line error becomes the pod's termination message
                         "terminationMessagePolicy": "FallbackToLogsOnError",
+                        "securityContext": common.container_security_context(),
                     }],
+                    # An inline nfs volume: the one thing that keeps this pod out of the
+                    # `restricted` profile, which allows claims but not nfs (docs/security.md).
                     "volumes": [{"name": "share", "nfs": {"server": server, "path": stage.nfs_path}}],
                 },
             },
