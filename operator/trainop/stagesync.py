@@ -98,12 +98,18 @@ def sync(body: dict, cfg: Config) -> Result:
         if not (ready and server):
             st.phase("Provisioning", "ServerStarting", f"waiting for NFS server {render.server_name(stage)}")
             return st.result(wait="NFS server not ready")
-    st.data["server"] = server
-
-    pv, pvc = render.volume_objects(stage, server)
-    kube.ensure(pv)  # cluster-scoped: no owner reference; the finalizer deletes it
-    kube.ensure(pvc, owner=body)
-    st.data |= {"volumeName": pv["metadata"]["name"], "claimName": pvc["metadata"]["name"]}
+    if stage.existing_claim:
+        if kube.get("v1", "PersistentVolumeClaim", stage.existing_claim, stage.namespace) is None:
+            st.phase("Pending", "ClaimMissing", f"waiting for PersistentVolumeClaim {stage.existing_claim} "
+                                                f"(spec.destination.volumeClaim.claimName) in {stage.namespace}")
+            return st.result(wait="claim missing")
+        st.data["claimName"] = stage.existing_claim
+    else:
+        st.data["server"] = server
+        pv, pvc = render.volume_objects(stage, server)
+        kube.ensure(pv)  # cluster-scoped: no owner reference; the finalizer deletes it
+        kube.ensure(pvc, owner=body)
+        st.data |= {"volumeName": pv["metadata"]["name"], "claimName": pvc["metadata"]["name"]}
 
     for obj in render.copy_objects(stage, server, cfg):
         kube.ensure(obj, owner=body, update=obj["kind"] != "Job")  # a Job's template is immutable
