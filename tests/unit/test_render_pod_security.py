@@ -139,6 +139,11 @@ def test_copy_job_breaks_restricted_only_by_its_inline_nfs_volume():
         "volumes[share]: nfs is not an allowed volume type"]
 
 
+def test_copy_job_into_an_existing_claim_passes_restricted():
+    claim = stage({"volumeClaim": {"claimName": "shared-files"}})
+    assert restricted_violations(datastage.copy_job(claim, None, CFG)["spec"]["template"]["spec"]) == []
+
+
 def test_nfs_server_is_privileged():
     """The kernel NFS server needs privilege (docs/security.md): the one pod that stays so."""
     _, statefulset = datastage.server_objects(stage({"provision": {"size": "1Gi"}}), CFG)
