@@ -1,16 +1,17 @@
 """(f) Pod Security: a namespace labelled `pod-security.kubernetes.io/enforce=restricted` admits
 and runs every pod of a job (workers, launcher, log-shipping sidecar), non-root with all
-capabilities dropped. An InfiniBand job cannot be admitted there: the API server's own Pod
-Security admission names the one field that blocks it (the IPC_LOCK capability RDMA needs)."""
+capabilities dropped; which pods the profile refuses, and the field that makes it, is checked by
+the API server's own Pod Security admission."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from tests.e2e.test_real_pods import digests, reduced, wait_phase, with_blob_output
+from tests.e2e.test_real_pods import EXAMPLES, digests, reduced, wait_phase, with_blob_output
 from tests.fixtures.cluster import fresh_namespace
 from trainop import config, spec
+from trainop.render import datastage as render_datastage
 from trainop.render import dtj as render_dtj
 
 pytestmark = [pytest.mark.real, pytest.mark.azurite]
@@ -49,12 +50,26 @@ def test_job_pods_run_under_the_restricted_profile(real_cluster, restricted_name
     assert sorted(ranks) == [0, 1] and len(set(ranks.values())) == 1
 
 
-def test_infiniband_worker_is_refused_naming_the_capability(real_cluster, restricted_namespace):
-    manifest = yaml.safe_load((reduced.__globals__["EXAMPLES"] / "infiniband-pytorch-horovod.yaml").read_text())
-    manifest["metadata"] = {"name": "ib", "namespace": restricted_namespace}
-    job = spec.parse(manifest, config.load())
-    pod = render_dtj.render_worker(job, 0, 0)
-    out = real_cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(pod), check=False)
-    assert out.returncode != 0
-    assert 'violates PodSecurity "restricted:latest"' in out.stderr
-    assert 'non-default capabilities (container "worker" must not include "IPC_LOCK"' in out.stderr, out.stderr
+def test_which_pods_the_restricted_profile_admits(real_cluster, restricted_namespace):
+    """The API server's own Pod Security admission (server-side dry run) admits an InfiniBand
+    job's worker (no added capability: RDMA's memlock comes from the runtime, docs/security.md)
+    and refuses only the DataStage copy Job of an NFS destination, naming its inline nfs volume."""
+    ns = restricted_namespace
+    manifest = yaml.safe_load((EXAMPLES / "infiniband-pytorch-horovod.yaml").read_text())
+    manifest["metadata"] = {"name": "ib", "namespace": ns}
+    worker = render_dtj.render_worker(spec.parse(manifest, config.load()), 0, 0)
+    admitted = real_cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(worker), check=False)
+    assert admitted.returncode == 0, admitted.stderr
+
+    stage = render_datastage.parse({
+        "apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": {"name": "nfs", "namespace": ns},
+        "spec": {"source": {"blob": {"accountURL": "https://acct.blob.core.windows.net", "container": "c",
+                                     "auth": {"sasSecretRef": {"name": "s", "key": "sas"}}}},
+                 "destination": {"nfs": {"server": "10.245.255.1", "path": "/export"}}}})
+    job = render_datastage.copy_job(stage, "10.245.255.1", config.load())
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "copy", "namespace": ns},
+           "spec": job["spec"]["template"]["spec"]}
+    refused = real_cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(pod), check=False)
+    assert refused.returncode != 0
+    assert 'violates PodSecurity "restricted:latest": restricted volume types (volume "share" uses restricted ' \
+           'volume type "nfs")' in refused.stderr, refused.stderr

@@ -185,9 +185,11 @@ class DevCluster:
             self._wait(lambda: node.containerd_socket.exists(), timeout, f"containerd of {node.name}")
             images.load(str(node.containerd_socket), archives)
             self._spawn(f"kubelet/{node.name}", [str(bins / "kubelet"), *nodes.kubelet_args(node)])
-            plugin_socket = node.kubelet_root / "device-plugins" / "kubelet.sock"
-            self._wait(plugin_socket.exists, timeout, f"the device-plugin socket of {node.name}")
-            for name, args in nodes.device_plugin_args(node).items():
+            plugins = nodes.device_plugin_args(node)
+            if plugins:  # they register through the kubelet's plugin watcher folder
+                self._wait((node.kubelet_root / "plugins_registry").is_dir, timeout,
+                           f"the plugin registration folder of {node.name}'s kubelet")
+            for name, args in plugins.items():
                 self._spawn(name, [str(bins / "gpu-device-plugin"), *args])
         self._wait(lambda: self._devices_advertised(real), timeout, "GPUs advertised on the real nodes")
 

@@ -2,8 +2,9 @@
 and CoreDNS, so the pods trainop makes actually run (on the CPU) instead of being simulated.
 
 Layout on the host (all in the host's network namespace, as on a kind node):
-  trainop-host   a dummy interface holding HOST_IP: where pods reach the API server, CoreDNS
-                 (through the kube-dns Service) and any test service on the host (Azurite)
+  HOST_IP        an address on the loopback interface (this kernel has no dummy interfaces):
+                 where pods reach the API server, CoreDNS (through the kube-dns Service) and any
+                 test service on the host (Azurite)
   trainop<i>     node i's bridge, gateway 10.245.<i>.1 = the node's InternalIP; its pods get
                  10.245.<i>.0/24 from host-local IPAM
   TRAINOP-FWD    an iptables chain at the top of FORWARD: pod traffic may go to pods and the host
@@ -23,6 +24,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -35,8 +37,7 @@ from trainop.devcluster.pools import NodePool
 from trainop.paths import cache_dir
 
 POD_NETWORK = "10.245.0.0/16"
-HOST_IP = "10.245.255.1"  # on the dummy interface; also the API server's advertised address
-HOST_IF = "trainop-host"
+HOST_IP = "10.245.255.1"  # on `lo`; also the API server's advertised address
 DNS_SERVICE_IP = "10.96.0.10"
 CLUSTER_DOMAIN = "cluster.local"
 FORWARD_CHAIN = "TRAINOP-FWD"
@@ -118,10 +119,8 @@ def _link_exists(name: str) -> bool:
 def setup_host_network(nodes: list[RealNode]) -> None:
     for key, value in (("net/ipv4/ip_forward", "1"), ("net/bridge/bridge-nf-call-iptables", "1")):
         Path("/proc/sys", key).write_text(value)
-    if not _link_exists(HOST_IF):
-        sh("ip", "link", "add", HOST_IF, "type", "dummy")
-        sh("ip", "addr", "add", f"{HOST_IP}/32", "dev", HOST_IF)
-    sh("ip", "link", "set", HOST_IF, "up")
+    if HOST_IP not in sh("ip", "-o", "addr", "show", "dev", "lo").stdout:
+        sh("ip", "addr", "add", f"{HOST_IP}/32", "dev", "lo")
     for node in nodes:
         if not _link_exists(node.bridge):
             sh("ip", "link", "add", node.bridge, "type", "bridge")
@@ -144,10 +143,26 @@ def teardown_host_network() -> None:
             sh("ip", "link", "del", link["ifname"], check=False)
     for name in sorted(ours):
         sh("ip", "link", "del", name, check=False)
-    while sh("iptables", "-D", "FORWARD", "-j", FORWARD_CHAIN, check=False).returncode == 0:
-        pass
-    sh("iptables", "-F", FORWARD_CHAIN, check=False)
-    sh("iptables", "-X", FORWARD_CHAIN, check=False)
+    sh("ip", "addr", "del", f"{HOST_IP}/32", "dev", "lo", check=False)
+    remove_chains()
+
+
+def remove_chains(prefixes: tuple[str, ...] = ("KUBE-", "TRAINOP-")) -> None:
+    """Delete our chain and those the kubelet leaves (KUBE-FIREWALL, hooked into INPUT and OUTPUT,
+    and its canaries; kube-proxy's own go with `kube-proxy --cleanup`), with every jump to them."""
+    for tool in ("iptables", "ip6tables"):
+        for table in ("filter", "nat", "mangle"):
+            rules = sh(tool, "-t", table, "-S", check=False).stdout.splitlines()
+            ours = [line.split()[1] for line in rules if line.startswith("-N ") and line.split()[1].startswith(prefixes)]
+            for line in rules:
+                words = shlex.split(line)
+                if words[0] == "-A" and "-j" in words and words[words.index("-j") + 1] in ours \
+                        and words[1] not in ours:
+                    sh(tool, "-t", table, "-D", *words[1:], check=False)
+            for chain in ours:
+                sh(tool, "-t", table, "-F", chain, check=False)
+            for chain in ours:
+                sh(tool, "-t", table, "-X", chain, check=False)
 
 
 # ---- cgroups and mounts ---------------------------------------------------------------------------
@@ -385,7 +400,7 @@ def device_plugin_args(node: RealNode) -> dict[str, list[str]]:
     out = {}
     for resource, count in node.pool.devices().items():
         out[f"device-plugin-{resource.split('/')[-1]}/{node.name}"] = [
-            f"-resource={resource}", f"-count={count}", f"-dir={node.kubelet_root / 'device-plugins'}",
+            f"-resource={resource}", f"-count={count}", f"-dir={node.kubelet_root / 'plugins_registry'}",
             f"-env={DEVICE_ENV.get(resource, '')}"]
     return out
 

@@ -5,6 +5,11 @@
 // plugin sets (NVIDIA_VISIBLE_DEVICES), so scheduling, kubelet admission and device accounting are
 // the real ones while the pod runs on the CPU.
 //
+// It registers through the kubelet's plugin watcher (a socket in <root-dir>/plugins_registry)
+// rather than the fixed /var/lib/kubelet/device-plugins/kubelet.sock, because several kubelets
+// share this host: the watcher folder is per kubelet root-dir, the registration socket is not.
+// One socket serves both the Registration and the DevicePlugin services (Endpoint left empty).
+//
 // Written by hand because NVIDIA's plugin needs NVML (a GPU) to start; this is the smallest
 // program that speaks the same v1beta1 API.
 package main
@@ -20,17 +25,37 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
 type plugin struct {
 	pluginapi.UnimplementedDevicePluginServer
-	devices []*pluginapi.Device
-	envName string
+	devices  []*pluginapi.Device
+	envName  string
+	resource string
+}
+
+// registration answers the kubelet's plugin watcher.
+type registration struct {
+	registerapi.UnimplementedRegistrationServer
+	resource string
+}
+
+func (r *registration) GetInfo(context.Context, *registerapi.InfoRequest) (*registerapi.PluginInfo, error) {
+	return &registerapi.PluginInfo{Type: registerapi.DevicePlugin, Name: r.resource,
+		SupportedVersions: []string{pluginapi.Version}}, nil
+}
+
+func (r *registration) NotifyRegistrationStatus(_ context.Context, status *registerapi.RegistrationStatus) (*registerapi.RegistrationStatusResponse, error) {
+	if !status.PluginRegistered {
+		log.Printf("the kubelet refused %s: %s", r.resource, status.Error)
+	} else {
+		log.Printf("registered with the kubelet: %s", r.resource)
+	}
+	return &registerapi.RegistrationStatusResponse{}, nil
 }
 
 func (p *plugin) GetDevicePluginOptions(context.Context, *pluginapi.Empty) (*pluginapi.DevicePluginOptions, error) {
@@ -68,17 +93,16 @@ func (p *plugin) PreStartContainer(context.Context, *pluginapi.PreStartContainer
 func main() {
 	resource := flag.String("resource", "nvidia.com/gpu", "extended resource name to advertise")
 	count := flag.Int("count", 1, "number of devices")
-	dir := flag.String("dir", "/var/lib/kubelet/device-plugins", "the kubelet's device-plugins folder")
+	dir := flag.String("dir", "/var/lib/kubelet/plugins_registry", "the kubelet's plugin registration folder")
 	envName := flag.String("env", "", "environment variable set to the allocated device IDs (e.g. NVIDIA_VISIBLE_DEVICES)")
 	flag.Parse()
 
 	prefix := strings.NewReplacer(".", "-", "/", "-").Replace(*resource)
-	p := &plugin{envName: *envName}
+	p := &plugin{envName: *envName, resource: *resource}
 	for i := 0; i < *count; i++ {
 		p.devices = append(p.devices, &pluginapi.Device{ID: fmt.Sprintf("%s-%d", prefix, i), Health: pluginapi.Healthy})
 	}
-	endpoint := "trainop-" + prefix + ".sock"
-	socket := filepath.Join(*dir, endpoint)
+	socket := filepath.Join(*dir, "trainop-"+prefix+".sock")
 	_ = os.Remove(socket)
 	listener, err := net.Listen("unix", socket)
 	if err != nil {
@@ -86,21 +110,10 @@ func main() {
 	}
 	server := grpc.NewServer()
 	pluginapi.RegisterDevicePluginServer(server, p)
+	registerapi.RegisterRegistrationServer(server, &registration{resource: *resource})
+	log.Printf("serving %d x %s at %s", *count, *resource, socket)
 	go func() { log.Fatal(server.Serve(listener)) }()
 
-	conn, err := grpc.NewClient("unix://"+filepath.Join(*dir, "kubelet.sock"), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		log.Fatalf("connect to the kubelet: %v", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err = pluginapi.NewRegistrationClient(conn).Register(ctx, &pluginapi.RegisterRequest{
-		Version: pluginapi.Version, Endpoint: endpoint, ResourceName: *resource, Options: &pluginapi.DevicePluginOptions{},
-	})
-	if err != nil {
-		log.Fatalf("register %s with the kubelet: %v", *resource, err)
-	}
-	log.Printf("registered %d x %s", *count, *resource)
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 	<-stop
