@@ -1,4 +1,4 @@
-"""`trainop devcluster up|down|status|build`: a local API server with simulated AKS GPU pools."""
+"""`trainop devcluster up|down|status|build|images`: a local API server with simulated AKS GPU pools."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ def register(subparsers) -> None:
     verbs.add_parser("down", help="stop it and throw its state away")
     verbs.add_parser("status", help="show which components run and where the kubeconfig is")
     verbs.add_parser("build", help="only build (or find cached) the control plane and real-node binaries")
+    images = verbs.add_parser("images", help="build (or find cached) the project's container images from "
+                              "its Dockerfiles, without Docker Hub; optionally load them into a containerd")
+    images.add_argument("--only", nargs="+", metavar="NAME", help="these images (default: every default one)")
+    images.add_argument("--containerd", metavar="ADDRESS", help="then import them into this containerd socket")
     parser.set_defaults(func=run)
 
 
@@ -37,6 +41,8 @@ def run(args) -> int:
     from trainop.devcluster import build
     from trainop.devcluster.cluster import ClusterError, install_crds
 
+    if args.action == "images":
+        return _images(args)
     if args.action == "build":
         for name, folder in build.ensure_all().items():
             print(f"{name:12s} {folder}")
@@ -70,3 +76,17 @@ def run(args) -> int:
     print(f"\n  export KUBECONFIG={cluster.kubeconfig}\n  kubectl get nodes -L kubernetes.azure.com/agentpool\n"
           f"  trainop operator --all-namespaces   # in another shell\n\nStop it with: trainop devcluster down")
     return 1 if refused else 0
+
+
+def _images(args) -> int:
+    from trainop.devcluster import images
+
+    try:
+        results = images.ensure(args.only)
+        if args.containerd:
+            images.load(args.containerd, args.only)
+    except (ValueError, images.ImageBuildError) as err:
+        print(f"trainop devcluster images: {err}", file=sys.stderr)
+        return 1
+    print(images.describe(results))
+    return 0

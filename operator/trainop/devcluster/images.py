@@ -48,6 +48,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -297,14 +298,20 @@ def _context_files(root: Path, sources) -> list[tuple[str, Path]]:
     return sorted(files.items())
 
 
-def horovod_wheel() -> Path | None:
+# The extension a Horovod wheel must hold to serve a framework.
+_HOROVOD_EXTENSION = {"pytorch": "horovod/torch/mpi_lib_v2", "tensorflow": "horovod/tensorflow/mpi_lib"}
+
+
+def horovod_wheel(framework: str = "pytorch") -> Path | None:
     """The Horovod wheel install.sh built for, and installed into, the host's .venv (its marker
-    names the build key), or None: the trainer image then builds Horovod itself."""
+    names the build key) if it was built with `framework`, or None: the trainer image then
+    builds Horovod itself."""
     for marker in sorted((REPO_ROOT / ".venv").glob(".trainop-horovod-*")):
         key = marker.name.removeprefix(".trainop-horovod-")
-        wheels = sorted((cache_dir() / "horovod" / "wheels" / key).glob("horovod-*.whl"))
-        if wheels:
-            return wheels[-1]
+        for wheel in sorted((cache_dir() / "horovod" / "wheels" / key).glob("horovod-*.whl")):
+            with zipfile.ZipFile(wheel) as archive:
+                if any(n.startswith(_HOROVOD_EXTENSION[framework]) for n in archive.namelist()):
+                    return wheel
     return None
 
 
@@ -348,7 +355,8 @@ def plan(name: str) -> Plan:
     files = _context_files(root, image.sources or copy_sources(text))
     args = dict(image.build_args)
     extra: dict[str, Path] = {}
-    if image.name.startswith("trainer-") and (wheel := horovod_wheel()) is not None:
+    framework = "pytorch" if image.target == "pytorch" else "tensorflow"
+    if image.name.startswith("trainer-") and (wheel := horovod_wheel(framework)) is not None:
         rel = wheel.relative_to(cache_dir()).as_posix()
         args["HOROVOD_WHEEL"] = f"{CACHE_IN_BUILD}/{rel}"
         extra["horovod-wheel"] = wheel
