@@ -57,6 +57,8 @@ def real_cluster(tmp_path_factory) -> RealCluster:
         yield RealCluster(dev, crd_errors=install_crds(dev.kubeconfig))
     finally:
         dev.down()
+    # `down` removes everything real nodes made: a leftover fails the session's last test.
+    assert nodes.leftovers(dev.state_dir) == []
 
 
 @pytest.fixture

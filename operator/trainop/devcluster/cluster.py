@@ -8,6 +8,7 @@ The same class backs `trainop devcluster up|down|status` (processes detached, st
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import shutil
@@ -98,8 +99,15 @@ class DevCluster:
 
     # ---- lifecycle -----------------------------------------------------------------------
     @property
+    def running_pools(self) -> list[NodePool]:
+        """The pools of the cluster that runs (recorded at `up`), else the ones asked for: `down`
+        and `status` from a later command must see the real nodes whatever flags it got."""
+        saved = self._state().get("pools")
+        return [NodePool(**p) for p in saved] if saved else self.pools
+
+    @property
     def real_nodes(self) -> list[nodes.RealNode]:
-        return nodes.plan(self.pools, self.state_dir)
+        return nodes.plan(self.running_pools, self.state_dir)
 
     def components(self) -> list[str]:
         """Process names in start order: the control plane, then what real nodes need."""
@@ -133,7 +141,8 @@ class DevCluster:
         pki.write_pki(self.pki_dir, SERVICE_IP, (nodes.HOST_IP,) if real else ())
         ports = {name: _free_port() for name in ("etcd", "etcd-peer", "apiserver", "cm", "sched", "kwok")}
         self._write_kubeconfig(ports["apiserver"])
-        self._save({"ports": ports, "pids": {}, "bin_dir": str(bins)})
+        self._save({"ports": ports, "pids": {}, "bin_dir": str(bins),
+                    "pools": [dataclasses.asdict(p) for p in self.pools]})
         for name in COMPONENTS:
             self._spawn(name, [str(bins / name), *self._args(name, ports, bins)])
             if name == "etcd":
@@ -177,14 +186,16 @@ class DevCluster:
         self._spawn("kube-proxy", [str(bins / "kube-proxy"), f"--config={self.state_dir / 'kube-proxy.yaml'}"])
         server = f"https://127.0.0.1:{self._state()['ports']['apiserver']}"
         build.ensure_addon("cni")
-        archives = images.ensure_images()
         for node in real:
             nodes.write_node_files(node, self.pki_dir, server, images.sandbox_image(),
                                    _free_port(), _free_port())
             self._spawn(f"containerd/{node.name}", ["containerd", *nodes.containerd_args(node)])
             self._wait(lambda: node.containerd_socket.exists(), timeout, f"containerd of {node.name}")
-            images.load(str(node.containerd_socket), archives)
+            images.load(str(node.containerd_socket), nodes.node_images(node.pool))
+            nodes.forget_device_checkpoint()
             self._spawn(f"kubelet/{node.name}", [str(bins / "kubelet"), *nodes.kubelet_args(node)])
+            self._wait(lambda: self._get(f"/api/v1/nodes/{node.name}")[0] == 200, timeout,
+                       f"{node.name} registered")
             plugins = nodes.device_plugin_args(node)
             if plugins:  # they register through the kubelet's plugin watcher folder
                 self._wait((node.kubelet_root / "plugins_registry").is_dir, timeout,

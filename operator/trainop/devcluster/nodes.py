@@ -43,6 +43,9 @@ CLUSTER_DOMAIN = "cluster.local"
 FORWARD_CHAIN = "TRAINOP-FWD"
 HOST_LOCK = Path("/run/trainop-devcluster-real-nodes.json")
 CGROUP_ROOT = "trainop"
+# The kubelet's device manager keeps its checkpoint in this fixed folder, whatever --root-dir
+# says, so kubelets on one host share it: a node would report the other's resources (at 0).
+DEVICE_CHECKPOINT = Path("/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint")
 # Extended resources advertised by the stand-in device plugin, and the variable its Allocate sets
 # (NVIDIA's plugin sets NVIDIA_VISIBLE_DEVICES; the RDMA plugin none).
 DEVICE_ENV = {"nvidia.com/gpu": "NVIDIA_VISIBLE_DEVICES", "rdma/ib": ""}
@@ -98,6 +101,14 @@ class RealNode:
 
     def index_in_pool(self) -> int:
         return self.pool.node_names().index(self.name)
+
+
+def node_images(pool: NodePool) -> list[str]:
+    """Images (devcluster/images.py names) a node of the pool gets: the sandbox and the operator's
+    (log-shipper sidecar, stager) everywhere; the PyTorch trainer on GPU pools, where jobs run;
+    the NFS server on the CPU pool. (A CPU-only job runs on the CPU pool: load the trainer there
+    with images.load() when you need one; imports are gigabytes, so not by default.)"""
+    return ["pause", "operator", *(["trainer-pytorch"] if pool.gpus else ["nfs-server"])]
 
 
 def plan(pools: list[NodePool], cluster_state: Path) -> list[RealNode]:
@@ -388,6 +399,12 @@ def containerd_args(node: RealNode) -> list[str]:
     return ["--config", str(node.state_dir / "containerd.toml"), "--log-level", "warn"]
 
 
+def forget_device_checkpoint() -> None:
+    """Called before each kubelet starts: it then sees only its own node's device plugins."""
+    with contextlib.suppress(FileNotFoundError):
+        DEVICE_CHECKPOINT.unlink()
+
+
 def kubelet_args(node: RealNode) -> list[str]:
     labels = ",".join(f"{k}={v}" for k, v in sorted(node.labels().items()))
     return [f"--config={node.state_dir / 'kubelet.yaml'}", f"--kubeconfig={node.state_dir / 'kubeconfig'}",
@@ -425,6 +442,27 @@ def release_host(state_dir: Path) -> None:
             HOST_LOCK.unlink()
     except (OSError, ValueError):
         pass
+
+
+def leftovers(state_dir: Path) -> list[str]:
+    """What real nodes made that still exists (empty after a clean `down`)."""
+    found = [f"interface {link['ifname']}" for link in json.loads(sh("ip", "-j", "link", "show").stdout or "[]")
+             if link["ifname"].startswith("trainop")]
+    if HOST_IP in sh("ip", "-o", "addr", "show", "dev", "lo").stdout:
+        found.append(f"address {HOST_IP} on lo")
+    for table in ("filter", "nat", "mangle"):
+        found += [f"iptables {table} chain {line.split()[1]}" for line in
+                  sh("iptables", "-t", table, "-S", check=False).stdout.splitlines()
+                  if line.startswith("-N ") and line.split()[1].startswith(("KUBE-", "TRAINOP-"))]
+    found += [f"cgroup {h / CGROUP_ROOT}" for h in _cgroup_hierarchies() if (h / CGROUP_ROOT).exists()]
+    prefix = str(state_dir.resolve()) + "/"
+    found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
+              if line.split()[4].startswith(prefix)]
+    for proc in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if proc.name.isdigit() and prefix.encode() in (proc / "cmdline").read_bytes():
+                found.append(f"process {proc.name}: {(proc / 'cmdline').read_bytes()[:120]!r}")
+    return found
 
 
 def remove_state(node_states: list[Path]) -> None:
