@@ -164,9 +164,19 @@ def test_user_env_wins_and_is_forwarded():
     j = job(env=[{"name": "NCCL_IB_DISABLE", "value": "0"}, {"name": "FOO", "value": "bar"}])
     names = [e["name"] for e in dtj.container_env(j)]
     assert names == ["PYTHONUNBUFFERED", "TRAINOP_JOB_NAME", "OMPI_MCA_pml", "OMPI_MCA_btl",
-                     "NCCL_IB_DISABLE", "FOO"]
+                     "OMPI_MCA_orte_default_hostfile", "NCCL_IB_DISABLE", "FOO"]
     cmd = dtj.mpirun_command(j)
     assert "-x FOO" in shlex.join(cmd) and "-x NCCL_IB_DISABLE" in shlex.join(cmd)
+
+
+def test_ranks_are_told_the_hostfile():
+    """Ranks on several pods need every rank's host (trainop_trainer.world reads the hostfile
+    that Open MPI's own variable names); mpirun forwards it to them."""
+    env = {e["name"]: e.get("value") for e in dtj.container_env(job(workers=2))}
+    assert env["OMPI_MCA_orte_default_hostfile"] == "/etc/trainop/mpi/hostfile"
+    assert "-x OMPI_MCA_orte_default_hostfile" in shlex.join(dtj.mpirun_command(job(workers=2)))
+    for other in (job(workers=2, launcher="torchrun"), job(workers=2, mpiImplementation="Intel")):
+        assert "OMPI_MCA_orte_default_hostfile" not in {e["name"] for e in dtj.container_env(other)}
 
 
 def test_launcher_job():
@@ -191,7 +201,7 @@ def test_launcher_job():
         "--bind-to none --mca orte_keep_fqdn_hostnames 1 --mca plm_rsh_no_tree_spawn 1 "
         "--mca plm_rsh_agent ssh --mca plm_rsh_args '-F /etc/trainop/mpi/ssh_config' "
         "-x PATH -x PYTHONUNBUFFERED -x TRAINOP_JOB_NAME -x NCCL_IB_DISABLE -x OMPI_MCA_pml "
-        "-x OMPI_MCA_btl python -m trainop_trainer --framework pytorch --backend horovod "
+        "-x OMPI_MCA_btl -x OMPI_MCA_orte_default_hostfile python -m trainop_trainer --framework pytorch --backend horovod "
         "--synthetic --batch-size 128 --epochs 3 --precision bf16 --channels-last "
         "--output-dir /output --metrics-file /output/metrics.jsonl")
 

@@ -318,11 +318,18 @@ def kubelet_config(node: RealNode, pki_dir: Path, port: int, healthz_port: int) 
         "resolvConf": "",  # pods get the cluster DNS only, no host search domains
         "providerID": node.pool.node(0)["spec"]["providerID"].rsplit("/", 1)[0] + f"/{node.name}",
         "registerWithTaints": taints,
-        # Images cannot be pulled back here: never garbage-collect them, never evict on disk use.
+        # Images cannot be pulled back here: never garbage-collect them. Every node shares this
+        # machine's one disk, so the kubelet's disk-pressure taint would only say it is nearly
+        # full (the default thresholds are 10-15%): no disk-based eviction, every signal named
+        # (a signal left out takes its default).
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "0%", "nodefs.inodesFree": "0%",
+                         "imagefs.available": "0%", "imagefs.inodesFree": "0%"},
         "serializeImagePulls": False,
         "syncFrequency": "10s", "nodeStatusUpdateFrequency": "10s",
+        # Its own pod-log folder: a kubelet deletes the log folders of pods it does not run, so
+        # with the default /var/log/pods shared, each would delete the other's logs.
+        "podLogsDir": str(node.state_dir / "pod-logs"),
     }
 
 

@@ -108,6 +108,10 @@ def network_env(job: Job) -> dict[str, str]:
 
 def container_env(job: Job) -> list[dict]:
     base = {"PYTHONUNBUFFERED": "1", "TRAINOP_JOB_NAME": job.name} | network_env(job)
+    if job.launcher == "mpi" and job.mpi_implementation == "OpenMPI":
+        # Ranks learn where every other rank runs (for a native backend's rendezvous and local
+        # ranks) from the hostfile, as under the MPI Operator; mpirun forwards this with -x.
+        base["OMPI_MCA_orte_default_hostfile"] = f"{CONF_DIR}/hostfile"
     user = {e["name"] for e in job.env}
     return common.env({k: v for k, v in base.items() if k not in user}) + [dict(e) for e in job.env]
 
