@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.real, pytest.mark.azurite]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DIGEST = re.compile(r"rank (\d+)/(\d+) parameter sha256 ([0-9a-f]{64})")
+MPI_PI_IMAGE = "trainop/mpi-pi:0.1.0"  # built by devcluster/images.py from tests/e2e/images/mpi-pi
 RUN_TIMEOUT = 600  # seconds for a reduced job on a loaded 2-core machine, cold page cache
 
 
@@ -126,3 +127,25 @@ def test_killed_worker_restarts_the_gang_then_succeeds(real_cluster, real_namesp
     failure = status["lastFailure"]
     assert (failure["pod"], failure["container"], failure["exitCode"]) == ("crash-worker-1", "worker", 137), failure
     assert "pod crash-worker-1 container worker exited with code 137" in failure["message"]
+
+
+def test_custom_image_with_its_own_non_root_user(real_cluster, real_namespace, real_operator):
+    """A user's own MPI image in the MPI Operator's style (tests/e2e/images/mpi-pi: user mpiuser,
+    uid 1000, its own ~/.ssh) runs unchanged as that user: sshd and mpirun use trainop's files
+    under /etc/trainop, and the image's ~/.ssh is left as it was."""
+    ns = real_namespace
+    real_cluster.apply({
+        "apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob", "metadata": {"name": "pi"},
+        "spec": {"workers": 2, "gpusPerWorker": 1, "image": MPI_PI_IMAGE, "command": ["mpi-pi"],
+                 "securityContext": {"runAsUser": 1000, "runAsGroup": 1000},
+                 "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                 "runPolicy": {"cleanPodPolicy": "None"}}}, ns)
+    wait_phase(real_cluster, ns, "pi", "Succeeded")
+    real_cluster.assert_ran_on_real_nodes(ns, "trainop.io/job-name=pi")
+    log = real_cluster.logs(ns, "job/pi-launcher", "-c", "launcher")
+    assert "rank 0/2 on pi-worker-0 as uid 1000" in log and "rank 1/2 on pi-worker-1 as uid 1000" in log, log
+    assert "pi is approximately 3.14159265" in log
+    # `kubectl exec` through the kubelet: the worker runs as the image's user, its ~/.ssh untouched.
+    shown = real_cluster.kubectl("exec", "-n", ns, "pi-worker-0", "-c", "worker", "--",
+                                 "sh", "-c", "id -u; cat ~/.ssh/config").stdout
+    assert shown == "1000\nHost *\n  StrictHostKeyChecking no\n"

@@ -253,6 +253,9 @@ IMAGES: dict[str, Image] = {image.name: image for image in (
     _image("trainer-keras", config.DEFAULTS["images"]["keras"], dockerfile="trainer_images/Dockerfile",
            context="trainer_images", target="keras", base="python", base_arg="CUDA_IMAGE",
            build_args=_TRAINER_ARGS, mount_cache=True, pip=True, default=False),
+    # A user's own MPI image with its own non-root user, as in the MPI Operator's examples (tests).
+    _image("mpi-pi", "trainop/mpi-pi:0.1.0", dockerfile="tests/e2e/images/mpi-pi/Dockerfile",
+           context="tests/e2e/images/mpi-pi", base="debian", base_arg="BASE"),
 )}
 
 

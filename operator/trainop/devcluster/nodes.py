@@ -105,10 +105,11 @@ class RealNode:
 
 def node_images(pool: NodePool) -> list[str]:
     """Images (devcluster/images.py names) a node of the pool gets: the sandbox and the operator's
-    (log-shipper sidecar, stager) everywhere; the PyTorch trainer on GPU pools, where jobs run;
+    (log-shipper sidecar, stager) everywhere; the PyTorch trainer and the tests' custom MPI
+    image on GPU pools, where jobs run;
     the NFS server on the CPU pool. (A CPU-only job runs on the CPU pool: load the trainer there
     with images.load() when you need one; imports are gigabytes, so not by default.)"""
-    return ["pause", "operator", *(["trainer-pytorch"] if pool.gpus else ["nfs-server"])]
+    return ["pause", "operator", *(["trainer-pytorch", "mpi-pi"] if pool.gpus else ["nfs-server"])]
 
 
 def plan(pools: list[NodePool], cluster_state: Path) -> list[RealNode]:
