@@ -59,7 +59,8 @@ def test_staged_data_is_what_the_job_reads(real_cluster, real_namespace, real_op
         "spec": {"source": {"blob": {"accountURL": pod_azurite.http_url, "container": container.container_name,
                                      "prefix": "train/", "auth": {"sasSecretRef": {"name": "reader", "key": "sas"}}}},
                  "destination": {"volumeClaim": {"claimName": "shared"}}}}, ns)
-    manifest = reduced("imagenet-pytorch-horovod.yaml", "pets-train", output=None)
+    manifest = reduced("imagenet-pytorch-horovod.yaml", "pets-train", output=None,
+                       data={"dataStageRef": {"name": "pets"}, "mountPath": "/data"})
     real_cluster.apply(manifest, ns)
 
     stage = wait_until(lambda: (s := real_cluster.get("datastage", "pets", "-n", ns).get("status", {}))

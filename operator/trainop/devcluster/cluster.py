@@ -134,6 +134,7 @@ class DevCluster:
         real = self.real_nodes
         if real:
             nodes.claim_host(self.state_dir, lambda other: DevCluster(Path(other)).is_up())
+            nodes.sweep()
             nodes.setup_host_network(real)
         started = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)

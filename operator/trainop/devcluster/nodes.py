@@ -198,6 +198,25 @@ def make_cgroup_root(node: RealNode) -> None:
             parent = path
 
 
+def kill_cgroup_processes() -> None:
+    """SIGKILL whatever still runs in a /trainop cgroup (pods of a crashed earlier cluster)."""
+    for hierarchy in _cgroup_hierarchies():
+        for procs in (hierarchy / CGROUP_ROOT).rglob("cgroup.procs"):
+            with contextlib.suppress(OSError):
+                for pid in procs.read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), 9)
+
+
+def sweep() -> None:
+    """Before `up` takes the host over: remove what an earlier real-node cluster that died
+    without `down` (a killed test session) left behind."""
+    kill_cgroup_processes()
+    remove_cni_netns()
+    teardown_host_network()
+    remove_cgroups()
+
+
 def remove_cgroups() -> None:
     """rmdir every cgroup under /trainop, deepest first (only empty ones can go: run last)."""
     for hierarchy in _cgroup_hierarchies():
