@@ -218,8 +218,26 @@ def ledgers(namespace: str, quotas: list[dict], pods: list[dict], cfg: Config,
 
 # ---- a job's demand ----------------------------------------------------------------------
 
+# Rendering a gang is the costly part of judging a queue, and every evaluation of a namespace
+# judges all its jobs: remember it per parsed Job (spec.parse_cached returns the same object for
+# one generation of one job). The entry holds the Job, so its id is not reused while cached.
+_GANGS: dict[int, tuple[Job, list[dict]]] = {}
+_GANGS_MAX = 4096
+
+
 def gang_pods(job: Job) -> list[dict]:
     """The pods the gang will have: every worker and, for MPI, the launcher Job's pod."""
+    hit = _GANGS.get(id(job))
+    if hit is not None and hit[0] is job:
+        return hit[1]
+    pods = _render_gang(job)
+    if len(_GANGS) >= _GANGS_MAX:
+        _GANGS.pop(next(iter(_GANGS)))
+    _GANGS[id(job)] = (job, pods)
+    return pods
+
+
+def _render_gang(job: Job) -> list[dict]:
     pods = [render.render_worker(job, i, 0) for i in range(job.workers)]
     if job.launcher == "mpi":
         pods.append({"metadata": {}, "spec": render.render_launcher(job, 0)["spec"]["template"]

@@ -168,6 +168,28 @@ def parse(body: dict, cfg: Config) -> Job:
     )
 
 
+# Parsing validates against the CRD's schema (milliseconds): a reconcile that runs on every watch
+# event of a child parses each generation once. Keyed by what identifies one spec of one object.
+_PARSED: dict[tuple, tuple[Config, Job]] = {}
+_PARSED_MAX = 4096
+
+
+def parse_cached(body: dict, cfg: Config) -> Job:
+    """parse(), remembered per (uid, generation, configuration); SpecError is not cached."""
+    meta = body.get("metadata") or {}
+    if not meta.get("uid") or meta.get("generation") is None:
+        return parse(body, cfg)
+    key = (meta["uid"], meta["generation"], meta.get("namespace"), id(cfg))
+    hit = _PARSED.get(key)
+    if hit is not None and hit[0] is cfg:  # (the entry keeps cfg alive: its id is not reused)
+        return hit[1]
+    job = parse(body, cfg)
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.pop(next(iter(_PARSED)))  # oldest first: dicts keep insertion order
+    _PARSED[key] = (cfg, job)
+    return job
+
+
 def _node_matches(node: dict, selector: dict[str, str]) -> bool:
     labels = node["metadata"].get("labels") or {}
     return all(labels.get(k) == v for k, v in selector.items())
