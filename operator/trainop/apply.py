@@ -127,8 +127,8 @@ def post_event(body: dict, type_: str, reason: str, message: str,
         "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
         "reportingInstance": _HOST, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
     }
-    try:
-        kube.create(event)
+    try:  # (kube.create wants a name; an Event has generateName)
+        kube.request("POST", kube.path("v1", "Event", meta["namespace"]), body=event)
     except ApiException as exc:  # an Event is a courtesy: never fail a reconcile for it
         log.warning("could not post Event %s/%s on %s/%s: %s", type_, reason,
                     meta["namespace"], meta["name"], exc.reason)

@@ -205,14 +205,18 @@ class Controller:
             return None
         uid, ck = body["metadata"].get("uid"), (ns, name)
         launcher = self._one("dtj_launchers", ck)
+        if launcher is not None and not _controlled(launcher, uid):
+            launcher = None
+        # the job's pods and its launcher Job's pod; another incarnation's (a job deleted and
+        # made again) are not this job's: the garbage collector removes them
+        owners = {uid, launcher["metadata"].get("uid") if launcher else None}
         created = conditions.is_true((body.get("status") or {}).get("conditions"), "Created")
         stage = _stage_ref(body)
         return jobsync.JobSnapshot(
             body=body,
-            # another incarnation's pods (a job deleted and made again) are not this job's:
-            # the garbage collector removes them, and their names stay taken until then
-            pods=[p for p in self._all("dtj_pods", ck) if _controlled(p, uid)],
-            launcher=launcher if launcher and _controlled(launcher, uid) else None,
+            pods=[p for p in self._all("dtj_pods", ck)
+                  if any(_controlled(p, owner) for owner in owners if owner)],
+            launcher=launcher,
             service=self._one("dtj_services", ck), config_map=self._one("dtj_configmaps", ck),
             secret=self._one("dtj_secrets", ck),
             endpoint_slices=self._all("dtj_endpointslices", ck),
