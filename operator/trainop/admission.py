@@ -32,6 +32,7 @@ from decimal import Decimal
 
 from kubernetes.utils.quantity import parse_quantity
 
+from trainop import phases
 from trainop.config import Config, ConfigError
 from trainop.render import dtj as render
 from trainop.spec import Job
@@ -155,7 +156,7 @@ def pod_usage(pod: dict) -> Usage:
 
 def counts_in_quota(pod: dict) -> bool:
     """The API server stops counting a pod once it has finished."""
-    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    return not phases.finished(pod)
 
 
 def _scope_matches(scope: tuple, pod: dict) -> bool:
