@@ -30,9 +30,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trainop import blob
 
@@ -194,6 +195,7 @@ class StatusReporter:
 def kube_status_patcher(job: str, namespace: str) -> Callable[[dict], Any]:
     """A function that merge-patches the status subresource of DistributedTrainingJob `job`."""
     import kubernetes
+
     from trainop import GROUP, VERSION, kube
 
     # the pod's ServiceAccount in a cluster; $KUBECONFIG outside one (local runs, tests)

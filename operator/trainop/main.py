@@ -12,11 +12,12 @@ import logging
 import kopf
 
 from trainop import config, controller, kube
-from trainop.handlers import admission  # noqa: F401  (Kueue Workloads of finished jobs)
-from trainop.handlers import datastage  # noqa: F401  (the DataStage's PV finalizer)
-from trainop.handlers import dtj  # noqa: F401  (documents that the DTJ has no handler)
-from trainop.handlers import indexes  # noqa: F401  (watch caches + wake-up routing)
-from trainop.handlers import metrics  # noqa: F401  (watch events -> Prometheus gauges)
+from trainop.handlers import (
+    admission,  # noqa: F401  (Kueue Workloads of finished jobs)
+    datastage,  # noqa: F401  (the DataStage's PV finalizer)
+    indexes,  # noqa: F401  (watch caches + wake-up routing)
+    metrics,  # noqa: F401  (watch events -> Prometheus gauges)
+)
 
 
 @kopf.on.startup()

@@ -356,7 +356,7 @@ def test_torchrun_job_succeeds_when_every_worker_completes(cluster, namespace, a
                what="torchrun workers running")
     assert api.launcher("tr") is None and api.children("tr")["secrets"] == []
     pod = api.core.read_namespaced_pod("tr-worker-1", namespace)
-    assert "--rdzv-endpoint=tr-worker-0.tr.%s.svc:29400" % namespace in pod.spec.containers[0].command[2]
+    assert f"--rdzv-endpoint=tr-worker-0.tr.{namespace}.svc:29400" in pod.spec.containers[0].command[2]
     cluster.end_pod(namespace, "tr-worker-0", 0)
     cluster.end_pod(namespace, "tr-worker-1", 0)
     api.wait_phase("tr", "Succeeded")

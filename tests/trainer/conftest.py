@@ -98,7 +98,7 @@ class Run:
         return parse_digests(self.stderr)
 
     def explain(self) -> str:
-        return f"exit {self.returncode}\nstdout:\n" + "\n".join(l for _, l in self.lines) + f"\nstderr:\n{self.stderr[-4000:]}"
+        return f"exit {self.returncode}\nstdout:\n" + "\n".join(text for _, text in self.lines) + f"\nstderr:\n{self.stderr[-4000:]}"
 
 
 def run_trainer(launcher: str, args: list[str], output_dir: Path, ranks: int = 2) -> Run:

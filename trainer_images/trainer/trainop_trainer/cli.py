@@ -11,7 +11,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from trainop_trainer import data, world as world_mod
+from trainop_trainer import data
+from trainop_trainer import world as world_mod
 from trainop_trainer.config import Config
 
 FRAMEWORKS = ("pytorch", "tensorflow", "keras")
