@@ -210,7 +210,11 @@ class Controller:
         # the job's pods and its launcher Job's pod; another incarnation's (a job deleted and
         # made again) are not this job's: the garbage collector removes them
         owners = {uid, launcher["metadata"].get("uid") if launcher else None}
-        created = conditions.is_true((body.get("status") or {}).get("conditions"), "Created")
+        conds = (body.get("status") or {}).get("conditions")
+        created = conditions.is_true(conds, "Created")
+        # Built here, in the event loop that owns the indexes, because decide() runs in a pool
+        # thread; only a job still at the gate needs the namespace's view.
+        view = None if conditions.is_true(conds, "Admitted") else self.namespace_view(ns)
         stage = _stage_ref(body)
         return jobsync.JobSnapshot(
             body=body,
@@ -222,16 +226,17 @@ class Controller:
             endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
-            admit=lambda job: gate.decide(job, body, self.cfg, lambda: self.namespace_view(ns)),
+            admit=lambda job: gate.decide(job, body, self.cfg, lambda: view),
             conflict=self.conflicts.pop(key, None))
 
     async def _reconcile_job(self, key: tuple) -> None:
         snap = self.job_snapshot(key)
         if snap is None:
             return
-        outcome = jobsync.decide(snap, self.cfg, dt.datetime.now(dt.timezone.utc))
         loop = asyncio.get_running_loop()
-        conflict = await loop.run_in_executor(self.pool, self._act, key, snap.body, outcome)
+        # decide() in the pool too: the gate may judge a whole namespace, and a Kueue-queued
+        # job's admission reads its Workload from the API
+        outcome, conflict = await loop.run_in_executor(self.pool, self._decide_and_act, key, snap)
         if conflict:  # decide again at once, knowing the name is taken
             self.conflicts[key] = conflict
             self.queue.add(key)
@@ -272,6 +277,10 @@ class Controller:
         self._say(key, (outcome.status or {}).get("phase"), outcome.waiting)
 
     # ---- acting (in a pool thread) ---------------------------------------------------------
+
+    def _decide_and_act(self, key: tuple, snap: jobsync.JobSnapshot):
+        outcome = jobsync.decide(snap, self.cfg, dt.datetime.now(dt.timezone.utc))
+        return outcome, self._act(key, snap.body, outcome)
 
     def _act(self, key: tuple, body: dict, outcome) -> str | None:
         conflicts = self.applier.run(outcome.actions)
