@@ -7,7 +7,9 @@ controller-manager; KWOK nodes), one operator after the other, the same N jobs o
 Per operator and N it reports
 - ramp: seconds from the first job applied until every launcher pod is Running; p50/p99 of each
   job's apply -> its launcher pod Running (seen by this script's watch);
-- the operator's CPU seconds over the ramp and its peak RSS (/proc: utime+stime, VmHWM);
+- the operator's CPU seconds over the ramp and its peak RSS (/proc: utime+stime, VmHWM); an
+  operator that dies during the ramp is restarted, as its Deployment would (`restarts`; CPU is
+  summed over its lives, sampled every 0.2 s; peak RSS is its last life's);
 - steady state: apiserver_request_total growth per second over `--window` seconds with every job
   running and the operator up, minus the same window right after stopping it (what the operator
   itself costs), and its CPU share of one core over the first window.
@@ -214,10 +216,11 @@ def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, wind
             break
         except ApiException:
             time.sleep(0.2)
-    proc = start_operator(operator, cluster, namespace, logs / f"{operator}-{n}.log")
+    log = logs / f"{operator}-{n}.log"
+    proc = start_operator(operator, cluster, namespace, log)
     time.sleep(5 if operator == "trainop" else 3)  # started: its initial listings done
     watcher = LauncherWatch(core, namespace, selector, job_label)
-    cpu0 = cpu_seconds(proc.pid)
+    cpu0, cpu_before, restarts = cpu_seconds(proc.pid), 0.0, 0
     applied: dict[str, float] = {}
     start = time.monotonic()
     for i in range(n):
@@ -225,16 +228,28 @@ def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, wind
         custom.create_namespaced_custom_object(group, version, namespace, plural, make(name))
         applied[name] = time.monotonic()
     deadline = start + max(300, 3 * n)
-    while len(watcher.running) < n and time.monotonic() < deadline and proc.poll() is None:
+    last = cpu0
+    while len(watcher.running) < n and time.monotonic() < deadline:
+        if proc.poll() is not None:  # died (MPI Operator exits when it misses a lease renewal):
+            restarts += 1            # restart it as its Deployment would, and keep counting
+            cpu_before += last - cpu0
+            proc = start_operator(operator, cluster, namespace, log)
+            time.sleep(0.5)
+            cpu0 = last = cpu_seconds(proc.pid)
+            continue
+        try:
+            last = cpu_seconds(proc.pid)
+        except FileNotFoundError:
+            continue
         time.sleep(0.2)
     done = time.monotonic()
-    ramp_cpu = cpu_seconds(proc.pid) - cpu0
+    ramp_cpu = cpu_before + cpu_seconds(proc.pid) - cpu0
     latencies = [watcher.running[j] - applied[j] for j in applied if j in watcher.running]
     result = {"operator": operator, "jobs": n, "running": len(watcher.running),
               "all_running_s": round(done - start, 1) if len(watcher.running) == n else None,
               "p50_s": round(percentile(latencies, 50), 2) if latencies else None,
               "p99_s": round(percentile(latencies, 99), 2) if latencies else None,
-              "ramp_cpu_s": round(ramp_cpu, 1)}
+              "ramp_cpu_s": round(ramp_cpu, 1), "restarts": restarts}
     watcher.close()
     time.sleep(10)  # let the last status writes and Events settle
     r0, c0, t0 = requests_total(api), cpu_seconds(proc.pid), time.monotonic()
