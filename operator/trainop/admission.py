@@ -298,8 +298,11 @@ def pool_gpus(nodes: list[dict], selector: dict[str, str], resource: str) -> int
     return total
 
 
-def unsatisfiable(c: Candidate, ledgers_: list[Ledger], nodes: list[dict]) -> str | None:
-    """Why the job can never be admitted as it is (and what to change), or None."""
+def unsatisfiable(c: Candidate, ledgers_: list[Ledger], nodes: list[dict],
+                  capacity: dict | None = None) -> str | None:
+    """Why the job can never be admitted as it is (and what to change), or None. `capacity`
+    remembers pool totals across the candidates of one judgement (summing hundreds of nodes'
+    quantities once per pool, not once per job)."""
     for ledger in ledgers_:
         for key, need in _usage_for(ledger, c.demand).items():
             if need > ledger.hard[key]:
@@ -307,7 +310,11 @@ def unsatisfiable(c: Candidate, ledgers_: list[Ledger], nodes: list[dict]) -> st
                         f"{show(ledger.hard[key], key)}; reduce workers or per-worker resources, "
                         f"or ask for a larger quota")
     if c.gpus:
-        total = pool_gpus(nodes, c.pool_selector, c.gpus_resource)
+        key = (tuple(sorted(c.pool_selector.items())), c.gpus_resource)
+        capacity = {} if capacity is None else capacity
+        if key not in capacity:
+            capacity[key] = pool_gpus(nodes, c.pool_selector, c.gpus_resource)
+        total = capacity[key]
         where = f"node pool {c.pool!r}" if c.pool else f"nodeSelector {c.pool_selector}"
         if c.gpus > total:
             return (f"needs {c.gpus} {c.gpus_resource} but {where} has {total} in all; use at "
@@ -344,8 +351,9 @@ def plan(candidates: list[Candidate], ledgers_: list[Ledger],
             for ledger in ledgers_:
                 ledger.taken = _add(ledger.taken, _usage_for(ledger, c.outstanding))
     out: dict[str, Decision] = {}
+    capacity: dict = {}
     for c in order([c for c in candidates if not c.admitted]):
-        why = unsatisfiable(c, ledgers_, nodes)
+        why = unsatisfiable(c, ledgers_, nodes, capacity)
         if why:
             out[c.key] = Decision(UNSATISFIABLE, "Unsatisfiable", why)
             continue

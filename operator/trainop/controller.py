@@ -188,6 +188,9 @@ class Controller:
         return [n for store in self.ix["nodes_by_pool"].values() for n in store]
 
     def namespace_view(self, namespace: str) -> gate.NamespaceView:
+        quotas = self._all("quotas", namespace)
+        if gate.unlimited(quotas, self.cfg):  # the gate needs only the nodes then
+            return gate.NamespaceView(pods=[], quotas=[], jobs=[], nodes=self.nodes())
         pods, jobs = [], []
         for (ns, _), store in self.ix["dtj_pods"].items():
             if ns == namespace:
@@ -195,8 +198,7 @@ class Controller:
         for (ns, name), store in self.ix["dtj_bodies"].items():
             if ns == namespace:
                 jobs.extend(self._fresh((JOB, ns, name), body) for body in store)
-        return gate.NamespaceView(pods=pods, quotas=self._all("quotas", namespace), jobs=jobs,
-                                  nodes=self.nodes())
+        return gate.NamespaceView(pods=pods, quotas=quotas, jobs=jobs, nodes=self.nodes())
 
     def job_snapshot(self, key: tuple) -> jobsync.JobSnapshot | None:
         _, ns, name = key

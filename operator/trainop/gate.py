@@ -39,6 +39,11 @@ class NamespaceView:
     nodes: list[dict]
 
 
+def unlimited(quotas: list[dict], cfg: Config) -> bool:
+    """No ResourceQuota and no operator GPU cap: nothing for the namespace's jobs to queue for."""
+    return not quotas and admission.namespace_gpu_cap(cfg) is None
+
+
 @dataclass
 class _Namespace:
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -109,13 +114,24 @@ def decide(job: Job, body: dict, cfg: Config, view: Callable[[], NamespaceView])
     """May this job's gang be created now? Called for a job that is not yet Admitted."""
     if kueue.manages(body):
         return kueue.decide(job, body)
+    ns_view = view()
+    if unlimited(ns_view.quotas, cfg):
+        # Nothing limits the namespace: each job is judged alone, on whether its pool can ever
+        # hold it (judging the whole namespace per new job would cost O(jobs^2) in a burst).
+        c = admission.candidate(job, body["metadata"], [], False, 0)
+        why = admission.unsatisfiable(c, [], ns_view.nodes)
+        if why:
+            return Decision(admission.UNSATISFIABLE, "Unsatisfiable", why)
+        return Decision(admission.ADMITTED, "QuotaReserved",
+                        f"the whole gang ({len(c.demand)} pods, {c.gpus} GPUs) fits: "
+                        f"no quota limits it")
     space = _space(job.namespace)
     with space.lock:
         new = job.name not in space.asking
         space.asking.add(job.name)
         if not _is_admitted(space, body) and (
                 new or space.dirty or job.name not in space.decisions):
-            _evaluate(job.namespace, space, cfg, view())
+            _evaluate(job.namespace, space, cfg, ns_view)
         space.admitted_for_others.discard(job.name)
         if _is_admitted(space, body):  # admitted here, its status not written yet
             return space.decisions.get(job.name) or ADMITTED_EARLIER

@@ -56,14 +56,31 @@ def test_a_job_admitted_here_is_not_admitted_twice_before_its_status_says_so():
     assert not gate.decide(parse(b, CFG), b, CFG, view).admitted
 
 
-def test_a_waiting_job_does_not_rebuild_the_view_until_woken():
+def test_a_waiting_job_does_not_judge_the_queue_again_until_woken(monkeypatch):
     a, b = body("a", "2026-01-01T00:00:00Z"), body("b", "2026-01-01T00:00:01Z")
     view = View([a, b])
+    judged = []
+    evaluate = gate._evaluate
+    monkeypatch.setattr(gate, "_evaluate", lambda *args: judged.append(1) or evaluate(*args))
     gate.decide(parse(a, CFG), a, CFG, view)
     gate.decide(parse(b, CFG), b, CFG, view)
-    calls = view.calls
+    assert len(judged) == 2  # each asked for the first time
     gate.decide(parse(b, CFG), b, CFG, view)  # a safety resync, a child event: no re-judging
-    assert view.calls == calls
+    assert len(judged) == 2
+    gate.wake("q")
+    gate.decide(parse(b, CFG), b, CFG, view)
+    assert len(judged) == 3
+
+
+def test_a_namespace_nothing_limits_judges_each_job_alone(monkeypatch):
+    free = config.from_dict(None)  # no namespaceGpus cap, and the view has no quota
+    monkeypatch.setattr(gate, "_evaluate", lambda *args: pytest.fail("judged the namespace"))
+    a = body("a", "2026-01-01T00:00:00Z")
+    assert gate.decide(parse(a, free), a, free, View([a])).admitted
+    huge = {**body("h", "2026-01-01T00:00:00Z"), "spec": {"workers": 5, "gpusPerWorker": 8,
+                                                           "nodePool": {"name": "gpu"}}}
+    no = gate.decide(parse(huge, free), huge, free, View([huge]))
+    assert no.outcome == "Unsatisfiable" and "node pool 'gpu' has 16 in all" in no.message
 
 
 def test_jobs_another_evaluation_admitted_are_handed_out_once():
