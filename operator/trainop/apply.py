@@ -25,7 +25,7 @@ import threading
 from kubernetes.client.exceptions import ApiException
 
 from trainop import kube, sshkeys
-from trainop.actions import Apply, Create, CreateSSHSecret, Delete, Ref
+from trainop.actions import Apply, Create, CreateSSHSecret, Delete, DropFinalizer, Ref
 from trainop.render import dtj as render_dtj
 
 log = logging.getLogger("trainop.apply")
@@ -54,6 +54,8 @@ class Applier:
                     _create(kube.with_owner(secret, action.owner), action.owner)
                 elif isinstance(action, Delete):
                     _delete(action.ref)
+                elif isinstance(action, DropFinalizer):
+                    _drop_finalizer(action)
                 else:
                     raise TypeError(f"unknown action {action!r}")
             except kube.OwnershipError as exc:
@@ -103,6 +105,18 @@ def _create(desired: dict, owner: dict | None, then_apply: bool = False) -> dict
 
 def _delete(ref: Ref) -> None:
     kube.delete(ref.api_version, ref.kind, ref.name, ref.namespace, uid=ref.uid)
+
+
+def _drop_finalizer(action: DropFinalizer) -> None:
+    ref = action.ref
+    rest = [f for f in action.finalizers if f != action.name]
+    try:  # (merge patch replaces the list; the resourceVersion makes it refuse a stale one)
+        kube.patch(ref.api_version, ref.kind, ref.name, ref.namespace,
+                   {"metadata": {"finalizers": rest or None,
+                                 "resourceVersion": action.resource_version}})
+    except ApiException as exc:
+        if exc.status not in (404, 409):  # gone, or changed: the next reconcile sees it anew
+            raise
 
 
 def write_status(body: dict, changes: dict, subresource: str = "status") -> dict:

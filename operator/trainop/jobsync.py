@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainop import conditions, phases
-from trainop.actions import Apply, Create, CreateSSHSecret, Outcome, delete
+from trainop.actions import Apply, Create, CreateSSHSecret, DropFinalizer, Outcome, Ref, delete
 from trainop.admission import Decision
 from trainop.config import Config
 from trainop.render import common, logship
@@ -29,6 +29,9 @@ from trainop.render import dtj as render
 from trainop.spec import Job, SpecError, capacity_error, parse_cached
 
 TERMINAL = phases.TERMINAL
+# What the timer-based operator put on every job (kopf's, for its timer); nothing needs it now,
+# and left in place it would hold a deleted job (and its namespace) until someone removes it.
+LEGACY_FINALIZER = "trainop.io/finalizer"
 # Conditions whose becoming True (or False, for these gates) is worth a Warning Event.
 WARN_TRUE = {"Failed", "Restarting"}
 WARN_FALSE = {"Created", "DataReady"}
@@ -193,6 +196,10 @@ def decide(snap: JobSnapshot, cfg: Config, now: dt.datetime) -> Outcome:
     old = snap.body.get("status") or {}
     st = _Status(old, meta.get("generation"), now)
     plan = _Plan(snap, cfg, now)
+    finalizers = tuple(meta.get("finalizers") or ())
+    if LEGACY_FINALIZER in finalizers:
+        plan.out.actions.append(DropFinalizer(Ref.of(snap.body), finalizers, LEGACY_FINALIZER,
+                                              meta.get("resourceVersion", "")))
     _decide(plan, st)
     st.data["observedGeneration"] = meta.get("generation")
     out = plan.out

@@ -10,7 +10,7 @@ import datetime as dt
 import pytest
 
 from trainop import conditions, config
-from trainop.actions import Apply, Create, CreateSSHSecret, Delete
+from trainop.actions import Apply, Create, CreateSSHSecret, Delete, DropFinalizer, Ref
 from trainop.admission import ADMITTED, QUEUED, UNSATISFIABLE, Decision
 from trainop.devcluster.pools import default_pools
 from trainop.jobsync import JobSnapshot, decide
@@ -399,3 +399,14 @@ def test_running_job_does_not_reapply_shared_children():
 def test_the_same_snapshot_gives_the_same_decision():
     s = snap(body(), pods=workers(1), **shared())
     assert decide(s, CFG, NOW) == decide(s, CFG, NOW)
+
+
+def test_the_old_operators_finalizer_is_taken_off():
+    b = body()
+    b["metadata"] |= {"finalizers": ["trainop.io/finalizer", "example.com/keep"],
+                      "resourceVersion": "41"}
+    drop = [a for a in decide(snap(b), CFG, NOW).actions if isinstance(a, DropFinalizer)]
+    assert drop == [DropFinalizer(Ref("trainop.io/v1alpha1", "DistributedTrainingJob", "j", "ns", UID),
+                                  ("trainop.io/finalizer", "example.com/keep"), "trainop.io/finalizer",
+                                  "41")]
+    assert not [a for a in decide(snap(body()), CFG, NOW).actions if isinstance(a, DropFinalizer)]
