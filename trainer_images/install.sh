@@ -12,6 +12,9 @@
 #   TRAINOP_CACHE       pip downloads, the Horovod sdist and built wheels (default: <repo>/.cache)
 #   TRAINOP_EDITABLE    1 = install the trainer editable (default: 1 inside the repo's .venv)
 #   HOROVOD_CUDA_CC     CUDA compute capabilities for Horovod's kernels (default: 80,90)
+#   TRAINOP_HOROVOD_WHEEL  a prebuilt Horovod wheel to install instead of building one (then no
+#                       compiler is needed: `system` leaves them out); the local image build
+#                       passes the one built for the host's .venv (same OS, Python, frameworks)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -53,7 +56,8 @@ EOF
 
 system() {
   # Open MPI (mpirun for Horovod and the launcher), sshd (workers), a compiler and CMake (Horovod).
-  local pkgs=(openmpi-bin libopenmpi-dev openssh-server openssh-client build-essential cmake)
+  local pkgs=(openmpi-bin openssh-server openssh-client)
+  [[ -n ${TRAINOP_HOROVOD_WHEEL:-} ]] || pkgs+=(libopenmpi-dev build-essential cmake)
   local missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   ((${#missing[@]} == 0)) && return 0
@@ -132,12 +136,14 @@ horovod_build_env() {
 }
 
 horovod() {
-  local key wheel_dir marker
+  local key wheel_dir marker wheel=${TRAINOP_HOROVOD_WHEEL:-}
   key="$(horovod_key)"
   wheel_dir="$CACHE/horovod/wheels/$key"
   marker="$("$PY" -c 'import sys; print(sys.prefix)')/.trainop-horovod-$key"
   if [[ -f $marker ]] && pinned_installed "horovod==$HOROVOD_VERSION"; then return 0; fi
-  if ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
+  if [[ -n $wheel ]]; then
+    [[ -f $wheel ]] || { log "TRAINOP_HOROVOD_WHEEL=$wheel: no such file"; return 1; }
+  elif ! compgen -G "$wheel_dir/horovod-*.whl" >/dev/null; then
     local sdist="$CACHE/horovod/horovod-$HOROVOD_VERSION.tar.gz"
     [[ -f $sdist ]] || pip_ download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$CACHE/horovod"
     local tmp
@@ -151,7 +157,8 @@ horovod() {
     mv "$tmp"/dist/horovod-*.whl "$wheel_dir/"
     rm -rf "$tmp"
   fi
-  pip_ install -q --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
+  [[ -n $wheel ]] || wheel="$(compgen -G "$wheel_dir/horovod-*.whl" | head -n 1)"
+  pip_ install -q --no-deps --force-reinstall "$wheel"
   # Horovod's own run-time needs (horovodrun is not used: mpirun launches).
   pip_ install -q cloudpickle psutil pyyaml packaging
   rm -f "$(dirname "$marker")"/.trainop-horovod-*

@@ -262,6 +262,7 @@ class Controller:
             secret_keys={r: self._one("secret_keys", (ns, r)) for r in refs
                          if (ns, r) in self.ix["secret_keys"]},
             service_accounts={r for r in refs if (ns, r) in self.ix["service_accounts"]},
+            claims={r for r in refs if (ns, r) in self.ix["claims"]},
             service=self._one("stage_services", (ns, name, "Service")),
             statefulset=self._one("stage_statefulsets", (ns, name, "StatefulSet")),
             copy_jobs=self._all("stage_jobs", (ns, name, "Job")))
@@ -315,10 +316,12 @@ def _stage_ref(body: dict) -> str | None:
 
 
 def _stage_refs(body: dict) -> set[str]:
-    """Names of the Secret / ServiceAccount a DataStage's auth block points at."""
-    auth = ((((body.get("spec") or {}).get("source") or {}).get("blob") or {}).get("auth")) or {}
+    """Names of the Secret / ServiceAccount a DataStage's auth block points at, and of the
+    claim its destination names."""
+    spec = body.get("spec") or {}
+    auth = (((spec.get("source") or {}).get("blob") or {}).get("auth")) or {}
     out = {(ref or {}).get("name") for key, ref in auth.items()
            if key.endswith("SecretRef") and isinstance(ref, dict)}
-    if auth.get("serviceAccountName"):
-        out.add(auth["serviceAccountName"])
+    out.add(auth.get("serviceAccountName"))
+    out.add(((spec.get("destination") or {}).get("volumeClaim") or {}).get("claimName"))
     return {n for n in out if n}

@@ -57,6 +57,14 @@ class RunPolicy:
 
 
 @dataclass(frozen=True)
+class SecurityContext:
+    """`spec.securityContext`: the non-root user of every pod (the schema forbids uid 0)."""
+    run_as_user: int
+    run_as_group: int
+    fs_group: int
+
+
+@dataclass(frozen=True)
 class Job:
     name: str
     namespace: str
@@ -83,6 +91,7 @@ class Job:
     run_policy: RunPolicy
     launcher_resources: dict
     logship: dict  # the operator's `logship` configuration section (render/logship.py)
+    security: SecurityContext
 
     @property
     def total_gpus(self) -> int:
@@ -143,6 +152,7 @@ def parse(body: dict, cfg: Config) -> Job:
                         f"workers x {gpus}); this cluster allows at most {cfg.max_gpus_per_job} "
                         f"per job: reduce workers or gpusPerWorker")
     data, train, run, output = spec["data"], spec["training"], spec["runPolicy"], spec.get("output")
+    user = spec["securityContext"]
     return Job(
         name=meta["name"], namespace=meta.get("namespace", "default"),
         framework=spec["framework"], launcher=spec["launcher"], image=image,
@@ -166,6 +176,8 @@ def parse(body: dict, cfg: Config) -> Job:
                              ttl_seconds_after_finished=run.get("ttlSecondsAfterFinished"),
                              clean_pod_policy=run["cleanPodPolicy"], suspend=run["suspend"]),
         launcher_resources=cfg.launcher_resources, logship=cfg.section("logship"),
+        security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
+                                 fs_group=user.get("fsGroup", user["runAsGroup"])),
     )
 
 

@@ -37,6 +37,7 @@ class StageSnapshot:
     body: dict
     secret_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # Secret -> its keys
     service_accounts: set[str] = field(default_factory=set)               # names in the namespace
+    claims: set[str] = field(default_factory=set)  # PersistentVolumeClaims it names (volumeClaim)
     service: dict | None = None      # the provisioned NFS server's Service
     statefulset: dict | None = None  # ... and StatefulSet
     copy_jobs: list[dict] = field(default_factory=list)  # label trainop.io/datastage=<name>
@@ -115,12 +116,18 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
         if not (ready and server):
             st.phase("Provisioning", "ServerStarting", f"waiting for NFS server {render.server_name(stage)}")
             return st.outcome(actions, waiting="NFS server not ready")
-    st.data["server"] = server
-
-    pv, pvc = render.volume_objects(stage, server)
-    actions += [Apply(pv, None, None),  # cluster-scoped: no owner reference; the finalizer deletes it
-                Apply(pvc, body, None)]
-    st.data |= {"volumeName": pv["metadata"]["name"], "claimName": pvc["metadata"]["name"]}
+    if stage.existing_claim:
+        if stage.existing_claim not in snap.claims:
+            st.phase("Pending", "ClaimMissing", f"waiting for PersistentVolumeClaim {stage.existing_claim} "
+                                                f"(spec.destination.volumeClaim.claimName) in {stage.namespace}")
+            return st.outcome(actions, waiting="claim missing")
+        st.data["claimName"] = stage.existing_claim
+    else:
+        st.data["server"] = server
+        pv, pvc = render.volume_objects(stage, server)
+        actions += [Apply(pv, None, None),  # cluster-scoped: no owner reference; the finalizer deletes it
+                    Apply(pvc, body, None)]
+        st.data |= {"volumeName": pv["metadata"]["name"], "claimName": pvc["metadata"]["name"]}
 
     job_name = render.copy_job_name(stage)
     current = None

@@ -39,7 +39,7 @@ NAMESPACED_RULES = {
     ("", "services"): ["get", "list", "watch", "create", "patch"],
     ("", "configmaps"): ["get", "list", "watch", "create", "patch"],
     ("", "serviceaccounts"): ["get", "list", "watch", "create", "patch"],
-    ("", "persistentvolumeclaims"): ["get", "create", "patch"],
+    ("", "persistentvolumeclaims"): ["get", "list", "watch", "create", "patch"],
     ("apps", "statefulsets"): ["get", "list", "watch", "create", "patch"],
     ("rbac.authorization.k8s.io", "roles"): ["get", "create", "patch"],
     ("rbac.authorization.k8s.io", "rolebindings"): ["get", "create", "patch"],

@@ -1,25 +1,33 @@
 """The rendered MPI wiring is real: a 2-worker job's SSH key, hostfile, sshd/ssh configs, worker
-and launcher commands and environment, exactly as rendered, run Open MPI over real sshd.
+and launcher commands and environment, exactly as rendered, run Open MPI over real sshd, as the
+non-root user of the rendered pods' securityContext.
 
 Two sshd "workers" listen on 127.0.0.2 and 127.0.0.3 (the rendered worker command, plus a
 ListenAddress so both can use port 2222 on one machine, and a private shared-memory folder each,
 as two pods would have). The launcher command runs in a private
 mount namespace whose /etc/hosts maps the workers' cluster DNS names to those addresses (the
-stand-in for cluster DNS). The only other change: files mounted at /etc/trainop in a pod live in
-a temporary folder here. Each rank is a small mpi4py program (until the trainer runs here) that
-reports which sshd it came through and takes part in an allreduce.
+stand-in for cluster DNS). Files mounted at /etc/trainop in a pod live in a temporary folder
+here, laid out the way the kubelet lays out the Secret and ConfigMap volumes of the rendered pod
+(root-owned, group fsGroup, defaultMode | 0440, behind ..data symlinks). sshd and mpirun run as
+a test user (`trainop-test`, created if missing) with the pod's uid, gid and fsGroup, no new
+privileges and no capabilities, as the container's securityContext says. Each rank is a small
+mpi4py program (until the trainer runs here) that reports which sshd it came through and as
+which uid, and takes part in an allreduce.
 """
 
 from __future__ import annotations
 
 import base64
 import os
+import pwd
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,8 +47,9 @@ server = os.environ.get("SSH_CONNECTION", "none none local").split()[2]
 total = comm.allreduce(comm.rank)
 env = os.environ.get("TRAINOP_TEST")
 # one write per report: mpirun interleaves the ranks' output chunk by chunk
-os.write(1, f"rank {comm.rank}/{comm.size} via {server} sum {total} env {env}\\n".encode())
+os.write(1, f"rank {comm.rank}/{comm.size} via {server} uid {os.getuid()} sum {total} env {env}\\n".encode())
 """
+TEST_USER = "trainop-test"
 
 
 def _accepts(address: str, port: int) -> bool:
@@ -57,34 +66,134 @@ def _need(*tools):
     assert not missing, f"needs {', '.join(missing)} (scripts/bootstrap.sh installs openmpi-bin, openssh-server)"
 
 
+def _test_user() -> pwd.struct_passwd:
+    """A non-root user with a POSIX login shell (sshd runs commands through it) and no home:
+    nothing of the operator's may depend on ~/.ssh."""
+    try:
+        return pwd.getpwnam(TEST_USER)
+    except KeyError:
+        _need("useradd")
+        made = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
+                               "--home-dir", "/nonexistent", "--shell", "/bin/sh", TEST_USER],
+                              capture_output=True, text=True)
+        assert made.returncode in (0, 9), made.stderr  # 9: a concurrent run made it first
+        return pwd.getpwnam(TEST_USER)
+
+
+def _as_pod_user(pod: dict) -> list[str]:
+    """A command prefix that runs what follows as the pod's securityContext says: its uid and
+    gid, fsGroup as supplementary group, no_new_privs, no capabilities."""
+    ctx = pod["spec"]["securityContext"]
+    (container,) = pod["spec"]["containers"]
+    assert ctx["runAsNonRoot"] and container["securityContext"] == common.container_security_context()
+    return ["setpriv", f"--reuid={ctx['runAsUser']}", f"--regid={ctx['runAsGroup']}",
+            f"--groups={ctx['fsGroup']}", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
+
+
+def _lay_out_volume(folder: Path, volume: dict, files: dict[str, str], fs_group: int) -> None:
+    """What the kubelet makes of a Secret or ConfigMap volume: files written by root with their
+    mode (item mode, else defaultMode) in a timestamped folder behind a ..data symlink, then, for
+    the pod's fsGroup, group fsGroup on everything and 0440 ORed into every file's mode (both
+    volume types are read-only), setgid on folders."""
+    source = volume.get("secret") or volume["configMap"]
+    modes = {item["key"]: item.get("mode", source["defaultMode"]) for item in source.get("items", [])}
+    data = folder / "..2026_01_01_00_00_00.000000001"
+    data.mkdir(parents=True)
+    for name, content in files.items():
+        if modes and name not in modes:
+            continue
+        (data / name).write_text(content)
+        os.chown(data / name, 0, fs_group)
+        (data / name).chmod(modes.get(name, source["defaultMode"]) | 0o440)
+        (folder / name).symlink_to(Path("..data") / name)
+    (folder / "..data").symlink_to(data.name)
+    for path in (folder, data):
+        os.chown(path, 0, fs_group)
+        path.chmod(0o2755)
+
+
+def _rank_python(user: pwd.struct_passwd) -> tuple[str, str]:
+    """An interpreter the test user may run, and the PYTHONPATH that gives it this venv's
+    mpi4py. The venv's own base interpreter may live where only root can reach (pyenv under
+    /root); the system one of the same version then runs the same compiled mpi4py."""
+    import mpi4py  # noqa: F401  (the test extra installs it; a missing one must fail, not skip)
+    site = str(Path(mpi4py.__file__).parents[1])
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    as_user = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups"]
+    for python in (sys.executable, f"/usr/bin/{version}", f"/usr/local/bin/{version}"):
+        # through sh: setpriv's own exec may still resolve the path with root's capabilities
+        if subprocess.run([*as_user, "sh", "-c", 'exec "$0" -c "import mpi4py"', python],
+                          env={"PYTHONPATH": site}, capture_output=True).returncode == 0:
+            return python, site
+    raise AssertionError(f"no {version} that {user.pw_name} may run imports mpi4py from {site} "
+                         f"(scripts/bootstrap.sh installs python3)")
+
+
 @pytest.fixture
-def rendered(tmp_path):
+def rendered():
+    _need("setpriv")
+    user = _test_user()
+    python, site = _rank_python(user)
     cfg = config.load(None)
     job = parse({"metadata": {"name": "j1", "namespace": "mpitest"},
                  "spec": {"workers": 2, "slotsPerWorker": 2,
-                          "command": [sys.executable, "-c", RANK_PROGRAM],
-                          "env": [{"name": "TRAINOP_TEST", "value": "forwarded"}]}}, cfg)
-    root = tmp_path / "etc-trainop"
+                          "command": [python, "-c", RANK_PROGRAM],
+                          "env": [{"name": "TRAINOP_TEST", "value": "forwarded"},
+                                  {"name": "PYTHONPATH", "value": site}],
+                          "securityContext": {"runAsUser": user.pw_uid, "runAsGroup": user.pw_gid}}}, cfg)
+    # not under pytest's tmp_path: its parents are root-only (0700)
+    base = Path(tempfile.mkdtemp(prefix="trainop-mpi-"))
+    base.chmod(0o755)
+    root = base / "etc-trainop"
 
     def remap(text: str) -> str:
         return text.replace(common.MOUNT_ROOT, str(root))
 
+    pod = dtj.render_worker(job, 0, attempt=0)
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
     secret = dtj.render_ssh_secret(job, *sshkeys.generate())
     config_map = dtj.render_config_map(job)
-    for folder, files, mode in (("ssh", {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}, 0o600),
-                                ("mpi", config_map["data"], 0o444)):
-        (root / folder).mkdir(parents=True)
-        for name, content in files.items():
-            path = root / folder / name
-            path.write_text(remap(content))
-            path.chmod(0o555 if name == "ssh" else mode)
-    return job, root, remap
+    fs_group = pod["spec"]["securityContext"]["fsGroup"]
+    for name, files in (("ssh", {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}),
+                        ("mpi", config_map["data"])):
+        _lay_out_volume(Path(remap(mounts[name])), volumes[name],
+                        {k: remap(v) for k, v in files.items()}, fs_group)
+    try:
+        yield job, base, root, remap, user
+    finally:
+        shutil.rmtree(base)
 
 
-def test_launcher_runs_ranks_over_sshd_on_both_workers(rendered, tmp_path):
+def test_ssh_key_is_readable_by_the_pods_user_only(rendered):
+    job, _, root, _, user = rendered
+    key = root / "ssh" / dtj.SSH_KEY
+    st = key.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (0, user.pw_gid, 0o440)
+    as_user = _as_pod_user(dtj.render_worker(job, 0, attempt=0))
+    assert subprocess.run([*as_user, "cat", str(key)], capture_output=True).returncode == 0
+    other = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat", str(key)],
+                           capture_output=True, text=True)
+    assert other.returncode != 0 and "Permission denied" in other.stderr
+    # the check ssh makes of its IdentityFile (and sshd of its HostKey), as the pod's user
+    check = subprocess.run([*as_user, "ssh-keygen", "-y", "-f", str(key)], capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout.startswith("ssh-ed25519 "), check.stderr
+    # ...which refuses the same mode on a key the user owns: root's ownership is what makes 0440 fine
+    own = root.parent / "own-key"
+    shutil.copy(key, own)
+    os.chown(own, user.pw_uid, user.pw_gid)
+    own.chmod(0o440)
+    refused = subprocess.run([*as_user, "ssh-keygen", "-y", "-f", str(own)], capture_output=True, text=True)
+    assert refused.returncode != 0 and "UNPROTECTED PRIVATE KEY FILE" in refused.stderr, refused.stderr
+
+
+def _worker_logs(base: Path) -> str:
+    return "".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(base.glob("worker-*.log")))
+
+
+def test_launcher_runs_ranks_over_sshd_on_both_workers(rendered):
     _need("mpirun", "/usr/sbin/sshd", "unshare")
-    import mpi4py  # noqa: F401  (the test extra installs it; a missing one must fail, not skip)
-    job, root, remap = rendered
+    job, base, root, remap, user = rendered
     workers = []
     try:
         for i in range(job.workers):
@@ -94,30 +203,35 @@ def test_launcher_runs_ranks_over_sshd_on_both_workers(rendered, tmp_path):
             address = f"127.0.0.{2 + i}"
             # Each pod has its own /dev/shm and /tmp; on one machine, give each worker its own,
             # or Open MPI's shared-memory files of the two "nodes" collide.
-            private = tmp_path / f"worker-{i}-shm"
-            private.mkdir()
+            private = base / f"worker-{i}-shm"
+            private.mkdir(mode=0o700)
+            os.chown(private, user.pw_uid, user.pw_gid)
             script = remap(container["command"][2]).replace(
                 "sshd_config\n", f"sshd_config -o ListenAddress={address} -o 'SetEnv="
                 f"OMPI_MCA_btl_vader_backing_directory={private} TMPDIR={private}'\n")
-            log = (tmp_path / f"worker-{i}.log").open("w")
-            workers.append(subprocess.Popen(["sh", "-c", script], stdout=log, stderr=subprocess.STDOUT))
+            log = (base / f"worker-{i}.log").open("w")
+            workers.append(subprocess.Popen([*_as_pod_user(pod), "sh", "-c", script],
+                                            stdout=log, stderr=subprocess.STDOUT))
 
         def listening():
             for proc in workers:
-                assert proc.poll() is None, (tmp_path / "worker-0.log").read_text() + (tmp_path / "worker-1.log").read_text()
+                assert proc.poll() is None, _worker_logs(base)
             return all(_accepts(f"127.0.0.{2 + i}", dtj.SSH_PORT) for i in range(job.workers))
         wait_until(listening, timeout=20, what="both sshd workers listening")
 
-        hosts = tmp_path / "hosts"
+        hosts = base / "hosts"
         hosts.write_text("127.0.0.1 localhost\n" + "".join(
             f"127.0.0.{2 + i} {dtj.host(job, i)}\n" for i in range(job.workers)))
-        launcher = dtj.render_launcher(job, attempt=0)["spec"]["template"]["spec"]["containers"][0]
+        launcher_pod = dtj.render_launcher(job, attempt=0)["spec"]["template"]
+        launcher = launcher_pod["spec"]["containers"][0]
         env = {e["name"]: e["value"] for e in launcher["env"] if "value" in e}
-        env |= {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}
+        env |= {"PATH": os.environ["PATH"], "HOME": user.pw_dir}  # HOME: what the runtime sets
         command = [remap(part) for part in launcher["command"]]
         started = time.monotonic()
+        # root only for the private /etc/hosts; mpirun and ssh run as the pod's user
         run = subprocess.run(
-            ["unshare", "-m", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts), *command],
+            ["unshare", "-m", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts),
+             *_as_pod_user(launcher_pod), *command],
             env=env, capture_output=True, text=True, timeout=120)
         elapsed = time.monotonic() - started
     finally:
@@ -125,10 +239,11 @@ def test_launcher_runs_ranks_over_sshd_on_both_workers(rendered, tmp_path):
             proc.terminate()
             proc.wait(10)
 
-    assert run.returncode == 0, f"launcher failed ({run.returncode}):\n{run.stdout}\n{run.stderr}"
-    lines = sorted(re.findall(r"rank \d+/\d+ via \S+ sum \d+ env \S+", run.stdout))
-    # every rank came through the sshd of its worker (hostfile order, 2 slots each), reached
-    # every other rank (allreduce), and got the job's env (mpirun -x) despite sshd's clean env
-    assert lines == [f"rank {r}/4 via 127.0.0.{2 + r // 2} sum 6 env forwarded" for r in range(4)], \
-        run.stdout + run.stderr
+    assert run.returncode == 0, f"launcher failed ({run.returncode}):\n{run.stdout}\n{run.stderr}\n{_worker_logs(base)}"
+    lines = sorted(re.findall(r"rank \d+/\d+ via \S+ uid \d+ sum \d+ env \S+", run.stdout))
+    # every rank came through the sshd of its worker (hostfile order, 2 slots each) as the pod's
+    # user, reached every other rank (allreduce), and got the job's env (mpirun -x) despite
+    # sshd's clean env
+    assert lines == [f"rank {r}/4 via 127.0.0.{2 + r // 2} uid {user.pw_uid} sum 6 env forwarded"
+                     for r in range(4)], run.stdout + run.stderr
     print(f"mpirun over sshd: 4 ranks on 2 workers in {elapsed:.1f}s")

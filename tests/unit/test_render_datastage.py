@@ -106,7 +106,8 @@ def test_copy_job_mounts_the_export_read_write_and_gets_the_secret_by_reference(
     pod = job["spec"]["template"]["spec"]
     assert job["spec"]["backoffLimit"] == 2
     assert pod["restartPolicy"] == "Never" and pod["serviceAccountName"] == "imagenet-stager"
-    assert pod["securityContext"] == {"runAsUser": 10001, "runAsGroup": 10001, "runAsNonRoot": True}
+    assert pod["securityContext"] == {"runAsUser": 10001, "runAsGroup": 10001, "runAsNonRoot": True,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
     assert pod["nodeSelector"] == SYSTEM_POOL["nodeSelector"]
     assert pod["volumes"] == [{"name": "share", "nfs": {"server": "10.1.2.3", "path": "/export/data"}}]
     (container,) = pod["containers"]

@@ -60,6 +60,7 @@ def test_config_map_files():
     assert "HostKey /etc/trainop/ssh/id_ed25519\n" in data["sshd_config"]
     assert "AuthorizedKeysFile /etc/trainop/ssh/authorized_keys\n" in data["sshd_config"]
     assert "PasswordAuthentication no\n" in data["sshd_config"]
+    assert "PermitRootLogin no\n" in data["sshd_config"] and "PidFile none\n" in data["sshd_config"]
     assert "  StrictHostKeyChecking yes\n" in data["ssh_config"]
     assert "  UserKnownHostsFile /etc/trainop/ssh/known_hosts\n" in data["ssh_config"]
     assert data["ssh"] == '#!/bin/sh\nexec ssh -F /etc/trainop/mpi/ssh_config "$@"\n'
@@ -78,8 +79,7 @@ def test_gpu_worker_pod():
     assert spec["nodeSelector"] == {"kubernetes.azure.com/agentpool": "gpu"}
     assert spec["tolerations"] == [GPU_TOL]
     (c,) = spec["containers"]
-    assert c["command"] == ["sh", "-c", "mkdir -p /run/sshd\n"
-                            "exec /usr/sbin/sshd -D -e -f /etc/trainop/mpi/sshd_config\n"]
+    assert c["command"] == ["sh", "-c", "exec /usr/sbin/sshd -D -e -f /etc/trainop/mpi/sshd_config\n"]
     assert c["resources"] == {"requests": {"cpu": "8", "memory": "64Gi"},
                               "limits": {"nvidia.com/gpu": 4}}
     assert c["readinessProbe"]["tcpSocket"] == {"port": 2222}
@@ -87,7 +87,7 @@ def test_gpu_worker_pod():
     assert volumes["shm"] == {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}
     assert volumes["data"] == {"name": "data", "persistentVolumeClaim": {"claimName": "imagenet-data",
                                                                          "readOnly": True}}
-    assert volumes["ssh"]["secret"] == {"secretName": "j1-ssh", "defaultMode": 0o600}
+    assert volumes["ssh"]["secret"] == {"secretName": "j1-ssh", "defaultMode": 0o440}
     assert volumes["mpi"]["configMap"]["name"] == "j1-mpi"
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert mounts["shm"]["mountPath"] == "/dev/shm"
@@ -95,6 +95,50 @@ def test_gpu_worker_pod():
     assert mounts["ssh"] == {"name": "ssh", "mountPath": "/etc/trainop/ssh", "readOnly": True}
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["NCCL_IB_DISABLE"] == "1" and env["OMPI_MCA_btl"] == "self,vader,tcp"
+
+
+BLOB_OUTPUT = {"blob": {"accountURL": "https://a.blob.core.windows.net", "container": "results",
+                        "auth": {"sasSecretRef": {"name": "storage", "key": "sas"}}}}
+RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def pod_specs(j):
+    """Every pod the job renders: its workers and, for mpi, the launcher's template."""
+    out = [dtj.render_worker(j, i, attempt=0)["spec"] for i in range(j.workers)]
+    if j.launcher == "mpi":
+        out.append(dtj.render_launcher(j, attempt=0)["spec"]["template"]["spec"])
+    return out
+
+
+def test_every_pod_runs_as_the_images_non_root_user_without_privileges():
+    j = job(workers=2, output=BLOB_OUTPUT)
+    for spec in pod_specs(j) + pod_specs(job(launcher="torchrun", workers=2)):
+        assert spec["securityContext"] == {
+            "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+            "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
+        for c in spec["containers"] + spec.get("initContainers", []):
+            assert c["securityContext"] == RESTRICTED_CONTAINER, c["name"]
+    # worker 0 and the launcher ship logs: the sidecar is covered above
+    assert [c["name"] for c in pod_specs(j)[0]["initContainers"]] == ["logship"]
+
+
+def test_a_custom_image_runs_as_its_own_user():
+    j = job(image="mpioperator/mpi-pi", command=["/home/mpiuser/pi"],
+            securityContext={"runAsUser": 1000, "runAsGroup": 1000})
+    for spec in pod_specs(j):
+        ctx = spec["securityContext"]
+        assert (ctx["runAsUser"], ctx["runAsGroup"], ctx["fsGroup"], ctx["runAsNonRoot"]) == (1000, 1000, 1000, True)
+        # the operator's ssh files stay under /etc/trainop; the image's ~/.ssh is not mounted over
+        assert {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]} >= {"/etc/trainop/ssh", "/etc/trainop/mpi"}
+        assert not any(m["mountPath"].startswith("/home") for m in spec["containers"][0]["volumeMounts"])
+
+
+def test_infiniband_adds_no_capability():
+    """IPC_LOCK would buy nothing: Kubernetes sets no ambient capabilities, so a non-root rank
+    never holds it; registration is bounded by the node's RLIMIT_MEMLOCK (docs/security.md)."""
+    for spec in pod_specs(job(workers=2, gpusPerWorker=8, infiniband=True)):
+        for c in spec["containers"]:
+            assert c["securityContext"] == RESTRICTED_CONTAINER
 
 
 def test_infiniband_worker_requests_rdma_and_sets_transport():
@@ -143,7 +187,7 @@ def test_launcher_job():
                              "for host in $(cat /etc/trainop/mpi/hosts); do\n")
     last = script.strip().splitlines()[-1]
     assert last == (
-        "exec mpirun --allow-run-as-root -np 8 --hostfile /etc/trainop/mpi/hostfile --map-by slot "
+        "exec mpirun -np 8 --hostfile /etc/trainop/mpi/hostfile --map-by slot "
         "--bind-to none --mca orte_keep_fqdn_hostnames 1 --mca plm_rsh_no_tree_spawn 1 "
         "--mca plm_rsh_agent ssh --mca plm_rsh_args '-F /etc/trainop/mpi/ssh_config' "
         "-x PATH -x PYTHONUNBUFFERED -x TRAINOP_JOB_NAME -x NCCL_IB_DISABLE -x OMPI_MCA_pml "

@@ -52,6 +52,7 @@ def test_launcher_gets_native_sidecar_shared_volume_and_tee():
         ],
         "volumeMounts": [{"name": "trainop-run", "mountPath": "/var/trainop"}],
         "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }]
     assert parts.volumes == [{"name": "trainop-run", "emptyDir": {}}]
     assert parts.mounts == [{"name": "trainop-run", "mountPath": "/var/trainop"}]

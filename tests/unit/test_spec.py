@@ -3,7 +3,7 @@
 import pytest
 
 from trainop import config, crds
-from trainop.spec import SpecError, capacity_error, parse
+from trainop.spec import SecurityContext, SpecError, capacity_error, parse
 
 CFG = config.load(None)
 
@@ -37,6 +37,16 @@ def test_gpu_and_infiniband_jobs_pick_their_default_pools():
     assert ib.placement.rdma_resource == "rdma/ib"
 
 
+def test_pods_run_as_the_images_user_unless_the_spec_names_its_own():
+    assert parse(body(), CFG).security == SecurityContext(10001, 10001, 10001)
+    # an image with its own user, as Kubeflow MPI Operator's mpiuser examples: fsGroup follows
+    # runAsGroup unless set
+    mpiuser = parse(body(image="mpioperator/mpi-pi", securityContext={"runAsUser": 1000, "runAsGroup": 1000}), CFG)
+    assert mpiuser.security == SecurityContext(run_as_user=1000, run_as_group=1000, fs_group=1000)
+    assert parse(body(securityContext={"runAsUser": 1000, "runAsGroup": 0, "fsGroup": 2000}), CFG).security == \
+        SecurityContext(1000, 0, 2000)
+
+
 def test_explicit_selector_and_slots():
     job = parse(body(gpusPerWorker=2, slotsPerWorker=3,
                      nodePool={"nodeSelector": {"pool": "x"}, "tolerations": []}), CFG)
@@ -50,6 +60,8 @@ def test_explicit_selector_and_slots():
     ({"launcher": "torchrun", "framework": "tensorflow"}, "spec.launcher", "launcher: mpi"),
     ({"workers": 0}, "spec.workers", "minimum"),
     ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "spec.runPolicy.cleanPodPolicy", "Running"),
+    ({"securityContext": {"runAsUser": 0}}, "spec.securityContext.runAsUser", "minimum"),
+    ({"securityContext": {"runAsGroup": -1}}, "spec.securityContext.runAsGroup", "minimum"),
 ])
 def test_bad_input_names_the_field(spec, field, words):
     with pytest.raises(SpecError) as err:

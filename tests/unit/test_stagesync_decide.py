@@ -137,3 +137,13 @@ def test_an_earlier_specs_copy_job_is_deleted():
 def test_deleting_stage_creates_nothing():
     out = decide(snap(body(deleting=True)), CFG, NOW)
     assert out.actions == [] and out.status is None
+
+
+def test_an_existing_claim_is_waited_for_then_copied_into():
+    b = body({"volumeClaim": {"claimName": "team-data"}})
+    out = decide(snap(b), CFG, NOW)
+    assert (out.status["phase"], out.events[0][1], out.actions) == ("Pending", "ClaimMissing", [])
+    out = decide(snap(b, claims={"team-data"}), CFG, NOW)
+    assert summary(out.actions) == ["apply ServiceAccount", "apply Role", "apply RoleBinding",
+                                    "create Job"]  # no NFS, no PV: the user's claim
+    assert out.status["claimName"] == "team-data" and "volumeName" not in out.status

@@ -1,4 +1,4 @@
-"""`trainop devcluster up|down|status|build`: a local API server with simulated AKS GPU pools."""
+"""`trainop devcluster up|down|status|build|images`: a local API server with simulated AKS GPU pools."""
 
 from __future__ import annotations
 
@@ -16,29 +16,39 @@ def register(subparsers) -> None:
     up = verbs.add_parser("up", help="start it (builds the binaries on first use) and write a kubeconfig")
     up.add_argument("--pools", default="", metavar="system=N,gpu=N,ibgpu=N",
                     help="node counts per pool (default system=2,gpu=4,ibgpu=4)")
+    up.add_argument("--real-nodes", default="", metavar="N | POOL=N,...",
+                    help="make pools real: their nodes are kubelets on containerd that run pods (on the CPU), "
+                         "e.g. 1 (gpu=1) or system=1,gpu=1; needs root")
     up.add_argument("--no-crds", action="store_true", help="do not install trainop's CRDs")
     verbs.add_parser("down", help="stop it and throw its state away")
     verbs.add_parser("status", help="show which components run and where the kubeconfig is")
-    verbs.add_parser("build", help="only build (or find cached) control-plane binaries")
+    verbs.add_parser("build", help="only build (or find cached) the control plane and real-node binaries")
+    images = verbs.add_parser("images", help="build (or find cached) the project's container images from "
+                              "its Dockerfiles, without Docker Hub; optionally load them into a containerd")
+    images.add_argument("--only", nargs="+", metavar="NAME", help="these images (default: every default one)")
+    images.add_argument("--containerd", metavar="ADDRESS", help="then import them into this containerd socket")
     parser.set_defaults(func=run)
 
 
-def _cluster(pools_text: str = ""):
+def _cluster(pools_text: str = "", real_text: str = ""):
     from trainop.devcluster.cluster import DevCluster
     from trainop.devcluster.pools import parse_pools
 
-    return DevCluster(paths.state_dir() / "devcluster", pools=parse_pools(pools_text))
+    return DevCluster(paths.state_dir() / "devcluster", pools=parse_pools(pools_text, real_text))
 
 
 def run(args) -> int:
     from trainop.devcluster import build
     from trainop.devcluster.cluster import ClusterError, install_crds
 
+    if args.action == "images":
+        return _images(args)
     if args.action == "build":
-        print(build.ensure_binaries())
+        for name, folder in build.ensure_all().items():
+            print(f"{name:12s} {folder}")
         return 0
     try:
-        cluster = _cluster(getattr(args, "pools", ""))
+        cluster = _cluster(getattr(args, "pools", ""), getattr(args, "real_nodes", ""))
     except ValueError as err:
         print(f"trainop devcluster: {err}", file=sys.stderr)
         return 2
@@ -61,9 +71,22 @@ def run(args) -> int:
         return 1
     for name, error in refused.items():
         print(f"trainop devcluster up: the API server refused {name}: {error}", file=sys.stderr)
-    nodes = sum(p.count for p in cluster.pools)
-    print(f"devcluster up in {seconds:.1f}s: {nodes} KWOK nodes in pools "
-          f"{', '.join(f'{p.name}={p.count}' for p in cluster.pools)}")
+    print(f"devcluster up in {seconds:.1f}s: node pools "
+          f"{', '.join(f'{p.name}={p.count}' + (' (real)' if p.real else '') for p in cluster.pools)}")
     print(f"\n  export KUBECONFIG={cluster.kubeconfig}\n  kubectl get nodes -L kubernetes.azure.com/agentpool\n"
           f"  trainop operator --all-namespaces   # in another shell\n\nStop it with: trainop devcluster down")
     return 1 if refused else 0
+
+
+def _images(args) -> int:
+    from trainop.devcluster import images
+
+    try:
+        results = images.ensure(args.only)
+        if args.containerd:
+            images.load(args.containerd, args.only)
+    except (ValueError, images.ImageBuildError) as err:
+        print(f"trainop devcluster images: {err}", file=sys.stderr)
+        return 1
+    print(images.describe(results))
+    return 0

@@ -10,6 +10,8 @@ version bump never reuses stale binaries.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -30,9 +32,15 @@ PACKAGES = {
     "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
     "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+    # Real nodes (`devcluster up --real-nodes`): the kubelet and kube-proxy of the same release,
+    # and the stand-in GPU/RDMA device plugin (gomod/gpu-device-plugin).
+    "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+    "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
+    "gpu-device-plugin": "./gpu-device-plugin",
     "server": "go.etcd.io/etcd/server/v3",  # renamed to etcd below
 }
-BINARIES = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "kwok"]
+BINARIES = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy",
+            "gpu-device-plugin", "etcd", "kwok"]
 # KWOK's own stage definitions we reuse unchanged (nodes become Ready and keep their lease,
 # pods become Running/Ready, deleted pods go away); trainop adds its own exit stage (stages.py).
 KWOK_STAGES = [
@@ -50,9 +58,10 @@ def kubernetes_version() -> str:
 
 
 def bin_dir() -> Path:
-    digest = hashlib.sha256((KWOK_VERSION + _version_ldflags()).encode())
-    for name in ("go.mod", "go.sum"):
-        digest.update((GOMOD_DIR / name).read_bytes())
+    digest = hashlib.sha256((KWOK_VERSION + _version_ldflags() + " ".join(BINARIES)).encode())
+    for path in sorted(GOMOD_DIR.rglob("*")):
+        if path.is_file():
+            digest.update(path.read_bytes())
     return cache_dir() / "devcluster" / f"kubernetes-{kubernetes_version()}-{digest.hexdigest()[:12]}"
 
 
@@ -80,17 +89,34 @@ def _go_env() -> dict[str, str]:
     return env
 
 
+@contextlib.contextmanager
+def build_lock(name: str):
+    """One builder at a time per cache (bootstrap, a test session and a developer may race)."""
+    lock = cache_dir() / "devcluster" / f".{name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def ensure_binaries(log=lambda msg: print(msg, file=sys.stderr)) -> Path:
     """Return the folder with every binary, building what is missing (minutes, cold)."""
     target = bin_dir()
     if is_built():
         return target
+    with build_lock("kubernetes"):
+        if is_built():  # another process built it while we waited
+            return target
+        return _build(target, log)
+
+
+def _build(target: Path, log) -> Path:
     if shutil.which("go") is None:
         raise RuntimeError("the Go toolchain is needed to build the local control plane: install Go >= 1.26")
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "stages").mkdir(parents=True)
-    log(f"building Kubernetes {kubernetes_version()} control plane, etcd and kwok into {target} (cold: minutes)")
+    log(f"building Kubernetes {kubernetes_version()} control plane, node binaries, etcd and kwok into {target} (cold: minutes)")
     started = time.monotonic()
     subprocess.run(
         ["go", "build", "-trimpath", f"-ldflags=-s -w {_version_ldflags()}", "-o", str(staging) + "/",
@@ -109,3 +135,50 @@ def ensure_binaries(log=lambda msg: print(msg, file=sys.stderr)) -> Path:
     staging.rename(target)
     log(f"built in {time.monotonic() - started:.0f}s")
     return target
+
+
+# ---- add-ons for real nodes: each its own wrapper module (their dependency graphs differ from
+# Kubernetes' own), built with `go build` and cached by the hash of that module's files. -------
+ADDONS_DIR = Path(__file__).resolve().parent / "addons"
+ADDONS = {
+    # CNI: the pod network of every real node (bridge + host-local IPAM + loopback; portmap for hostPort).
+    "cni": ["github.com/containernetworking/plugins/plugins/main/bridge",
+            "github.com/containernetworking/plugins/plugins/main/loopback",
+            "github.com/containernetworking/plugins/plugins/ipam/host-local",
+            "github.com/containernetworking/plugins/plugins/meta/portmap"],
+    # Cluster DNS: `<pod>.<service>.<ns>.svc` names, served from the API.
+    "coredns": ["github.com/coredns/coredns"],
+}
+
+
+def addon_dir(name: str) -> Path:
+    module = ADDONS_DIR / name
+    digest = hashlib.sha256(" ".join(ADDONS[name]).encode())
+    for path in sorted(module.iterdir()):
+        digest.update(path.name.encode() + path.read_bytes())
+    return cache_dir() / "devcluster" / f"{name}-{digest.hexdigest()[:12]}"
+
+
+def ensure_addon(name: str, log=lambda msg: print(msg, file=sys.stderr)) -> Path:
+    """Return the folder with the add-on's binaries (named after their packages), building once."""
+    target = addon_dir(name)
+    if target.is_dir():
+        return target
+    with build_lock(name):
+        if target.is_dir():
+            return target
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        log(f"building {name} into {target} (cold: minutes)")
+        started = time.monotonic()
+        subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(staging) + "/", *ADDONS[name]],
+                       cwd=ADDONS_DIR / name, env=_go_env(), check=True)
+        staging.rename(target)
+        log(f"built {name} in {time.monotonic() - started:.0f}s")
+        return target
+
+
+def ensure_all(log=lambda msg: print(msg, file=sys.stderr)) -> dict[str, Path]:
+    """Everything `devcluster up` may start, control plane and real-node add-ons (bootstrap's step)."""
+    return {"kubernetes": ensure_binaries(log), **{name: ensure_addon(name, log) for name in ADDONS}}

@@ -8,6 +8,7 @@ The same class backs `trainop devcluster up|down|status` (processes detached, st
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import shutil
@@ -22,13 +23,14 @@ from pathlib import Path
 
 import yaml
 
-from trainop.devcluster import build, pki
+from trainop.devcluster import build, nodes, pki
 from trainop.devcluster.pools import NodePool, default_pools
 
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
 POD_CIDR = "10.244.0.1/16"
 COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
+REAL_COMPONENTS = ["coredns", "kube-proxy"]  # besides containerd, kubelet and device plugins per node
 SIM_STAGES = Path(__file__).resolve().parent / "sim-stages.yaml"
 
 
@@ -96,9 +98,29 @@ class DevCluster:
             return {}
 
     # ---- lifecycle -----------------------------------------------------------------------
+    @property
+    def running_pools(self) -> list[NodePool]:
+        """The pools of the cluster that runs (recorded at `up`), else the ones asked for: `down`
+        and `status` from a later command must see the real nodes whatever flags it got."""
+        saved = self._state().get("pools")
+        return [NodePool(**p) for p in saved] if saved else self.pools
+
+    @property
+    def real_nodes(self) -> list[nodes.RealNode]:
+        return nodes.plan(self.running_pools, self.state_dir)
+
+    def components(self) -> list[str]:
+        """Process names in start order: the control plane, then what real nodes need."""
+        if not self.real_nodes:
+            return list(COMPONENTS)
+        per_node = [name for node in self.real_nodes
+                    for name in (f"containerd/{node.name}", f"kubelet/{node.name}",
+                                 *nodes.device_plugin_args(node))]
+        return [*COMPONENTS, *REAL_COMPONENTS, *per_node]
+
     def status(self) -> dict[str, bool]:
         pids = self._state().get("pids", {})
-        return {name: bool(pids.get(name)) and _alive(pids[name]) for name in COMPONENTS}
+        return {name: bool(pids.get(name)) and _alive(pids[name]) for name in self.components()}
 
     def is_up(self) -> bool:
         return all(self.status().values()) and self._ready("/readyz")
@@ -109,34 +131,99 @@ class DevCluster:
             return 0.0
         self.down()
         bins = build.ensure_binaries()
+        real = self.real_nodes
+        if real:
+            nodes.claim_host(self.state_dir, lambda other: DevCluster(Path(other)).is_up())
+            nodes.setup_host_network(real)
         started = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(exist_ok=True)
-        pki.write_pki(self.pki_dir, SERVICE_IP)
+        pki.write_pki(self.pki_dir, SERVICE_IP, (nodes.HOST_IP,) if real else ())
         ports = {name: _free_port() for name in ("etcd", "etcd-peer", "apiserver", "cm", "sched", "kwok")}
         self._write_kubeconfig(ports["apiserver"])
-        state = {"ports": ports, "pids": {}, "bin_dir": str(bins)}
+        self._save({"ports": ports, "pids": {}, "bin_dir": str(bins),
+                    "pools": [dataclasses.asdict(p) for p in self.pools]})
         for name in COMPONENTS:
-            proc = subprocess.Popen(
-                [str(bins / name), *self._args(name, ports, bins)],
-                stdout=self.log_file(name).open("ab"), stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.state_dir,
-                preexec_fn=_die_with_parent if self.die_with_parent else None,
-            )
-            state["pids"][name] = proc.pid
-            self._state_file.write_text(json.dumps(state, indent=1))
+            self._spawn(name, [str(bins / name), *self._args(name, ports, bins)])
             if name == "etcd":
                 self._wait(lambda: self._port_open(ports["etcd"]), timeout, "etcd")
             if name == "kube-apiserver":
                 self._wait(lambda: self._ready("/readyz"), timeout, "kube-apiserver /readyz")
         self._create_nodes()
-        self._wait(self._nodes_ready, timeout, "KWOK nodes Ready")
+        if real:
+            self._start_real_nodes(real, bins, timeout)
+        self._wait(self._nodes_ready, timeout, "nodes Ready")
         self._wait(self._default_service_account, timeout, "the default ServiceAccount")
         return time.monotonic() - started
 
+    def _save(self, state: dict) -> None:
+        self._state_file.write_text(json.dumps(state, indent=1))
+
+    def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> None:
+        log = self.log_file(name)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(
+            argv, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env,
+            stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.state_dir,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
+        )
+        state = self._state()
+        state["pids"][name] = proc.pid
+        self._save(state)
+
+    def _start_real_nodes(self, real: list[nodes.RealNode], bins: Path, timeout: float) -> None:
+        """CoreDNS and kube-proxy for the cluster, then containerd, kubelet and device plugins per
+        node (images are loaded into each node's containerd before its kubelet starts)."""
+        from trainop.devcluster import images
+
+        self._kubectl_apply(nodes.dns_objects())
+        (self.state_dir / "Corefile").write_text(nodes.corefile(self.kubeconfig))
+        self._spawn("coredns", [str(build.ensure_addon("coredns") / "coredns"), "-conf",
+                                str(self.state_dir / "Corefile")])
+        proxy_ports = (_free_port(), _free_port())
+        (self.state_dir / "kube-proxy.yaml").write_text(yaml.safe_dump(
+            nodes.kube_proxy_config(self.kubeconfig, real[0].name, *proxy_ports)))
+        self._spawn("kube-proxy", [str(bins / "kube-proxy"), f"--config={self.state_dir / 'kube-proxy.yaml'}"])
+        server = f"https://127.0.0.1:{self._state()['ports']['apiserver']}"
+        build.ensure_addon("cni")
+        for node in real:
+            nodes.write_node_files(node, self.pki_dir, server, images.sandbox_image(),
+                                   _free_port(), _free_port())
+            self._spawn(f"containerd/{node.name}", ["containerd", *nodes.containerd_args(node)])
+            self._wait(lambda: node.containerd_socket.exists(), timeout, f"containerd of {node.name}")
+            images.load(str(node.containerd_socket), nodes.node_images(node.pool))
+            nodes.forget_device_checkpoint()
+            self._spawn(f"kubelet/{node.name}", [str(bins / "kubelet"), *nodes.kubelet_args(node)])
+            self._wait(lambda: self._get(f"/api/v1/nodes/{node.name}")[0] == 200, timeout,
+                       f"{node.name} registered")
+            plugins = nodes.device_plugin_args(node)
+            if plugins:  # they register through the kubelet's plugin watcher folder
+                self._wait((node.kubelet_root / "plugins_registry").is_dir, timeout,
+                           f"the plugin registration folder of {node.name}'s kubelet")
+            for name, args in plugins.items():
+                self._spawn(name, [str(bins / "gpu-device-plugin"), *args])
+        self._wait(lambda: self._devices_advertised(real), timeout, "GPUs advertised on the real nodes")
+
+    def kill_container(self, node_name: str, container_id: str) -> None:
+        """SIGKILL one container of a real node from the host, as the kernel's OOM killer would."""
+        node = next(n for n in self.real_nodes if n.name == node_name)
+        subprocess.run(["ctr", "--address", str(node.containerd_socket), "-n", "k8s.io", "tasks", "kill",
+                        "-s", "SIGKILL", container_id.removeprefix("containerd://")], check=True,
+                       capture_output=True)
+
+    def _devices_advertised(self, real: list[nodes.RealNode]) -> bool:
+        code, body = self._get("/api/v1/nodes")
+        if code != 200:
+            return False
+        allocatable = {n["metadata"]["name"]: n.get("status", {}).get("allocatable", {})
+                       for n in json.loads(body)["items"]}
+        return all(str(allocatable.get(node.name, {}).get(resource)) == str(count)
+                   for node in real for resource, count in node.pool.devices().items())
+
     def down(self) -> None:
         pids = self._state().get("pids", {})
-        for name in reversed(COMPONENTS):
+        real = self.real_nodes
+        for name in reversed(self.components()):
             pid = pids.get(name)
             if pid and _alive(pid):
                 try:
@@ -145,7 +232,7 @@ class DevCluster:
                     continue
         # A throwaway cluster: a short grace, then SIGKILL (the API server would drain watches for a minute).
         deadline = time.monotonic() + 3
-        for name in reversed(COMPONENTS):
+        for name in reversed(self.components()):
             pid = pids.get(name)
             while pid and _alive(pid) and time.monotonic() < deadline:
                 try:
@@ -155,10 +242,26 @@ class DevCluster:
                 time.sleep(0.1)
             if pid and _alive(pid):
                 os.killpg(pid, signal.SIGKILL)
+        if real:
+            self._remove_real_nodes(real, pids.get("kube-proxy") is not None)
         if self._state_file.exists():
             self._state_file.unlink()
         # etcd data is thrown away: every `up` is a clean cluster, like a fresh kind cluster.
         shutil.rmtree(self.state_dir / "etcd", ignore_errors=True)
+
+    def _remove_real_nodes(self, real: list[nodes.RealNode], proxy_ran: bool) -> None:
+        """Everything real nodes made: pods' processes and their runc shims, mounts, network
+        namespaces, veths, bridges, iptables chains (kube-proxy's own cleanup mode) and cgroups."""
+        for node in real:
+            nodes.kill_node_processes(node)
+        nodes.remove_cni_netns()
+        nodes.remove_state([node.state_dir for node in real])
+        bins = Path(self._state().get("bin_dir") or build.bin_dir())
+        if proxy_ran and (bins / "kube-proxy").exists():
+            subprocess.run([str(bins / "kube-proxy"), "--cleanup"], capture_output=True)
+        nodes.teardown_host_network()
+        nodes.remove_cgroups()
+        nodes.release_host(self.state_dir)
 
     # ---- process arguments ---------------------------------------------------------------
     def _args(self, name: str, ports: dict, bins: Path) -> list[str]:
@@ -178,7 +281,6 @@ class DevCluster:
         if name == "kube-apiserver":
             return [
                 f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
-                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
                 f"--secure-port={ports['apiserver']}",
                 f"--tls-cert-file={p / 'apiserver.crt'}", f"--tls-private-key-file={p / 'apiserver.key'}",
                 f"--client-ca-file={p / 'ca.crt'}",
@@ -188,6 +290,7 @@ class DevCluster:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC", "--allow-privileged=true",
                 "--enable-priority-and-fairness=false", "--v=1",
+                *self._real_node_apiserver_args(),
             ]
         if name == "kube-controller-manager":
             return [
@@ -211,11 +314,22 @@ class DevCluster:
             return [
                 f"--kubeconfig={kubeconfig}", "--manage-all-nodes=false",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-                f"--cidr={POD_CIDR}", "--node-ip=10.240.0.4", f"--node-port={ports['kwok']}",
+                f"--cidr={POD_CIDR}", "--node-ip=127.0.0.1", f"--node-port={ports['kwok']}",
                 f"--server-address=127.0.0.1:{ports['kwok']}", "--node-lease-duration-seconds=40",
                 *[f"--config={s}" for s in stages],
             ]
         raise ValueError(name)
+
+    def _real_node_apiserver_args(self) -> list[str]:
+        p = self.pki_dir
+        if not self.real_nodes:
+            return ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"]
+        # Pods reach the API through the `kubernetes` Service, whose endpoint is the advertised
+        # address: the host address on the dummy interface. The API server calls kubelets (logs,
+        # exec) at their InternalIP (the node's bridge address) as the cluster admin.
+        return ["--bind-address=0.0.0.0", f"--advertise-address={nodes.HOST_IP}",
+                "--kubelet-preferred-address-types=InternalIP",
+                f"--kubelet-client-certificate={p / 'admin.crt'}", f"--kubelet-client-key={p / 'admin.key'}"]
 
     def _write_kubeconfig(self, port: int) -> None:
         p = self.pki_dir

@@ -51,8 +51,22 @@ def _name(cn: str, org: str | None = None) -> x509.Name:
     return x509.Name(attrs)
 
 
-def write_pki(folder: Path, service_ip: str) -> None:
-    """Create ca.crt, apiserver.{crt,key}, admin.{crt,key}, sa.{key,pub} in folder (once)."""
+def write_client_cert(folder: Path, name: str, cn: str, org: str | None = None) -> None:
+    """<name>.crt/.key: a client certificate signed by the cluster CA (a kubelet's node identity:
+    CN system:node:<node>, O system:nodes, which the Node authorizer recognises)."""
+    ca = x509.load_pem_x509_certificate((folder / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((folder / "ca.key").read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _cert(_name(cn, org), ca.subject, key.public_key(), ca_key,
+                 usage=x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH)
+    (folder / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / f"{name}.key").write_bytes(_key_pem(key))
+    (folder / f"{name}.key").chmod(0o600)
+
+
+def write_pki(folder: Path, service_ip: str, extra_ips: tuple[str, ...] = ()) -> None:
+    """Create ca.crt, apiserver.{crt,key}, admin.{crt,key}, sa.{key,pub} in folder (once);
+    extra_ips: further addresses the API server is reached at (the real nodes' host address)."""
     folder.mkdir(parents=True, exist_ok=True)
     if (folder / "sa.pub").exists():
         return
@@ -63,7 +77,7 @@ def write_pki(folder: Path, service_ip: str) -> None:
     server_key = ec.generate_private_key(ec.SECP256R1())
     sans = [x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default",
                                        "kubernetes.default.svc", "kubernetes.default.svc.cluster.local")]
-    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", service_ip)]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", service_ip, *extra_ips)]
     server = _cert(_name("kube-apiserver"), ca_name, server_key.public_key(), ca_key,
                    sans=sans, usage=x509.oid.ExtendedKeyUsageOID.SERVER_AUTH)
 

@@ -6,7 +6,7 @@ InfiniBand and an ND-style pool with 8 GPUs and an RDMA device per node.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GPU_RESOURCE = "nvidia.com/gpu"
 RDMA_RESOURCE = "rdma/ib"
@@ -25,6 +25,8 @@ class NodePool:
     gpus: int = 0
     rdma: int = 0
     mode: str = "user"
+    # True: the pool's nodes are real kubelets (devcluster/nodes.py) instead of KWOK nodes.
+    real: bool = False
 
     def node_names(self) -> list[str]:
         # AKS names nodes aks-<pool>-<scale-set-id>-vmss<index, 6 base-36 digits>.
@@ -70,7 +72,12 @@ class NodePool:
         }
 
     def nodes(self) -> list[dict]:
-        return [self.node(i) for i in range(self.count)]
+        """Node objects for KWOK to run (a real pool's nodes register themselves)."""
+        return [] if self.real else [self.node(i) for i in range(self.count)]
+
+    def devices(self) -> dict[str, int]:
+        """Extended resources a device plugin advertises on each node of the pool."""
+        return {k: v for k, v in ((GPU_RESOURCE, self.gpus), (RDMA_RESOURCE, self.rdma)) if v}
 
 
 def default_pools(system: int = 2, gpu: int = 4, ibgpu: int = 4) -> list[NodePool]:
@@ -82,12 +89,22 @@ def default_pools(system: int = 2, gpu: int = 4, ibgpu: int = 4) -> list[NodePoo
     return [p for p in pools if p.count > 0]
 
 
-def parse_pools(text: str) -> list[NodePool]:
-    """'system=2,gpu=4,ibgpu=0' -> pools with those node counts (unnamed pools keep defaults)."""
+def _counts(text: str, flag: str) -> dict[str, int]:
     counts = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, _, count = item.partition("=")
         if name not in ("system", "gpu", "ibgpu") or not count.isdigit():
-            raise ValueError(f"--pools: expected NAME=COUNT with NAME one of system, gpu, ibgpu; got {item!r}")
+            raise ValueError(f"{flag}: expected NAME=COUNT with NAME one of system, gpu, ibgpu; got {item!r}")
         counts[name] = int(count)
-    return default_pools(**counts)
+    return counts
+
+
+def parse_pools(text: str, real: str = "") -> list[NodePool]:
+    """'system=2,gpu=4,ibgpu=0' -> pools with those node counts (unnamed pools keep defaults).
+
+    real: 'gpu=1,system=1' (or 'N', meaning gpu=N) makes those pools real with that many nodes:
+    a pool is either simulated or real, so a pod placed on it by its selector really runs."""
+    counts = _counts(text, "--pools")
+    real_counts = {"gpu": int(real)} if real.strip().isdigit() else _counts(real, "--real-nodes")
+    pools = default_pools(**(counts | real_counts))
+    return [replace(p, real=True) if p.name in real_counts else p for p in pools]

@@ -21,6 +21,7 @@ children then fit in tens of MB.
     stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet, copy Jobs
     secret_keys          (ns, name)               every Secret's key names (a DataStage's reference)
     service_accounts     (ns, name)               every ServiceAccount's name (workload identity)
+    claims               (ns, name)               every PersistentVolumeClaim's name (volumeClaim)
 """
 
 from __future__ import annotations
@@ -193,10 +194,15 @@ async def service_accounts(name, namespace, **_):
     return {(namespace, name): name}
 
 
+@kopf.index("v1", "persistentvolumeclaims")
+async def claims(name, namespace, **_):
+    return {(namespace, name): name}
+
+
 INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps",
            "dtj_secrets", "dtj_endpointslices", "nodes_by_pool", "quotas", "stage_bodies",
            "stage_services", "stage_statefulsets", "stage_jobs", "secret_keys",
-           "service_accounts")
+           "service_accounts", "claims")
 
 
 # ---- routing: a change wakes the reconcile of whoever owns or reads it -----------------------
@@ -259,6 +265,7 @@ async def route_stage_child(body, namespace, memo: kopf.Memo, **_) -> None:
 
 @kopf.on.event("v1", "secrets")
 @kopf.on.event("v1", "serviceaccounts")
+@kopf.on.event("v1", "persistentvolumeclaims")
 async def route_reference(type, name, namespace, memo: kopf.Memo, **_) -> None:  # noqa: A002
     if type in ("ADDED", "MODIFIED", "DELETED"):  # (the initial listing wakes nobody)
         memo.controller.wake_stages_referencing(namespace, name)

@@ -1,5 +1,5 @@
-"""Helpers every renderer shares: the labels on every child, object metadata, env lists, and
-where the operator mounts its own files inside pods. Pure: no I/O, no clock, no randomness.
+"""Helpers every renderer shares: the labels on every child, object metadata, env lists, the
+security contexts of pods and containers, and where the operator mounts its own files inside pods. Pure: no I/O, no clock, no randomness.
 
     from trainop.render import common
     meta = common.metadata("j1-worker-0", "team-a", common.labels("j1", "worker", 0))
@@ -21,6 +21,19 @@ LABEL_ATTEMPT = f"{GROUP}/attempt"
 # Everything the operator mounts into a pod lives under this folder (SSH key, hostfile, sshd
 # config); the MPI-over-sshd test maps it onto a temporary folder.
 MOUNT_ROOT = "/etc/trainop"
+
+
+def container_security_context() -> dict:
+    """What the `restricted` Pod Security profile asks of every container: no privilege
+    escalation (no_new_privs: setuid binaries and file capabilities cannot raise it either) and
+    no capabilities. docs/security.md lists every pod the operator makes and its exceptions."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def pod_security_context(fields: dict) -> dict:
+    """A non-root pod under the runtime's default seccomp filter, then `fields` (runAsUser,
+    runAsGroup, fsGroup, ...), which win."""
+    return {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}} | fields
 
 
 def labels(job_name: str, role: str | None = None, index: int | None = None) -> dict[str, str]:

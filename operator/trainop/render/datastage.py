@@ -51,7 +51,7 @@ class Stage:
     container: str
     prefixes: tuple[str, ...]
     auth: blob.BlobAuth
-    nfs_server: str | None  # None: provisioned
+    nfs_server: str | None  # None: provisioned, or an existing claim
     nfs_path: str
     capacity: str
     storage_class: str | None
@@ -62,10 +62,11 @@ class Stage:
     range_concurrency: int
     backoff_limit: int
     spec_digest: str
+    existing_claim: str | None = None  # destination.volumeClaim: the user's claim, no NFS at all
 
     @property
     def provisioned(self) -> bool:
-        return self.nfs_server is None
+        return self.nfs_server is None and self.existing_claim is None
 
 
 def parse(obj: dict) -> Stage:
@@ -84,20 +85,21 @@ def parse(obj: dict) -> Stage:
         raise SpecError("spec.source.blob.container", "required: the container to copy")
     prefixes = tuple(src.get("prefixes") or [src.get("prefix", "")])
     dest = spec.get("destination") or {}
-    nfs, provision = dest.get("nfs"), dest.get("provision")
-    if bool(nfs) == bool(provision):
-        raise SpecError("spec.destination", "set exactly one of nfs (an existing export) or provision (an in-cluster NFS server)")
+    nfs, provision, claim = dest.get("nfs"), dest.get("provision"), dest.get("volumeClaim")
+    if [bool(nfs), bool(provision), bool(claim)].count(True) != 1:
+        raise SpecError("spec.destination", "set exactly one of nfs (an existing export), provision "
+                                            "(an in-cluster NFS server) or volumeClaim (an existing claim)")
     copy = spec.get("copy") or {}
     return Stage(
         name=meta["name"], namespace=meta["namespace"], account_url=url, container=src["container"],
         prefixes=prefixes, auth=auth,
         nfs_server=nfs["server"] if nfs else None, nfs_path=nfs["path"] if nfs else "/",
-        capacity=nfs["capacity"] if nfs else provision["size"],
+        capacity=nfs["capacity"] if nfs else (provision or {}).get("size", ""),
         storage_class=(provision or {}).get("storageClassName"),
         mount_options=tuple(dest.get("mountOptions") or ()),
         extract=bool(spec.get("extract")), verify=bool(spec.get("verify")),
         concurrency=copy["concurrency"], range_concurrency=copy["rangeConcurrency"],
-        backoff_limit=copy["backoffLimit"],
+        backoff_limit=copy["backoffLimit"], existing_claim=(claim or {}).get("claimName"),
         spec_digest=hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8])
 
 
@@ -110,7 +112,7 @@ def volume_name(namespace: str, name: str) -> str:
 
 
 def claim_name(stage: Stage) -> str:
-    return f"{stage.name}-data"
+    return stage.existing_claim or f"{stage.name}-data"
 
 
 def server_name(stage: Stage) -> str:
@@ -207,9 +209,12 @@ def server_address(stage: Stage, service: dict | None) -> str | None:
 
 # ---- volume ---------------------------------------------------------------------------------
 
-def volume_objects(stage: Stage, server: str) -> list[dict]:
+def volume_objects(stage: Stage, server: str | None) -> list[dict]:
     """The NFS PV, pre-bound to the claim (claimRef) so no other claim can take it, and the
-    claim, bound to the PV by name. Retain: deleting the PV never touches the data."""
+    claim, bound to the PV by name. Retain: deleting the PV never touches the data. None for an
+    existing claim: the user's volume is used as it is."""
+    if stage.existing_claim:
+        return []
     pv_name, pvc_name = volume_name(stage.namespace, stage.name), claim_name(stage)
     pv_labels = {**labels(stage, "volume"), LABEL_STAGE_NAMESPACE: stage.namespace}
     pv_spec: dict = {
@@ -273,7 +278,15 @@ def stager_args(stage: Stage, progress_interval: float) -> list[str]:
     return args
 
 
-def copy_job(stage: Stage, server: str, cfg: Config) -> dict:
+def _share_volume(stage: Stage, server: str | None) -> dict:
+    if stage.existing_claim:
+        return {"name": "share", "persistentVolumeClaim": {"claimName": stage.existing_claim}}
+    # An inline nfs volume: the one thing that keeps this pod out of the `restricted` profile,
+    # which allows claims but not nfs (docs/security.md).
+    return {"name": "share", "nfs": {"server": server, "path": stage.nfs_path}}
+
+
+def copy_job(stage: Stage, server: str | None, cfg: Config) -> dict:
     settings = _settings(cfg)
     lbl = labels(stage, "copy")
     pod_labels = {**lbl, **stage.auth.pod_labels()}
@@ -288,7 +301,7 @@ def copy_job(stage: Stage, server: str, cfg: Config) -> dict:
                     **_placement(cfg),
                     "restartPolicy": "Never",
                     "serviceAccountName": stager_service_account(stage),
-                    "securityContext": settings["securityContext"],
+                    "securityContext": common.pod_security_context(settings["securityContext"]),
                     "containers": [{
                         "name": "stager", "image": settings["image"],
                         "command": ["python", "-m", "trainop.stager"],
@@ -298,8 +311,9 @@ def copy_job(stage: Stage, server: str, cfg: Config) -> dict:
                         "resources": settings["resources"],
                         # the stager's one-line error becomes the pod's termination message
                         "terminationMessagePolicy": "FallbackToLogsOnError",
+                        "securityContext": common.container_security_context(),
                     }],
-                    "volumes": [{"name": "share", "nfs": {"server": server, "path": stage.nfs_path}}],
+                    "volumes": [_share_volume(stage, server)],
                 },
             },
         },

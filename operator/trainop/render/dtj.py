@@ -116,7 +116,7 @@ def mpirun_command(job: Job) -> list[str]:
     hostfile = f"{CONF_DIR}/hostfile"
     if job.mpi_implementation == "OpenMPI":
         forwarded = ["PATH"] + [e["name"] for e in container_env(job)]
-        return ["mpirun", "--allow-run-as-root", "-np", str(job.total_slots),
+        return ["mpirun", "-np", str(job.total_slots),
                 "--hostfile", hostfile, "--map-by", "slot",
                 # Open MPI's default core binding cost 20% of GPU throughput (TOOLCHAIN.md), and
                 # container CPU quotas do not line up with cores anyway.
@@ -171,7 +171,9 @@ def torchrun_script(job: Job) -> str:
 
 
 def sshd_script() -> str:
-    return f"mkdir -p /run/sshd\nexec /usr/sbin/sshd -D -e -f {CONF_DIR}/sshd_config\n"
+    # sshd runs as the job's non-root user: it can only log that user in, and needs neither
+    # the privilege-separation folder (/run/sshd) nor a PID file.
+    return f"exec /usr/sbin/sshd -D -e -f {CONF_DIR}/sshd_config\n"
 
 
 # ---- configuration files ----------------------------------------------------------------------
@@ -192,7 +194,7 @@ def sshd_config() -> str:
         "PubkeyAuthentication yes",
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
-        "PermitRootLogin prohibit-password",
+        "PermitRootLogin no",
         # Secret volumes are symlinks into root-owned folders: StrictModes would refuse them.
         "StrictModes no",
         "UsePAM no",
@@ -259,11 +261,23 @@ def _placement(job: Job) -> dict:
     return out
 
 
+# The SSH Secret's files: readable by the job's user and by nobody else. The kubelet writes a
+# Secret volume's files as root (owner uid 0) with defaultMode, then, because the pod has an
+# fsGroup, gives every file that group and ORs in 0440 (read-only volumes). So 0440 yields
+# r--r----- root:<fsGroup>, and fsGroup is in every container's supplementary groups: the user
+# reads the key through the group bit; any other uid (without that group) cannot. ssh and sshd
+# refuse a private key readable by group or others only when the key file is owned by the
+# user running them (OpenSSH's sshkey_perm_ok), and this one is owned by root, so both accept
+# it, the client as IdentityFile and sshd as HostKey. (0600 would leave the user no access
+# without an fsGroup and add nothing with one.)
+SSH_SECRET_MODE = 0o440
+
+
 def _ssh_volumes(job: Job) -> tuple[list[dict], list[dict]]:
     """The SSH Secret and the MPI ConfigMap as volumes and mounts (launcher and workers)."""
     items = [{"key": k, "path": k} for k in ("hostfile", "hosts", "sshd_config", "ssh_config")]
     volumes = [
-        {"name": "ssh", "secret": {"secretName": secret_name(job), "defaultMode": 0o600}},
+        {"name": "ssh", "secret": {"secretName": secret_name(job), "defaultMode": SSH_SECRET_MODE}},
         {"name": "mpi", "configMap": {"name": config_map_name(job), "defaultMode": 0o444,
                                       "items": items + [{"key": "ssh", "path": "ssh",
                                                          "mode": 0o555}]}},
@@ -280,8 +294,23 @@ def _output_volume(job: Job) -> dict:
     return {"name": "output", "emptyDir": {}}
 
 
+def pod_security_context(job: Job) -> dict:
+    """Every pod of the job runs as spec.securityContext's user. No capability is added on
+    InfiniBand either: RDMA memory registration (ibv_reg_mr) needs CAP_IPC_LOCK or enough
+    RLIMIT_MEMLOCK, and a capability added to a container never reaches a non-root process
+    (Kubernetes sets no ambient capabilities, kubernetes/kubernetes#56374): the ranks live on
+    the memlock limit the node's container runtime gives (docs/security.md)."""
+    user = job.security
+    return common.pod_security_context({
+        "runAsUser": user.run_as_user, "runAsGroup": user.run_as_group,
+        "fsGroup": user.fs_group,
+        # an output claim full of checkpoints is not re-chowned file by file at every start
+        "fsGroupChangePolicy": "OnRootMismatch"})
+
+
 def _container_base(job: Job, name: str) -> dict:
-    out = {"name": name, "image": job.image, "env": container_env(job)}
+    out = {"name": name, "image": job.image, "env": container_env(job),
+           "securityContext": common.container_security_context()}
     if job.image_pull_policy:
         out["imagePullPolicy"] = job.image_pull_policy
     return out
@@ -353,6 +382,7 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
     container["volumeMounts"] = mounts
     pod_spec = {"hostname": worker_name(job, index), "subdomain": service_name(job),
                 "restartPolicy": "Never", **_placement(job),
+                "securityContext": pod_security_context(job),
                 "containers": [container], "volumes": volumes}
     _ship_logs(job, WORKER, index, attempt, pod_spec, labels)
     return {
@@ -372,7 +402,8 @@ def render_launcher(job: Job, attempt: int) -> dict:
         "resources": dict(job.launcher_resources),
         "volumeMounts": mounts,
     }
-    pod_spec = {"restartPolicy": "Never", **_placement(job), "containers": [container],
+    pod_spec = {"restartPolicy": "Never", **_placement(job),
+                "securityContext": pod_security_context(job), "containers": [container],
                 "volumes": volumes}
     _ship_logs(job, LAUNCHER, None, attempt, pod_spec, labels)
     return {

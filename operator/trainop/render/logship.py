@@ -194,6 +194,8 @@ def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, outpu
         "env": _field_env() + out.auth.container_env(),
         "volumeMounts": mounts,
         "resources": cfg["resources"],
+        # runs as the pod's (the job's) user, so it reads whatever the trainer wrote
+        "securityContext": common.container_security_context(),
     }
 
 

@@ -1,0 +1,648 @@
+"""`trainop devcluster images`: the project's container images, built on this machine from the
+project's own Dockerfiles without Docker Hub or a Docker engine, cached by content hash, and
+loaded into a containerd (the dev cluster's real nodes, or a test's private containerd).
+
+    from trainop.devcluster import images
+    archives = images.ensure_images()                  # {name: OCI archive}, builds what is missing
+    images.load("/run/x/containerd.sock")              # imports them into namespace k8s.io
+    images.sandbox_image()                             # containerd's sandbox_image
+
+How an image comes to be:
+- The base is Debian's own packages: `mmdebstrap --variant=minbase bookworm` (from the apt mirror
+  this machine's apt uses, read from its sources at run time) → `podman import` as
+  `localhost/trainop-base:bookworm-<base>-<key>`. Its tar is cached by the hash of the arguments.
+- Every Dockerfile takes its base as a build ARG (PYTHON_IMAGE, CUDA_IMAGE, DEBIAN_IMAGE); the
+  public default stays, so `docker build` and `az acr build` build the same files unchanged.
+- `buildah bud` builds from a staged context that holds exactly what the Dockerfile's COPY lines
+  name (less __pycache__/egg-info), which is also exactly what the content hash covers: the
+  Dockerfile, those files, the target, the build args, the base's key (and, for the trainer, the
+  Horovod wheel it installs). RUN steps use the host's network (no NAT of build traffic).
+- The trainer and operator builds see $TRAINOP_CACHE (pip downloads, wheelhouse, the Horovod wheel
+  that install.sh built for the host's .venv: same Debian 12 and CPython 3.11, so ABI-compatible)
+  as an overlay at /mnt during RUN steps (`buildah bud -v CACHE:/mnt:O`; the Dockerfiles'
+  BUILD_CACHE/HOROVOD_WHEEL args): readable, writable, every write thrown away with the step, so
+  nothing is downloaded twice, nothing of it stays in an image, and nothing can change or delete
+  the host's cache. Where the host's pip trusts its own CA bundle (a TLS-inspecting proxy), a
+  copy of it goes there too and the build's pip gets it as PIP_CERT.
+- The result is saved as an OCI archive (uncompressed layers: gzip on 2 cores costs minutes) at
+  `$TRAINOP_CACHE/images/<name>-<hash>.tar` with a `.json` beside it (digest, sizes, build time),
+  and removed from podman's storage. A warm run only hashes files and finds the archives.
+
+Names: the archives and containerd carry `docker.io/<repo>:<content hash>` and the names the
+operator renders (`trainop/operator:0.1.0`, `trainop/trainer-pytorch:0.1.0`, ...), in the form
+containerd's CRI looks them up: `docker.io/trainop/operator:0.1.0`. The pause image is
+`localhost/trainop/pause:<hash>` (see reference()).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainop import config
+from trainop.devcluster.build import build_lock
+from trainop.paths import REPO_ROOT, cache_dir
+from trainop.render import datastage
+
+# Bump to rebuild every image (a change of how images are built that no hashed input shows).
+RECIPE = "1"
+# Where RUN steps see $TRAINOP_CACHE (an overlay: writes vanish with the step). An existing empty
+# folder of every base, so that no mount point is left behind in an image.
+CACHE_IN_BUILD = "/mnt"
+NAMESPACE = "k8s.io"  # containerd namespace of the CRI plugin
+PAUSE_DIR = Path(__file__).resolve().parent / "pause"
+PAUSE_CFLAGS = ("-Os", "-Wall", "-Werror", "-static", "-s")
+# Never part of a context (hash or build): caches of tools that ran in the source tree.
+IGNORED = ("__pycache__", "*.pyc", "*.egg-info", ".pytest_cache", ".mypy_cache")
+# Debian tools the builds need, and the packages that bring them.
+TOOLS = {"buildah": "buildah", "podman": "podman", "mmdebstrap": "mmdebstrap", "gcc": "gcc"}
+LOAD_TOOLS = {"ctr": "containerd"}
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class ImageBuildError(RuntimeError):
+    """A build step failed; the message names the image, the step and the log file."""
+
+
+def images_dir() -> Path:
+    path = cache_dir() / "images"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# ---- base images from Debian's packages --------------------------------------------------------
+@dataclass(frozen=True)
+class Base:
+    name: str
+    include: tuple[str, ...] = ()
+    suite: str = "bookworm"
+    variant: str = "minbase"
+    # Like Debian's slim images: no manual pages, documentation or translations (kept for later
+    # apt-get installs too: mmdebstrap writes these into the image's dpkg configuration).
+    dpkgopts: tuple[str, ...] = ("path-exclude=/usr/share/man/*", "path-exclude=/usr/share/doc/*",
+                                 "path-include=/usr/share/doc/*/copyright", "path-exclude=/usr/share/info/*",
+                                 "path-exclude=/usr/share/locale/*", "path-include=/usr/share/locale/locale.alias")
+    # Merged /usr without the usrmerge package (which would pull Perl into every image).
+    hooks: tuple[str, ...] = ("merged-usr",)
+    env: tuple[str, ...] = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8")
+
+    @property
+    def key(self) -> str:
+        """Hash of what defines the base (the mirror is transport, not content: not in it)."""
+        spec = [RECIPE, self.suite, self.variant, sorted(self.include), list(self.dpkgopts), list(self.hooks),
+                list(self.env)]
+        return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:16]
+
+    @property
+    def ref(self) -> str:
+        return f"localhost/trainop-base:{self.suite}-{self.name}-{self.key[:12]}"
+
+    @property
+    def tar(self) -> Path:
+        return images_dir() / f"base-{self.suite}-{self.name}-{self.key}.tar"
+
+
+BASES = {
+    # The operator and the trainer: Python from Debian (bookworm: CPython 3.11, like the host .venv).
+    "python": Base("python", ("ca-certificates", "passwd", "python3", "python3-venv", "python-is-python3")),
+    "debian": Base("debian"),
+}
+
+
+def apt_sources(suite: str = "bookworm") -> list[str]:
+    """One-line `deb URI SUITE main` entries for mmdebstrap: the Debian mirror this machine's apt
+    uses (its main, -updates and -security suites), read from /etc/apt at run time. Empty when apt
+    has none for `suite` (mmdebstrap then picks its default mirror)."""
+    stanzas: list[dict[str, str]] = []
+    apt = Path("/etc/apt")
+    for path in sorted(apt.glob("sources.list.d/*.sources")):
+        for block in re.split(r"\n\s*\n", path.read_text(errors="replace")):
+            fields: dict[str, str] = {}
+            for line in block.splitlines():
+                if line.startswith(("#", " ", "\t")) or ":" not in line:
+                    continue
+                key, value = line.split(":", 1)
+                fields[key.strip().lower()] = value.strip()
+            if fields.get("enabled", "yes").lower() != "no":
+                stanzas.append(fields)
+    for path in [apt / "sources.list", *sorted(apt.glob("sources.list.d/*.list"))]:
+        if not path.is_file():
+            continue
+        for line in path.read_text(errors="replace").splitlines():
+            words = re.sub(r"\[[^]]*\]", "", line.split("#", 1)[0]).split()
+            if len(words) >= 4 and words[0] == "deb":
+                stanzas.append({"types": "deb", "uris": words[1], "suites": words[2],
+                                "components": " ".join(words[3:])})
+    wanted = {suite, f"{suite}-updates", f"{suite}-security"}
+    lines: list[str] = []
+    for fields in stanzas:
+        if "deb" not in fields.get("types", "").split() or "main" not in fields.get("components", "").split():
+            continue
+        for uri in fields.get("uris", "").split()[:1]:
+            for s in fields.get("suites", "").split():
+                line = f"deb {uri} {s} main"
+                if s in wanted and line not in lines:
+                    lines.append(line)
+    return lines if any(line.split()[2] == suite for line in lines) else []
+
+
+def ensure_base(base: Base, log=_log) -> str:
+    """The base in podman's storage (from its cached tar, else mmdebstrap); returns its name."""
+    if _podman_has(base.ref):
+        return base.ref
+    with build_lock(f"image-base-{base.name}"):
+        if _podman_has(base.ref):
+            return base.ref
+        if not base.tar.is_file():
+            _need_tools({"mmdebstrap": "mmdebstrap"}, log)
+            log(f"images: base {base.ref}: mmdebstrap --variant={base.variant} {base.suite} (about a minute)")
+            started = time.monotonic()
+            partial = base.tar.with_suffix(".partial.tar")
+            cmd = ["mmdebstrap", f"--variant={base.variant}", "--format=tar",
+                   *(f"--dpkgopt={opt}" for opt in base.dpkgopts),
+                   *(f"--hook-dir=/usr/share/mmdebstrap/hooks/{hook}" for hook in base.hooks)]
+            if base.include:
+                cmd.append("--include=" + ",".join(base.include))
+            cmd += [base.suite, str(partial), *apt_sources(base.suite)]
+            _run(cmd, f"base-{base.name}", "mmdebstrap")
+            partial.replace(base.tar)
+            log(f"images: base {base.name} made in {time.monotonic() - started:.0f}s "
+                f"({base.tar.stat().st_size / 1e6:.0f} MB)")
+        changes = [f"ENV {kv}" for kv in base.env] + ['CMD ["/bin/bash"]']
+        _run(["podman", "import", *(a for c in changes for a in ("--change", c)), str(base.tar), base.ref],
+             f"base-{base.name}", "podman import")
+        # Earlier versions of this base (another key) go, tar and image.
+        prefix = f"base-{base.suite}-{base.name}-"
+        for old in images_dir().glob(f"{prefix}*.tar"):
+            if old != base.tar and re.fullmatch(rf"{re.escape(prefix)}[0-9a-f]{{16}}\.tar", old.name):
+                old.unlink(missing_ok=True)
+        listed = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}",
+                                 "localhost/trainop-base"], capture_output=True, text=True).stdout.split()
+        stale = [ref for ref in listed if ref.startswith(f"localhost/trainop-base:{base.suite}-{base.name}-")
+                 and ref != base.ref]
+        if stale:
+            subprocess.run(["podman", "rmi", *stale], capture_output=True)
+    return base.ref
+
+
+# ---- the project's images --------------------------------------------------------------------
+def _split(reference: str) -> tuple[str, str]:
+    repo, _, tag = reference.rpartition(":")
+    return repo, tag
+
+
+@dataclass(frozen=True)
+class Image:
+    name: str
+    repo: str                       # e.g. trainop/operator (containerd: docker.io/trainop/operator)
+    dockerfile: str                 # relative to the repository
+    context: str                    # relative to the repository
+    tags: tuple[str, ...] = ()      # besides the content hash: the tags the operator renders
+    target: str | None = None
+    base: str | None = None         # key of BASES, passed as build ARG `base_arg`
+    base_arg: str | None = None
+    build_args: tuple[tuple[str, str], ...] = ()
+    mount_cache: bool = False       # $TRAINOP_CACHE as an overlay at CACHE_IN_BUILD during RUN
+    pip: bool = False               # RUN steps use pip (PIP_CERT, when the host needs one)
+    default: bool = True            # built by `trainop devcluster images` without --only
+    sources: tuple[str, ...] = ()   # hashed instead of the COPY sources (generated contexts)
+
+    @property
+    def refs(self) -> tuple[str, ...]:
+        """The fixed names (as pods name them), e.g. trainop/operator:0.1.0."""
+        return tuple(f"{self.repo}:{tag}" for tag in self.tags)
+
+
+def _image(name: str, reference: str, **kw) -> Image:
+    repo, tag = _split(reference)
+    return Image(name, repo, tags=(tag,), **kw)
+
+
+_TRAINER_ARGS = (("PYTHON", "python3.11"), ("TRAINOP_GPU", "0"), ("BUILD_CACHE", CACHE_IN_BUILD))
+# The definitions. Names come from the code that renders them, so a pod's image is what was built.
+IMAGES: dict[str, Image] = {image.name: image for image in (
+    Image("pause", "localhost/trainop/pause", "operator/trainop/devcluster/pause/Dockerfile",
+          "operator/trainop/devcluster/pause", sources=("pause.c",)),
+    _image("operator", datastage.DEFAULTS["image"], dockerfile="operator/Dockerfile", context=".",
+           base="python", base_arg="PYTHON_IMAGE", mount_cache=True, pip=True),
+    _image("nfs-server", datastage.DEFAULTS["nfsServerImage"], dockerfile="trainer_images/nfs-server/Dockerfile",
+           context="trainer_images/nfs-server", base="debian", base_arg="DEBIAN_IMAGE"),
+    # The CPU variant of the trainer images (same Dockerfile, build args): what the tests run.
+    _image("trainer-pytorch", config.DEFAULTS["images"]["pytorch"], dockerfile="trainer_images/Dockerfile",
+           context="trainer_images", target="pytorch", base="python", base_arg="CUDA_IMAGE",
+           build_args=_TRAINER_ARGS, mount_cache=True, pip=True),
+    _image("trainer-tensorflow", config.DEFAULTS["images"]["tensorflow"], dockerfile="trainer_images/Dockerfile",
+           context="trainer_images", target="tensorflow", base="python", base_arg="CUDA_IMAGE",
+           build_args=_TRAINER_ARGS, mount_cache=True, pip=True, default=False),
+    _image("trainer-keras", config.DEFAULTS["images"]["keras"], dockerfile="trainer_images/Dockerfile",
+           context="trainer_images", target="keras", base="python", base_arg="CUDA_IMAGE",
+           build_args=_TRAINER_ARGS, mount_cache=True, pip=True, default=False),
+)}
+
+
+def copy_sources(dockerfile_text: str) -> list[str]:
+    """The context paths a Dockerfile's COPY/ADD lines read (not those --from another stage)."""
+    text = re.sub(r"\\\n", " ", dockerfile_text)
+    out: list[str] = []
+    for line in text.splitlines():
+        words = line.strip()
+        if not re.match(r"(?i)(copy|add)\s", words):
+            continue
+        rest = words.split(None, 1)[1].strip()
+        args = json.loads(rest) if rest.startswith("[") else shlex.split(rest)
+        if any(a.startswith("--from") for a in args):
+            continue
+        args = [a for a in args if not a.startswith("--")]
+        out += [a for a in args[:-1] if a not in out]
+    return out
+
+
+def _ignored(name: str) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in IGNORED)
+
+
+def _context_files(root: Path, sources) -> list[tuple[str, Path]]:
+    """(relative path, file) for every file under the given sources, sorted, ignores applied."""
+    files: dict[str, Path] = {}
+    for source in sources:
+        matches = sorted(root.glob(source.lstrip("/"))) if any(c in source for c in "*?[") \
+            else [root / source.lstrip("/")]
+        for path in matches:
+            if not path.exists() and not path.is_symlink():
+                raise ImageBuildError(f"the Dockerfile copies {source}, which is not in {root}")
+            if path.is_dir() and not path.is_symlink():
+                for dirpath, dirnames, filenames in os.walk(path):
+                    dirnames[:] = sorted(d for d in dirnames if not _ignored(d))
+                    for f in filenames:
+                        if not _ignored(f):
+                            full = Path(dirpath) / f
+                            files[full.relative_to(root).as_posix()] = full
+            else:
+                files[path.relative_to(root).as_posix()] = path
+    return sorted(files.items())
+
+
+# The extension a Horovod wheel must hold to serve a framework.
+_HOROVOD_EXTENSION = {"pytorch": "horovod/torch/mpi_lib_v2", "tensorflow": "horovod/tensorflow/mpi_lib"}
+
+
+def horovod_wheel(framework: str = "pytorch") -> Path | None:
+    """The Horovod wheel install.sh built for, and installed into, the host's .venv (its marker
+    names the build key) if it was built with `framework`, or None: the trainer image then
+    builds Horovod itself."""
+    for marker in sorted((REPO_ROOT / ".venv").glob(".trainop-horovod-*")):
+        key = marker.name.removeprefix(".trainop-horovod-")
+        for wheel in sorted((cache_dir() / "horovod" / "wheels" / key).glob("horovod-*.whl")):
+            with zipfile.ZipFile(wheel) as archive:
+                if any(n.startswith(_HOROVOD_EXTENSION[framework]) for n in archive.namelist()):
+                    return wheel
+    return None
+
+
+@dataclass
+class Plan:
+    """One image as it would be built now: its inputs and their hash."""
+    image: Image
+    dockerfile_text: str
+    files: list[tuple[str, Path]]
+    build_args: dict[str, str]
+    extra: dict[str, Path]  # more inputs: name in the hash -> file (the Horovod wheel)
+    hash: str
+
+    @property
+    def hash_ref(self) -> str:
+        return f"{_containerd_name(self.image.repo)}:{self.hash}"
+
+    @property
+    def archive(self) -> Path:
+        return images_dir() / f"{self.image.name}-{self.hash}.tar"
+
+    @property
+    def meta_path(self) -> Path:
+        return self.archive.with_suffix(".json")
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def plan(name: str) -> Plan:
+    """Hash an image's inputs (cheap: reads the files its Dockerfile copies)."""
+    image = IMAGES[name]
+    dockerfile = REPO_ROOT / image.dockerfile
+    text = dockerfile.read_text()
+    root = REPO_ROOT / image.context
+    files = _context_files(root, image.sources or copy_sources(text))
+    args = dict(image.build_args)
+    extra: dict[str, Path] = {}
+    framework = "pytorch" if image.target == "pytorch" else "tensorflow"
+    if image.name.startswith("trainer-") and (wheel := horovod_wheel(framework)) is not None:
+        rel = wheel.relative_to(cache_dir()).as_posix()
+        args["HOROVOD_WHEEL"] = f"{CACHE_IN_BUILD}/{rel}"
+        extra["horovod-wheel"] = wheel
+    digest = hashlib.sha256()
+
+    def feed(*parts: str) -> None:
+        for part in parts:
+            digest.update(part.encode() + b"\0")
+
+    feed("recipe", RECIPE, "dockerfile", text, "target", image.target or "")
+    feed("base", BASES[image.base].key if image.base else "")
+    if image.name == "pause":
+        feed("cflags", *PAUSE_CFLAGS)
+    for key, value in sorted(args.items()):
+        feed("arg", key, value)
+    for rel, path in files:
+        if path.is_symlink():
+            feed("link", rel, os.readlink(path))
+        else:
+            feed("file", rel, str(os.stat(path).st_mode & 0o111 != 0), _sha256_file(path))
+    for key, path in sorted(extra.items()):
+        feed("extra", key, _sha256_file(path))
+    return Plan(image, text, files, args, extra, digest.hexdigest()[:16])
+
+
+def _containerd_name(repo: str) -> str:
+    """How containerd's CRI names a reference: `trainop/x` → `docker.io/trainop/x`."""
+    first = repo.split("/", 1)[0]
+    if "/" in repo and ("." in first or ":" in first or first == "localhost"):
+        return repo
+    return f"docker.io/{repo}" if "/" in repo else f"docker.io/library/{repo}"
+
+
+def containerd_refs(name: str) -> list[str]:
+    """Every name an image carries in containerd: content hash first, then the rendered names."""
+    p = plan(name)
+    return [p.hash_ref] + [_containerd_name(ref.rpartition(":")[0]) + ":" + ref.rpartition(":")[2]
+                           for ref in p.image.refs]
+
+
+def reference(name: str) -> str:
+    """The image's content-hash name, as containerd knows it after load() (for the pause image:
+    containerd's `sandbox_image`)."""
+    return plan(name).hash_ref
+
+
+def sandbox_image() -> str:
+    """containerd's `sandbox_image` (CRI plugin): the pause image, by its content-hash name."""
+    return reference("pause")
+
+
+# ---- building ----------------------------------------------------------------------------------
+@dataclass
+class Result:
+    name: str
+    archive: Path
+    built: bool          # False: found in the cache
+    seconds: float       # this run's time for the image (hashing only, when cached)
+    meta: dict
+
+    @property
+    def refs(self) -> list[str]:
+        return self.meta["refs"]
+
+
+def _run(cmd: list[str], name: str, step: str, log_file: Path | None = None, **kw) -> None:
+    log_file = log_file or images_dir() / "logs" / f"{name}.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("a") as out:
+        out.write(f"\n$ {shlex.join(cmd)}\n")
+        out.flush()
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kw)
+    if proc.returncode != 0:
+        tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-30:])
+        raise ImageBuildError(f"{name}: {step} failed (exit {proc.returncode}); log {log_file}:\n{tail}")
+
+
+def _podman_has(ref: str) -> bool:
+    return subprocess.run(["podman", "image", "exists", ref], capture_output=True).returncode == 0 \
+        if shutil.which("podman") else False
+
+
+def _need_tools(tools: dict[str, str], log=_log) -> None:
+    """Install the Debian packages of missing tools (as install.sh does for its own), as root."""
+    missing = sorted({pkg for tool, pkg in tools.items() if shutil.which(tool) is None})
+    if "gcc" in tools and shutil.which("gcc") and \
+            not Path(subprocess.run(["gcc", "-print-file-name=libc.a"], capture_output=True,
+                                    text=True).stdout.strip()).is_absolute():
+        missing.append("libc6-dev")  # the static C library, for the pause binary
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise ImageBuildError(f"building images needs {', '.join(missing)}: apt-get install them (as root)")
+    log(f"images: apt-get install {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], check=True, env=env)
+
+
+def _stage(p: Plan, where: Path) -> Path:
+    """A build context with exactly the hashed files; returns it (the Dockerfile lies beside it)."""
+    context = where / "context"
+    context.mkdir(parents=True)
+    for rel, path in p.files:
+        dest = context / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink():
+            dest.symlink_to(os.readlink(path))
+        else:
+            shutil.copy2(path, dest)
+    (where / "Dockerfile").write_text(p.dockerfile_text)
+    if p.image.name == "pause":
+        subprocess.run(["gcc", *PAUSE_CFLAGS, "-o", str(context / "pause"), str(context / "pause.c")],
+                       check=True, capture_output=True)
+    return context
+
+
+def _host_pip_cert() -> Path | None:
+    """A copy, in the cache, of the CA bundle the host's pip is told to trust (PIP_CERT, the
+    requests/OpenSSL variables, or `cert` in the site pip.conf), or None: pip's own is fine."""
+    found = [os.environ.get(var) for var in ("PIP_CERT", "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE")]
+    for conf in (Path("/etc/pip.conf"), Path("/etc/xdg/pip/pip.conf")):
+        if conf.is_file():
+            found += re.findall(r"(?m)^\s*cert\s*=\s*(\S+)", conf.read_text(errors="replace"))
+    source = next((Path(f) for f in found if f and Path(f).is_file()), None)
+    if source is None:
+        return None
+    copy = images_dir() / "build-ca.pem"
+    data = source.read_bytes()
+    if not copy.is_file() or copy.read_bytes() != data:
+        copy.write_bytes(data)
+    return copy
+
+
+def _build(p: Plan, log) -> dict:
+    image = p.image
+    log_file = images_dir() / "logs" / f"{image.name}-{p.hash}.log"
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log_file.write_text("")
+    started = time.monotonic()
+    args = dict(p.build_args)
+    if image.base:
+        args[image.base_arg] = ensure_base(BASES[image.base], log)
+    tags = [p.hash_ref] + [f"{_containerd_name(image.repo)}:{tag}" for tag in image.tags]
+    log(f"images: building {image.name} ({image.dockerfile}"
+        f"{', target ' + image.target if image.target else ''}); log {log_file}")
+    with tempfile.TemporaryDirectory(prefix=f"{image.name}-", dir=images_dir()) as tmp:
+        context = _stage(p, Path(tmp))
+        cmd = ["buildah", "bud", "--network", "host", "--pull=never", "-f", str(Path(tmp) / "Dockerfile")]
+        for tag in tags:
+            cmd += ["-t", tag]
+        if image.target:
+            cmd += ["--target", image.target]
+        for key, value in sorted(args.items()):
+            cmd += ["--build-arg", f"{key}={value}"]
+        if image.mount_cache:
+            # O: an overlay over the host's cache; writes vanish with each RUN step.
+            cmd += ["-v", f"{cache_dir()}:{CACHE_IN_BUILD}:O"]
+            if image.pip and (cert := _host_pip_cert()) is not None:
+                cmd += ["--build-arg", f"PIP_CERT={CACHE_IN_BUILD}/{cert.relative_to(cache_dir()).as_posix()}"]
+        cmd.append(str(context))
+        _run(cmd, image.name, "buildah bud", log_file)
+    built = time.monotonic() - started
+    size = int(subprocess.run(["podman", "image", "inspect", "--format", "{{.Size}}", p.hash_ref],
+                              capture_output=True, text=True, check=True).stdout.strip())
+    partial = p.archive.with_suffix(".partial.tar")
+    partial.unlink(missing_ok=True)
+    _run(["podman", "save", "--format", "oci-archive", "--uncompressed", "-o", str(partial), p.hash_ref],
+         image.name, "podman save", log_file)
+    digest = _archive_digest(partial)
+    partial.replace(p.archive)
+    # The archive is the cache: podman's copy would only pile up, one per content hash.
+    subprocess.run(["podman", "rmi", "--force", *tags], capture_output=True)
+    meta = {"name": image.name, "hash": p.hash, "digest": digest, "refs": tags,
+            "image_bytes": size, "archive_bytes": p.archive.stat().st_size,
+            "build_seconds": round(built, 1), "save_seconds": round(time.monotonic() - started - built, 1),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    p.meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+    for old in images_dir().glob(f"{image.name}-*.json"):  # earlier builds of this image
+        if old != p.meta_path and re.fullmatch(rf"{re.escape(image.name)}-[0-9a-f]{{16}}\.json", old.name):
+            old.unlink(missing_ok=True)
+            old.with_suffix(".tar").unlink(missing_ok=True)
+    log(f"images: {image.name} built in {built:.0f}s, saved in {meta['save_seconds']:.0f}s "
+        f"({size / 1e6:.0f} MB)")
+    return meta
+
+
+def _archive_digest(archive: Path) -> str:
+    with tarfile.open(archive) as tar:
+        index = json.load(tar.extractfile("index.json"))
+    return index["manifests"][0]["digest"]
+
+
+def _cached_meta(p: Plan) -> dict | None:
+    try:
+        meta = json.loads(p.meta_path.read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if meta.get("hash") == p.hash and p.archive.is_file() else None
+
+
+def _names(names) -> list[str]:
+    if names is None:
+        return [name for name, image in IMAGES.items() if image.default]
+    unknown = [name for name in names if name not in IMAGES]
+    if unknown:
+        raise ValueError(f"unknown image {', '.join(unknown)}: known are {', '.join(IMAGES)}")
+    return list(dict.fromkeys(names))
+
+
+def ensure(names=None, log=_log) -> list[Result]:
+    """Build (or find cached) each image; names=None: every default image."""
+    results = []
+    for name in _names(names):
+        started = time.monotonic()
+        p = plan(name)
+        meta = _cached_meta(p)
+        if meta is None:
+            _need_tools(TOOLS, log)
+            with build_lock(f"image-{name}"):
+                meta = _cached_meta(p)  # another process may have built it while we waited
+                if meta is None:
+                    meta = _build(p, log)
+                    results.append(Result(name, p.archive, True, time.monotonic() - started, meta))
+                    continue
+        results.append(Result(name, p.archive, False, time.monotonic() - started, meta))
+    return results
+
+
+def ensure_images(names=None, log=_log) -> dict[str, Path]:
+    """Build what is missing; returns the OCI archive per image name."""
+    return {r.name: r.archive for r in ensure(names, log)}
+
+
+# ---- containerd --------------------------------------------------------------------------------
+def _ctr(address: str, *args: str, timeout: float = 900) -> str:
+    proc = subprocess.run(["ctr", "--address", address, "--namespace", NAMESPACE, *args],
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise ImageBuildError(f"ctr {' '.join(args)}: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def containerd_images(address: str) -> dict[str, str]:
+    """{name: manifest digest} of the images in that containerd's k8s.io namespace."""
+    out = {}
+    for line in _ctr(address, "images", "ls").splitlines()[1:]:
+        cols = line.split()
+        if len(cols) >= 3:
+            out[cols[0]] = cols[2]
+    return out
+
+
+def load(containerd_address: str, names=None, log=_log, snapshotter: str = "overlayfs") -> dict[str, bool]:
+    """Import each image (built first if missing; names: image names, or ensure_images()'s dict)
+    into the containerd at that address, namespace k8s.io, unpacked for `snapshotter` (the CRI
+    plugin's, overlayfs by default), under all its names. An image whose every name already
+    points at the same digest is skipped, so a second load only lists. Returns {name: True if
+    imported, False if it was there}."""
+    _need_tools(LOAD_TOOLS, log)
+    present = containerd_images(containerd_address)
+    done = {}
+    for result in ensure(names, log):
+        digest, refs = result.meta["digest"], result.meta["refs"]
+        if all(present.get(ref) == digest for ref in refs):
+            done[result.name] = False
+            continue
+        started = time.monotonic()
+        # The archive names the image by its content-hash name (refs[0]); the others are tags.
+        _ctr(containerd_address, "images", "import", "--snapshotter", snapshotter, str(result.archive))
+        for ref in refs[1:]:
+            _ctr(containerd_address, "images", "tag", "--force", refs[0], ref)
+        log(f"images: {result.name} imported into {containerd_address} in {time.monotonic() - started:.0f}s")
+        done[result.name] = True
+    return done
+
+
+def describe(results: list[Result]) -> str:
+    """The table `trainop devcluster images` prints."""
+    rows = [("IMAGE", "NAMES", "SIZE", "ARCHIVE", "STATE", "TIME")]
+    for r in results:
+        rows.append((r.name, " ".join(r.refs), f"{r.meta['image_bytes'] / 1e6:.0f} MB",
+                     str(r.archive), "built" if r.built else "cached", f"{r.seconds:.1f}s"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+__all__ = ["IMAGES", "BASES", "Image", "Base", "Result", "ImageBuildError", "ensure", "ensure_images",
+           "load", "reference", "sandbox_image", "containerd_refs", "containerd_images", "plan", "describe"]

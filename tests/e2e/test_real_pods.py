@@ -1,0 +1,128 @@
+"""Jobs on real pods: sshd, mpirun over ssh through cluster DNS, torchrun, the log sidecar and a
+gang restart, each in a container on a real kubelet (the trainer image, PyTorch CPU build).
+
+The jobs are the examples reduced to finish in about a minute on 2 cores: ResNet-18, 64-pixel
+images, batch 8, 2 workers x 1 rank, a few steps.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.waiting import wait_until
+from trainop import config, spec
+from trainop.render import dtj as render_dtj
+
+pytestmark = [pytest.mark.real, pytest.mark.azurite]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+DIGEST = re.compile(r"rank (\d+)/(\d+) parameter sha256 ([0-9a-f]{64})")
+RUN_TIMEOUT = 600  # seconds for a reduced job on a loaded 2-core machine, cold page cache
+
+
+def reduced(example: str, name: str, steps: int = 5, **spec_changes) -> dict:
+    """The example with 2 workers x 1 GPU and a small model, as `trainop run --local` reduces it."""
+    manifest = yaml.safe_load((EXAMPLES / example).read_text())
+    manifest["metadata"] = {"name": name}
+    body = manifest["spec"]
+    body |= {"workers": 2, "gpusPerWorker": 1}
+    body["training"] = dict(body.get("training", {}), batchSize=8, epochs=1, stepsPerEpoch=steps,
+                            imageSize=64, channelsLast=False)
+    body["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    body.update(spec_changes)
+    for key in [k for k, v in spec_changes.items() if v is None]:
+        del body[key]
+    job = spec.parse(manifest | {"metadata": {"name": name, "namespace": "x"}}, config.load())
+    body["args"] = [*render_dtj.trainer_args(job), "--model", "resnet18"]
+    return manifest
+
+
+def digests(log: str) -> dict[int, str]:
+    return {int(rank): digest for rank, _, digest in DIGEST.findall(log)}
+
+
+def wait_phase(cluster, namespace: str, name: str, phase: str, timeout: float = RUN_TIMEOUT) -> dict:
+    def status():
+        current = cluster.get("dtj", name, "-n", namespace).get("status", {})
+        if current.get("phase") == "Failed" and phase != "Failed":
+            raise AssertionError(f"{name} failed: {current}")
+        return current if current.get("phase") == phase else None
+    return wait_until(status, timeout=timeout, interval=1, what=f"{name} phase {phase}")
+
+
+def with_blob_output(manifest: dict, cluster, namespace: str, azurite) -> None:
+    container = azurite.new_container()
+    sas = azurite.container_sas(container.container_name, permission="racwl")
+    cluster.kubectl("create", "secret", "generic", "storage", "-n", namespace, f"--from-literal=sas={sas}")
+    manifest["spec"]["output"] = {"blob": {"accountURL": azurite.http_url, "container": container.container_name,
+                                           "prefix": "runs", "auth": {"sasSecretRef": {"name": "storage", "key": "sas"}}}}
+
+
+def test_horovod_over_ssh_on_real_pods(real_cluster, real_namespace, real_operator, pod_azurite):
+    """(a) The PyTorch + Horovod example: workers run sshd, the launcher's mpirun reaches them over
+    ssh by their DNS names, every rank ends with identical parameters, the job Succeeds, the log
+    sidecar ships the log, status.metrics is filled, and `trainop logs` works after the pods go."""
+    ns = real_namespace
+    manifest = reduced("pytorch-horovod-synthetic.yaml", "hvd")
+    with_blob_output(manifest, real_cluster, ns, pod_azurite)
+    real_cluster.apply(manifest, ns)
+
+    status = wait_phase(real_cluster, ns, "hvd", "Succeeded")
+    real_cluster.assert_ran_on_real_nodes(ns, "trainop.io/job-name=hvd")
+    launcher_log = real_cluster.logs(ns, "job/hvd-launcher", "-c", "launcher")
+    ranks = digests(launcher_log)
+    assert sorted(ranks) == [0, 1] and len(set(ranks.values())) == 1, launcher_log[-3000:]
+    metrics = wait_until(lambda: (real_cluster.get("dtj", "hvd", "-n", ns)["status"].get("metrics") or {})
+                         .get("final") and real_cluster.get("dtj", "hvd", "-n", ns)["status"]["metrics"],
+                         timeout=120, what="final metrics in the status")
+    assert metrics["worldSize"] == 2 and metrics["step"] >= 5
+
+    # The log outlives the pods: delete the job's pods, then read it from Blob Storage.
+    real_cluster.kubectl("delete", "pods", "-n", ns, "-l", "trainop.io/job-name=hvd", "--wait=true")
+    shown = subprocess.run([sys.executable, "-m", "trainop", "logs", "hvd", "-n", ns,
+                            "--kubeconfig", str(real_cluster.kubeconfig)], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert digests(shown.stdout) == ranks
+    assert status["phase"] == "Succeeded"
+
+
+def test_torchrun_on_real_pods(real_cluster, real_namespace, real_operator):
+    """(b) The torchrun example: rendezvous on worker 0 through its DNS name, DDP over gloo."""
+    ns = real_namespace
+    real_cluster.apply(reduced("pytorch-torchrun-synthetic.yaml", "ddp"), ns)
+    wait_phase(real_cluster, ns, "ddp", "Succeeded")
+    real_cluster.assert_ran_on_real_nodes(ns, "trainop.io/job-name=ddp")
+    logs = real_cluster.logs(ns, "ddp-worker-0", "-c", "worker") + real_cluster.logs(ns, "ddp-worker-1", "-c", "worker")
+    ranks = digests(logs)
+    assert sorted(ranks) == [0, 1] and len(set(ranks.values())) == 1, logs[-3000:]
+
+
+def test_killed_worker_restarts_the_gang_then_succeeds(real_cluster, real_namespace, real_operator):
+    """(c) SIGKILL of a worker's container mid-run (from the host, as the OOM killer would): the
+    gang restarts with a reason naming the pod, the container and the real exit code (137), and
+    the second attempt succeeds."""
+    ns = real_namespace
+    manifest = reduced("pytorch-horovod-synthetic.yaml", "crash", steps=40)
+    manifest["spec"]["runPolicy"] = {"backoffLimit": 2, "cleanPodPolicy": "None"}
+    real_cluster.apply(manifest, ns)
+
+    def training():  # a step report in the launcher's log: mpirun runs the ranks right now
+        pods = real_cluster.get("pods", "-n", ns, "-l", "trainop.io/job-name=crash,trainop.io/role=launcher")["items"]
+        running = [p for p in pods if p["status"].get("phase") == "Running"]
+        return running and '"step"' in real_cluster.logs(ns, running[0]["metadata"]["name"], "-c", "launcher")
+    wait_until(training, timeout=RUN_TIMEOUT, interval=1, what="the first attempt's training steps")
+    worker = real_cluster.get("pod", "crash-worker-1", "-n", ns)
+    container_id = next(c["containerID"] for c in worker["status"]["containerStatuses"] if c["name"] == "worker")
+    real_cluster.dev.kill_container(worker["spec"]["nodeName"], container_id)
+
+    status = wait_phase(real_cluster, ns, "crash", "Succeeded")
+    assert status["restarts"] == 1
+    failure = status["lastFailure"]
+    assert (failure["pod"], failure["container"], failure["exitCode"]) == ("crash-worker-1", "worker", 137), failure
+    assert "pod crash-worker-1 container worker exited with code 137" in failure["message"]
