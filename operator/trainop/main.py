@@ -20,6 +20,16 @@ from trainop.handlers import (
 )
 
 
+class _NoDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf builds a diff base (a deep copy of the whole object) on every watch event of every
+    watched resource, for on.create/on.update handlers to compare against; trainop has none
+    (decisions come from the indexes; a DataStage has only on.delete), so the copy, measured
+    at a third of the event loop's CPU with 100 jobs, is skipped."""
+
+    def build(self, *, body, extra_fields=None):
+        return {}
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger,
                     **kwargs) -> None:
@@ -27,7 +37,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     kube.configure()
     # Kopf's bookkeeping goes to annotations under our group, never into our status schema.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="trainop.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = _NoDiffBase(
         prefix="trainop.io", key="last-handled-configuration")
     # Only a DataStage carries it (its PV); a job has no finalizer: its children go with it
     # through owner references, even while the operator is down.
