@@ -15,5 +15,8 @@ test:  ## set up, then run the whole test suite (what CI runs)
 unit:  ## only the tests that need no cluster, Azurite or training
 	$(PYTEST) tests/unit -q
 
+lint:  ## ruff with the rule set in pyproject.toml (tests/unit/test_lint.py runs it in `make test`)
+	.venv/bin/ruff check .
+
 devcluster:  ## start the local control plane with simulated AKS GPU pools
 	.venv/bin/trainop devcluster up

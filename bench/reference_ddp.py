@@ -38,7 +38,7 @@ x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=dev
 y = torch.randint(0, 1000, (args.batch_size,), device=device)
 
 rates = []
-for epoch in range(args.epochs):
+for _epoch in range(args.epochs):
     start = time.perf_counter()
     for _ in range(args.steps):
         opt.zero_grad()

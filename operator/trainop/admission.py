@@ -32,6 +32,7 @@ from decimal import Decimal
 
 from kubernetes.utils.quantity import parse_quantity
 
+from trainop import phases
 from trainop.config import Config, ConfigError
 from trainop.render import dtj as render
 from trainop.spec import Job
@@ -155,7 +156,7 @@ def pod_usage(pod: dict) -> Usage:
 
 def counts_in_quota(pod: dict) -> bool:
     """The API server stops counting a pod once it has finished."""
-    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+    return not phases.finished(pod)
 
 
 def _scope_matches(scope: tuple, pod: dict) -> bool:
@@ -218,8 +219,26 @@ def ledgers(namespace: str, quotas: list[dict], pods: list[dict], cfg: Config,
 
 # ---- a job's demand ----------------------------------------------------------------------
 
+# Rendering a gang is the costly part of judging a queue, and every evaluation of a namespace
+# judges all its jobs: remember it per parsed Job (spec.parse_cached returns the same object for
+# one generation of one job). The entry holds the Job, so its id is not reused while cached.
+_GANGS: dict[int, tuple[Job, list[dict]]] = {}
+_GANGS_MAX = 4096
+
+
 def gang_pods(job: Job) -> list[dict]:
     """The pods the gang will have: every worker and, for MPI, the launcher Job's pod."""
+    hit = _GANGS.get(id(job))
+    if hit is not None and hit[0] is job:
+        return hit[1]
+    pods = _render_gang(job)
+    if len(_GANGS) >= _GANGS_MAX:
+        _GANGS.pop(next(iter(_GANGS)))
+    _GANGS[id(job)] = (job, pods)
+    return pods
+
+
+def _render_gang(job: Job) -> list[dict]:
     pods = [render.render_worker(job, i, 0) for i in range(job.workers)]
     if job.launcher == "mpi":
         pods.append({"metadata": {}, "spec": render.render_launcher(job, 0)["spec"]["template"]
@@ -279,8 +298,11 @@ def pool_gpus(nodes: list[dict], selector: dict[str, str], resource: str) -> int
     return total
 
 
-def unsatisfiable(c: Candidate, ledgers_: list[Ledger], nodes: list[dict]) -> str | None:
-    """Why the job can never be admitted as it is (and what to change), or None."""
+def unsatisfiable(c: Candidate, ledgers_: list[Ledger], nodes: list[dict],
+                  capacity: dict | None = None) -> str | None:
+    """Why the job can never be admitted as it is (and what to change), or None. `capacity`
+    remembers pool totals across the candidates of one judgement (summing hundreds of nodes'
+    quantities once per pool, not once per job)."""
     for ledger in ledgers_:
         for key, need in _usage_for(ledger, c.demand).items():
             if need > ledger.hard[key]:
@@ -288,7 +310,11 @@ def unsatisfiable(c: Candidate, ledgers_: list[Ledger], nodes: list[dict]) -> st
                         f"{show(ledger.hard[key], key)}; reduce workers or per-worker resources, "
                         f"or ask for a larger quota")
     if c.gpus:
-        total = pool_gpus(nodes, c.pool_selector, c.gpus_resource)
+        key = (tuple(sorted(c.pool_selector.items())), c.gpus_resource)
+        capacity = {} if capacity is None else capacity
+        if key not in capacity:
+            capacity[key] = pool_gpus(nodes, c.pool_selector, c.gpus_resource)
+        total = capacity[key]
         where = f"node pool {c.pool!r}" if c.pool else f"nodeSelector {c.pool_selector}"
         if c.gpus > total:
             return (f"needs {c.gpus} {c.gpus_resource} but {where} has {total} in all; use at "
@@ -325,8 +351,9 @@ def plan(candidates: list[Candidate], ledgers_: list[Ledger],
             for ledger in ledgers_:
                 ledger.taken = _add(ledger.taken, _usage_for(ledger, c.outstanding))
     out: dict[str, Decision] = {}
+    capacity: dict = {}
     for c in order([c for c in candidates if not c.admitted]):
-        why = unsatisfiable(c, ledgers_, nodes)
+        why = unsatisfiable(c, ledgers_, nodes, capacity)
         if why:
             out[c.key] = Decision(UNSATISFIABLE, "Unsatisfiable", why)
             continue

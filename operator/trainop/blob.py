@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 METHODS = ("WorkloadIdentity", "SASToken", "AccountKey", "ConnectionString")
@@ -190,9 +191,13 @@ def _strip_query(url: str) -> str:
 
 def explain(exc: BaseException, *secrets: str | None) -> str:
     """One line for an auth, permission, not-found or network failure; no secret, no stack."""
-    from azure.core.exceptions import (ClientAuthenticationError, HttpResponseError,
-                                       ResourceNotFoundError, ServiceRequestError,
-                                       ServiceResponseError)
+    from azure.core.exceptions import (
+        ClientAuthenticationError,
+        HttpResponseError,
+        ResourceNotFoundError,
+        ServiceRequestError,
+        ServiceResponseError,
+    )
     if isinstance(exc, BlobConfigError):
         return str(exc)
     code = getattr(exc, "error_code", None) or ""

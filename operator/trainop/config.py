@@ -9,7 +9,9 @@ pools `system`, `gpu`, `ibgpu`).
 
 Format (every key optional; camelCase like Helm values):
 
-    resyncSeconds: 2                 # how often a job is re-checked while nothing changes
+    resyncSeconds: 2                 # first retry after a failed reconcile (doubles up to 5 min)
+    safetyResyncSeconds: 300         # every object is re-judged from the caches this often, in
+                                     # case a wake-up was lost (nothing polls the API server)
     gpuResource: nvidia.com/gpu      # default GPU resource name of every pool
     rdmaResource: rdma/ib            # default RDMA device resource of every pool
     nodePools:
@@ -41,6 +43,7 @@ POOL_LABEL = "kubernetes.azure.com/agentpool"
 
 DEFAULTS: dict = {
     "resyncSeconds": 2,
+    "safetyResyncSeconds": 300,
     "gpuResource": "nvidia.com/gpu",
     "rdmaResource": "rdma/ib",
     "nodePools": {
@@ -77,6 +80,7 @@ class NodePool:
 @dataclass(frozen=True)
 class Config:
     resync_seconds: float
+    safety_resync_seconds: float
     node_pools: dict[str, NodePool]
     default_node_pools: dict[str, str]
     images: dict[str, str]
@@ -126,10 +130,14 @@ def from_dict(data: dict | None) -> Config:
     resync = raw["resyncSeconds"]
     if not isinstance(resync, (int, float)) or resync <= 0:
         raise ConfigError("resyncSeconds: must be a positive number")
+    safety = raw["safetyResyncSeconds"]
+    if not isinstance(safety, (int, float)) or isinstance(safety, bool) or safety <= 0:
+        raise ConfigError("safetyResyncSeconds: must be a positive number")
     max_gpus = raw["limits"].get("maxGpusPerJob")
     if max_gpus is not None and (not isinstance(max_gpus, int) or max_gpus < 0):
         raise ConfigError("limits.maxGpusPerJob: must be a non-negative integer or null")
-    return Config(resync_seconds=float(resync), node_pools=pools,
+    return Config(resync_seconds=float(resync), safety_resync_seconds=float(safety),
+                  node_pools=pools,
                   default_node_pools=dict(raw["defaultNodePools"]), images=dict(raw["images"]),
                   launcher_resources=raw["launcherResources"], max_gpus_per_job=max_gpus, raw=raw)
 

@@ -1,12 +1,13 @@
-"""The admission gate between a job's reconcile and its first pod: it reads the namespace's live
-state, runs admission.plan() over every waiting job at once, and keeps the decisions.
+"""The admission gate between a job's reconcile and its first pod: it runs admission.plan() over
+every waiting job of a namespace at once, from the operator's watch caches, and keeps the decisions.
 
-    decision = gate.decide(job, body, cfg)   # jobsync, before any child exists
-    gate.wake(namespace, cfg)                # handlers/admission.py, when room may have appeared
+    decision = gate.decide(job, body, cfg, view)   # jobsync (through JobSnapshot.admit)
+    names = gate.wake(namespace)                  # room may have appeared: re-judge these jobs
+    names = gate.drain_admitted(namespace)        # jobs an evaluation admitted for others
 
-Reads happen on `wake` (events: a quota changed, a job ended or was deleted, a pod went away)
-and when a job first asks; a waiting job's periodic reconcile only looks up the last decision
-(cheap), with a full re-evaluation at most every RECHECK_SECONDS as a safety net.
+`view()` returns the namespace's NamespaceView (pods, quotas, jobs, nodes, from kopf indexes);
+it is called only when the queue must be judged again: a job asks for the first time, or
+`wake` marked the namespace dirty (a quota changed, a job ended or was deleted, a pod went away).
 
 One lock per namespace: two jobs judged at the same moment would both see the same free room.
 A job admitted here counts as admitted (its outstanding demand is held) from that moment, even
@@ -17,27 +18,30 @@ Jobs that name a queue go to Kueue when Kueue is installed (kueue.py).
 from __future__ import annotations
 
 import threading
-import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import prometheus_client as prom
-
-from trainop import API_VERSION, admission, conditions, kube, kueue
+from trainop import admission, conditions, kueue, metrics, phases
 from trainop.admission import Decision
 from trainop.config import Config
 from trainop.render import common
-from trainop.spec import KIND, Job, SpecError, parse
+from trainop.spec import Job, SpecError, parse_cached
 
-RECHECK_SECONDS = 30.0
 ADMITTED_EARLIER = Decision(admission.ADMITTED, "QuotaReserved",
                             "the whole gang fits the namespace's quotas")
-TERMINAL = ("Succeeded", "Failed")
 
-QUEUED_JOBS = prom.Gauge("trainop_queued_jobs", "Jobs waiting for GPU quota (native admission)",
-                         ["namespace"])
-QUEUED_GPUS = prom.Gauge("trainop_queued_gpus", "GPUs the queued jobs ask for", ["namespace"])
-ADMITTED_GPUS = prom.Gauge("trainop_admitted_gpus",
-                           "GPUs of admitted, unfinished jobs (native admission)", ["namespace"])
+
+@dataclass
+class NamespaceView:
+    pods: list[dict]    # the namespace's trainop pods (label trainop.io/job-name)
+    quotas: list[dict]  # its ResourceQuotas
+    jobs: list[dict]    # its DistributedTrainingJobs
+    nodes: list[dict]
+
+
+def unlimited(quotas: list[dict], cfg: Config) -> bool:
+    """No ResourceQuota and no operator GPU cap: nothing for the namespace's jobs to queue for."""
+    return not quotas and admission.namespace_gpu_cap(cfg) is None
 
 
 @dataclass
@@ -46,8 +50,8 @@ class _Namespace:
     asking: set[str] = field(default_factory=set)            # job names that reached the gate
     admitted: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (uid, generation)
     decisions: dict[str, Decision] = field(default_factory=dict)
-    checked: float = 0.0  # time.monotonic() of the last evaluation
     dirty: bool = True
+    admitted_for_others: set[str] = field(default_factory=set)  # to wake (drain_admitted)
 
 
 _spaces: dict[str, _Namespace] = {}
@@ -72,59 +76,63 @@ def _asks(space: _Namespace, body: dict) -> bool:
         cond is not None and cond.get("reason") == "QuotaExceeded")
 
 
-def _evaluate(namespace: str, space: _Namespace, cfg: Config) -> None:
-    """Re-judge every waiting job of the namespace from the live state (lock held)."""
-    # Pods before quotas: a pod created in between is then counted twice (safe), never missed.
-    pods = kube.list_objects("v1", "Pod", namespace)
-    quotas = kube.list_objects("v1", "ResourceQuota", namespace)
-    jobs = kube.list_objects(API_VERSION, KIND, namespace)
-    nodes = kube.list_objects("v1", "Node")
-    live = admission.by_job(pods, common.LABEL_JOB)
+def _evaluate(namespace: str, space: _Namespace, cfg: Config, view: NamespaceView) -> None:
+    """Re-judge every waiting job of the namespace (lock held)."""
+    live = admission.by_job(view.pods, common.LABEL_JOB)
     candidates, gpu_resources, names = [], set(), set()
-    for body in jobs:
+    for body in view.jobs:
         spec, meta = body.get("spec") or {}, body["metadata"]
-        if (body.get("status") or {}).get("phase") in TERMINAL or \
-                (spec.get("runPolicy") or {}).get("suspend") or kueue.manages(body):
+        if phases.finished(body) or (spec.get("runPolicy") or {}).get("suspend") or \
+                kueue.manages(body):
             continue
         admitted = _is_admitted(space, body)
         if not admitted and not _asks(space, body):
             continue  # not at the gate yet (e.g. still waiting for its data)
         try:
-            job = parse(body, cfg)
+            job = parse_cached(body, cfg)
         except SpecError:
             continue  # jobsync fails it with the reason
         names.add(job.name)
         gpu_resources.add(job.placement.gpu_resource)
         candidates.append(admission.candidate(job, meta, live.get(job.name, []), admitted,
                                               int(spec.get("priority") or 0)))
-    ledgers = admission.ledgers(namespace, quotas, pods, cfg, gpu_resources)
-    decisions = admission.plan(candidates, ledgers, nodes)
-    for body in jobs:
+    ledgers = admission.ledgers(namespace, view.quotas, view.pods, cfg, gpu_resources)
+    decisions = admission.plan(candidates, ledgers, view.nodes)
+    for body in view.jobs:
         name = body["metadata"]["name"]
         if getattr(decisions.get(name), "admitted", False):
             space.admitted[name] = (body["metadata"]["uid"], body["metadata"].get("generation"))
+            space.admitted_for_others.add(name)
     space.admitted = {n: v for n, v in space.admitted.items() if n in names}
     space.asking &= names
     space.decisions = decisions
-    space.checked, space.dirty = time.monotonic(), False
-    totals = admission.gpu_totals(candidates, decisions)
-    QUEUED_JOBS.labels(namespace).set(totals["queuedJobs"])
-    QUEUED_GPUS.labels(namespace).set(totals["queuedGpus"])
-    ADMITTED_GPUS.labels(namespace).set(totals["admittedGpus"])
+    space.dirty = False
+    metrics.queue_totals(namespace, admission.gpu_totals(candidates, decisions))
 
 
-def decide(job: Job, body: dict, cfg: Config) -> Decision:
+def decide(job: Job, body: dict, cfg: Config, view: Callable[[], NamespaceView]) -> Decision:
     """May this job's gang be created now? Called for a job that is not yet Admitted."""
     if kueue.manages(body):
         return kueue.decide(job, body)
+    ns_view = view()
+    if unlimited(ns_view.quotas, cfg):
+        # Nothing limits the namespace: each job is judged alone, on whether its pool can ever
+        # hold it (judging the whole namespace per new job would cost O(jobs^2) in a burst).
+        c = admission.candidate(job, body["metadata"], [], False, 0)
+        why = admission.unsatisfiable(c, [], ns_view.nodes)
+        if why:
+            return Decision(admission.UNSATISFIABLE, "Unsatisfiable", why)
+        return Decision(admission.ADMITTED, "QuotaReserved",
+                        f"the whole gang ({len(c.demand)} pods, {c.gpus} GPUs) fits: "
+                        f"no quota limits it")
     space = _space(job.namespace)
     with space.lock:
         new = job.name not in space.asking
         space.asking.add(job.name)
         if not _is_admitted(space, body) and (
-                new or space.dirty or job.name not in space.decisions or
-                time.monotonic() - space.checked > RECHECK_SECONDS):
-            _evaluate(job.namespace, space, cfg)
+                new or space.dirty or job.name not in space.decisions):
+            _evaluate(job.namespace, space, cfg, ns_view)
+        space.admitted_for_others.discard(job.name)
         if _is_admitted(space, body):  # admitted here, its status not written yet
             return space.decisions.get(job.name) or ADMITTED_EARLIER
         # Absent only if the job changed under us (suspended, edited): judge it next time.
@@ -132,12 +140,22 @@ def decide(job: Job, body: dict, cfg: Config) -> Decision:
             admission.QUEUED, "QuotaExceeded", "waiting for the namespace's queue to be judged")
 
 
-def wake(namespace: str, cfg: Config) -> None:
-    """Room may have appeared in `namespace`: re-judge its queue now (if it has one)."""
+def wake(namespace: str) -> list[str]:
+    """Room may have appeared in `namespace`: the jobs to reconcile (their next decide()
+    judges the queue again), none if nobody waits."""
     space = _spaces.get(namespace)
     if space is None or not space.asking:
-        return
+        return []
     with space.lock:
         space.dirty = True
-        if any(d.outcome == admission.QUEUED for d in space.decisions.values()):
-            _evaluate(namespace, space, cfg)
+        return sorted(n for n in space.asking if n not in space.admitted)
+
+
+def drain_admitted(namespace: str) -> list[str]:
+    """Jobs that another job's evaluation admitted: they must reconcile to start their gang."""
+    space = _spaces.get(namespace)
+    if space is None:
+        return []
+    with space.lock:
+        out, space.admitted_for_others = sorted(space.admitted_for_others), set()
+        return out

@@ -1,42 +1,56 @@
-"""One reconcile of a DistributedTrainingJob, in mpi-operator's order: defaults and parse ->
-terminal jobs (cleanup, TTL) -> deadline -> suspend -> data -> placement -> Service, hostfile,
-SSH Secret (generated once) -> workers -> failures (gang restart or Failed) -> launcher only
-when every worker is Ready and published in DNS -> status.
+"""The decisions of a DistributedTrainingJob's reconcile, in mpi-operator's order: defaults and
+parse -> terminal jobs (cleanup, TTL) -> deadline -> suspend -> data -> placement -> Service,
+hostfile, SSH Secret (generated once) -> workers -> failures (gang restart or Failed) -> launcher
+only when every worker is Ready and published in DNS -> status.
 
-Level-based: everything is recomputed from the live objects and the job's status, so an
-interrupted reconcile (operator restart, conflict) re-runs without duplicates. Children carry
-the gang attempt (= status.restarts) as a label; a gang restart first bumps the attempt in
-status, later reconciles delete the previous attempt's pods and recreate them.
+    outcome = jobsync.decide(JobSnapshot(body, pods=..., launcher=...), cfg, now)
+    outcome.actions, outcome.status, outcome.events, outcome.requeue_after
 
-`sync()` returns what to write and say; handlers/dtj.py applies it.
+Pure: everything comes from the snapshot (the operator's watch caches, controller.py builds it)
+and the clock is an argument, so tests/unit/test_jobsync_decide.py feeds tables of snapshots.
+Level-based: an interrupted reconcile (operator restart, conflict) re-runs without duplicates.
+Children carry the gang attempt (= status.restarts) as a label; a gang restart first bumps the
+attempt in status, later reconciles delete the previous attempt's pods and recreate them.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime as dt
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import API_VERSION, conditions, gate, kube, sshkeys
+from trainop import conditions, phases
+from trainop.actions import Apply, Create, CreateSSHSecret, DropFinalizer, Outcome, Ref, delete
+from trainop.admission import Decision
 from trainop.config import Config
-from trainop.kube import OwnershipError
 from trainop.render import common, logship
 from trainop.render import dtj as render
-from trainop.spec import Job, SpecError, capacity_error, parse
+from trainop.spec import Job, SpecError, capacity_error, parse_cached
 
-TERMINAL = ("Succeeded", "Failed")
+TERMINAL = phases.TERMINAL
+# What the timer-based operator put on every job (kopf's, for its timer); nothing needs it now,
+# and left in place it would hold a deleted job (and its namespace) until someone removes it.
+LEGACY_FINALIZER = "trainop.io/finalizer"
 # Conditions whose becoming True (or False, for these gates) is worth a Warning Event.
 WARN_TRUE = {"Failed", "Restarting"}
 WARN_FALSE = {"Created", "DataReady"}
 
 
 @dataclass
-class Result:
-    status: dict
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
-    wait: str | None = None    # why the job is not settled yet (-> kopf.TemporaryError)
-    delay: float | None = None  # when to look again (None: the timer's interval)
-    delete_job: bool = False   # ttlSecondsAfterFinished elapsed
+class JobSnapshot:
+    """What one reconcile may look at: the job and its children as the watch caches hold them."""
+    body: dict
+    pods: list[dict] = field(default_factory=list)        # label trainop.io/job-name=<job>
+    launcher: dict | None = None                          # the launcher batch/v1 Job
+    service: dict | None = None
+    config_map: dict | None = None
+    secret: dict | None = None
+    endpoint_slices: list[dict] = field(default_factory=list)
+    nodes: list[dict] = field(default_factory=list)
+    stage: dict | None = None                             # the referenced DataStage
+    admit: Callable[[Job], Decision] | None = None        # the gate's answer (gate.py)
+    conflict: str | None = None                           # a child's name is taken (apply.py)
 
 
 @dataclass
@@ -62,14 +76,15 @@ class Failure:
 class _Status:
     """The status being built: conditions keep their transition times, phase is a summary."""
 
-    def __init__(self, old: dict, generation: int | None):
+    def __init__(self, old: dict, generation: int | None, now: dt.datetime):
         self.data = copy.deepcopy(old or {})
         self.generation = generation
+        self.stamp = _ts(now)
 
     def cond(self, type_: str, status: bool, reason: str, message: str) -> None:
         self.data["conditions"] = conditions.set_condition(
             self.data.get("conditions"), type_, status, reason, message,
-            generation=self.generation)
+            generation=self.generation, timestamp=self.stamp)
 
     def is_true(self, type_: str) -> bool:
         return conditions.is_true(self.data.get("conditions"), type_)
@@ -78,8 +93,21 @@ class _Status:
         self.data["phase"] = value
 
 
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+class _Plan:
+    """The outcome being built, with the snapshot it is built from."""
+
+    def __init__(self, snap: JobSnapshot, cfg: Config, now: dt.datetime):
+        self.snap, self.cfg, self.now = snap, cfg, now
+        self.body = snap.body
+        self.out = Outcome()
+
+    def delete(self, obj: dict) -> int:
+        self.out.actions.append(delete(obj))
+        return 1
+
+    def wait(self, why: str) -> Outcome:
+        self.out.waiting = why
+        return self.out
 
 
 def _ts(moment: dt.datetime) -> str:
@@ -115,35 +143,23 @@ def _launcher_outcome(job_obj: dict | None) -> str | None:
     return None
 
 
-def _delete_pods(pods: list[dict], keep=lambda pod: False) -> int:
-    n = 0
-    for pod in pods:
-        if not keep(pod) and not pod["metadata"].get("deletionTimestamp"):
-            kube.delete("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"],
-                        uid=pod["metadata"]["uid"])
-            n += 1
-    return n
+def _delete_pods(plan: _Plan, pods: list[dict], keep=lambda pod: False) -> int:
+    return sum(plan.delete(pod) for pod in pods
+               if not keep(pod) and not pod["metadata"].get("deletionTimestamp"))
 
 
-def _children(job: Job) -> tuple[list[dict], dict | None]:
-    pods = kube.list_objects("v1", "Pod", job.namespace, {common.LABEL_JOB: job.name})
-    launcher = kube.get("batch/v1", "Job", render.launcher_name(job), job.namespace) \
-        if job.launcher == "mpi" else None
-    return pods, launcher
-
-
-def _stop(job: Job, policy: str, pods: list[dict], launcher: dict | None) -> int:
+def _stop(plan: _Plan, policy: str) -> int:
     """Finish: an active launcher always stops; pods go as cleanPodPolicy says. Returns how
     many deletions it had to issue (0: nothing left to clean)."""
-    issued = 0
+    issued, launcher, pods = 0, plan.snap.launcher, plan.snap.pods
     if launcher and not launcher["metadata"].get("deletionTimestamp") and \
             (policy == "All" or _launcher_outcome(launcher) is None):
-        issued += kube.delete("batch/v1", "Job", launcher["metadata"]["name"], job.namespace,
-                              uid=launcher["metadata"]["uid"])
+        issued += plan.delete(launcher)
     if policy == "All":
-        issued += _delete_pods(pods)
+        issued += _delete_pods(plan, pods)
     elif policy == "Running":
-        issued += _delete_pods(pods, keep=lambda p: p.get("status", {}).get("phase") in TERMINAL)
+        issued += _delete_pods(plan, pods,
+                               keep=lambda p: p.get("status", {}).get("phase") in TERMINAL)
     return issued
 
 
@@ -173,20 +189,27 @@ def _events(old: list[dict] | None, new: list[dict] | None) -> list[tuple[str, s
     return out
 
 
-def sync(body: dict, cfg: Config, now: dt.datetime | None = None) -> Result:
-    now = now or _now()
-    meta = body["metadata"]
-    old = body.get("status") or {}
-    st = _Status(old, meta.get("generation"))
-    result = _sync(body, cfg, st, now)
+
+def decide(snap: JobSnapshot, cfg: Config, now: dt.datetime) -> Outcome:
+    """Every decision of one reconcile of the job in `snap` (see the module docstring)."""
+    meta = snap.body["metadata"]
+    old = snap.body.get("status") or {}
+    st = _Status(old, meta.get("generation"), now)
+    plan = _Plan(snap, cfg, now)
+    finalizers = tuple(meta.get("finalizers") or ())
+    if LEGACY_FINALIZER in finalizers:
+        plan.out.actions.append(DropFinalizer(Ref.of(snap.body), finalizers, LEGACY_FINALIZER,
+                                              meta.get("resourceVersion", "")))
+    _decide(plan, st)
     st.data["observedGeneration"] = meta.get("generation")
-    result.status = st.data
-    result.events = _events(old.get("conditions"), st.data.get("conditions")) + result.events
-    return result
+    out = plan.out
+    out.status = st.data
+    out.events = _events(old.get("conditions"), st.data.get("conditions")) + out.events
+    return out
 
 
-def _sync(body: dict, cfg: Config, st: _Status, now: dt.datetime) -> Result:
-    res = Result(status={})
+def _decide(plan: _Plan, st: _Status) -> Outcome:
+    body, cfg, now = plan.body, plan.cfg, plan.now
     # A job that failed validation may be fixed by editing it: judge the new generation afresh.
     failed = conditions.get_condition(st.data.get("conditions"), "Failed")
     if failed and failed.get("reason") == "InvalidSpec" and \
@@ -195,96 +218,92 @@ def _sync(body: dict, cfg: Config, st: _Status, now: dt.datetime) -> Result:
 
     ttl = ((body.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
     if st.data.get("phase") in TERMINAL and st.data.get("cleanedUp") and ttl is None:
-        return res  # finished, cleaned, kept: nothing to look at (no API call, no parse)
+        return plan.out  # finished, cleaned, kept: nothing to look at (not even a parse)
 
     try:
-        job = parse(body, cfg)
+        job = parse_cached(body, cfg)
         logship.parse_output(job.output, job.logship)
     except SpecError as exc:
         if st.data.get("phase") not in TERMINAL:
             _finish(st, "Failed", "InvalidSpec", str(exc), now)
-        return res
+        return plan.out
 
     rp = job.run_policy
     if st.data.get("phase") in TERMINAL:
-        if not st.data.get("cleanedUp") and _stop(job, rp.clean_pod_policy, *_children(job)) == 0:
+        if not st.data.get("cleanedUp") and _stop(plan, rp.clean_pod_policy) == 0:
             st.data["cleanedUp"] = True
         if rp.ttl_seconds_after_finished is not None and st.data.get("completionTime"):
             left = (conditions.parse_time(st.data["completionTime"])
                     + dt.timedelta(seconds=rp.ttl_seconds_after_finished) - now).total_seconds()
             if left <= 0:
-                res.delete_job = True
+                plan.out.delete_self = True
             else:
-                res.wait, res.delay = f"deleting the job in {left:.0f}s (TTL)", left
-        return res
+                plan.out.requeue_after = left
+                return plan.wait(f"deleting the job in {left:.0f}s (TTL)")
+        return plan.out
 
     st.data["gpus"] = job.total_gpus
     if rp.active_deadline_seconds and st.data.get("startTime"):
         ran = (now - conditions.parse_time(st.data["startTime"])).total_seconds()
-        if ran > rp.active_deadline_seconds:
+        if ran >= rp.active_deadline_seconds:
             _finish(st, "Failed", "DeadlineExceeded",
                     f"the job ran {ran:.0f}s, longer than runPolicy.activeDeadlineSeconds="
                     f"{rp.active_deadline_seconds}", now)
-            _stop(job, rp.clean_pod_policy, *_children(job))
-            return res
+            _stop(plan, rp.clean_pod_policy)
+            return plan.out
+        plan.out.requeue_after = rp.active_deadline_seconds - ran  # the deadline's exact moment
 
     if rp.suspend:
-        return _suspend(job, st, res, cfg)
+        return _suspend(plan, job, st)
     if st.is_true("Suspended"):
         st.cond("Suspended", False, "JobResumed", "the gang starts again")
         st.data.pop("startTime", None)
 
-    claim = _data_claim(job, st)
+    claim = _data_claim(plan.snap.stage, job, st)
     if claim is False:
-        res.wait, res.delay = "waiting for data", cfg.resync_seconds
-        return res
+        return plan.wait("waiting for data")
 
     if not st.is_true("Created"):
-        nodes = kube.list_objects("v1", "Node")
-        problem = capacity_error(job, nodes)
+        problem = capacity_error(job, plan.snap.nodes)
         if problem and "no node matches" in str(problem):
             st.cond("Created", False, "NoMatchingNodes", str(problem))
             st.phase("Pending")
-            res.wait, res.delay = str(problem), cfg.resync_seconds
-            return res
+            return plan.wait(str(problem))
         if problem:
             _finish(st, "Failed", "Unsatisfiable", str(problem), now)
-            return res
+            return plan.out
     if not st.is_true("Admitted"):  # the whole gang fits the quotas, or no child is made
-        decision = gate.decide(job, body, cfg)
+        decision = plan.snap.admit(job)
         if decision.outcome == "Unsatisfiable":
             _finish(st, "Failed", "Unsatisfiable", decision.message, now)
-            return res
+            return plan.out
         if not decision.admitted and \
                 conditions.get_condition(st.data.get("conditions"), "Admitted") is None:
-            res.events.append(("Normal", decision.reason, decision.message))
+            plan.out.events.append(("Normal", decision.reason, decision.message))
         st.cond("Admitted", decision.admitted, decision.reason, decision.message)
         if not decision.admitted:
             st.phase("Queued")
-            res.wait, res.delay = decision.message, cfg.resync_seconds
-            return res
-    try:
-        # While the gang runs, mpirun has read these already: check them again only when a
-        # (re)start needs them, so a running job costs two reads per resync.
-        if not st.is_true("Running"):
-            _ensure_shared_children(job, body)
-    except OwnershipError as exc:
-        st.cond("Created", False, "NameConflict", str(exc))
+            return plan.wait(decision.message)
+    conflict = plan.snap.conflict or _foreign_child(plan)
+    if conflict:
+        st.cond("Created", False, "NameConflict", conflict)
         st.phase("Pending")
-        res.wait, res.delay = str(exc), cfg.resync_seconds
-        return res
+        return plan.wait(conflict)
+    # While the gang runs, mpirun has read these already: keep them in shape only when a
+    # (re)start needs them.
+    if not st.is_true("Running"):
+        _shared_children(plan, job)
     st.cond("Created", True, "ChildrenCreated",
             "Service, hostfile and SSH key created" if job.launcher == "mpi"
             else "Service created")
-    return _run_gang(job, body, st, res, cfg, claim, now)
+    return _run_gang(plan, job, st, claim)
 
 
-def _suspend(job: Job, st: _Status, res: Result, cfg: Config) -> Result:
-    pods, launcher = _children(job)
-    if launcher:
-        kube.delete("batch/v1", "Job", launcher["metadata"]["name"], job.namespace,
-                    uid=launcher["metadata"]["uid"])
-    _delete_pods(pods)
+def _suspend(plan: _Plan, job: Job, st: _Status) -> Outcome:
+    pods, launcher = plan.snap.pods, plan.snap.launcher
+    if launcher and not launcher["metadata"].get("deletionTimestamp"):
+        plan.delete(launcher)
+    _delete_pods(plan, pods)
     if st.is_true("Admitted"):  # resuming asks for admission again
         st.cond("Admitted", False, "JobSuspended", "suspended: its quota is free for others")
     st.cond("Suspended", True, "JobSuspended",
@@ -293,20 +312,20 @@ def _suspend(job: Job, st: _Status, res: Result, cfg: Config) -> Result:
         st.cond("Running", False, "JobSuspended", "suspended")
     st.phase("Suspended")
     st.data["workers"] = {"ready": 0, "total": job.workers, "summary": f"0/{job.workers}"}
+    plan.out.requeue_after = None  # no deadline runs while suspended
     if pods or launcher:
-        res.wait, res.delay = "waiting for the suspended gang's pods to go", cfg.resync_seconds
-    return res
+        return plan.wait("waiting for the suspended gang's pods to go")
+    return plan.out
 
 
-def _data_claim(job: Job, st: _Status):
+def _data_claim(stage: dict | None, job: Job, st: _Status):
     """The DataStage's claim name, None for synthetic data, False while waiting."""
     if not job.data_stage:
         return None
-    stage = kube.get(API_VERSION, "DataStage", job.data_stage, job.namespace)
-    field = "spec.data.dataStageRef.name"
+    field_ = "spec.data.dataStageRef.name"
     if stage is None:
         st.cond("DataReady", False, "DataStageNotFound",
-                f"{field}: DataStage {job.data_stage!r} does not exist in namespace "
+                f"{field_}: DataStage {job.data_stage!r} does not exist in namespace "
                 f"{job.namespace}; create it or fix the name")
     else:
         phase = (stage.get("status") or {}).get("phase") or "Pending"
@@ -323,48 +342,64 @@ def _data_claim(job: Job, st: _Status):
     return False
 
 
-def _ensure_shared_children(job: Job, body: dict) -> None:
-    kube.ensure(render.render_service(job), owner=body)
+def _controlled(obj: dict, body: dict) -> bool:
+    uid = body["metadata"].get("uid")
+    return any(ref.get("controller") and ref.get("uid") == uid
+               for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def _foreign_child(plan: _Plan) -> str | None:
+    """A child's name taken by an object this job does not control (never adopted)."""
+    snap = plan.snap
+    for obj in (snap.service, snap.config_map, snap.secret):
+        if obj is not None and not _controlled(obj, snap.body):
+            meta = obj["metadata"]
+            return (f"{obj.get('kind', 'object')} {meta.get('namespace')}/{meta['name']} already "
+                    f"exists and is not controlled by this job; delete or rename it")
+    return None
+
+
+def _version(obj: dict | None) -> str:
+    return (obj or {}).get("metadata", {}).get("resourceVersion", "") if obj else ""
+
+
+def _shared_children(plan: _Plan, job: Job) -> None:
+    snap, body, acts = plan.snap, plan.body, plan.out.actions
+    acts.append(Apply(render.render_service(job), body, _version(snap.service)))
     for obj in logship.rbac(job, job.logship):
-        kube.ensure(obj, owner=body)
+        acts.append(Apply(obj, body, None))  # kinds the operator does not watch
     if job.launcher != "mpi":
         return
-    kube.ensure(render.render_config_map(job), owner=body)
-    secret = kube.get("v1", "Secret", render.secret_name(job), job.namespace)
-    if secret is None:  # generated once: a new key on every reconcile would break the gang
-        secret = kube.ensure(render.render_ssh_secret(job, *sshkeys.generate()), owner=body,
-                             update=False)
-    elif not kube.controlled_by(secret, body):
-        raise OwnershipError(f"Secret {job.namespace}/{secret['metadata']['name']} already "
-                             f"exists and is not controlled by this job; delete or rename it")
+    acts.append(Apply(render.render_config_map(job), body, _version(snap.config_map)))
+    if snap.secret is None:  # generated once: a new key on every reconcile would break the gang
+        acts.append(CreateSSHSecret(job, body))
 
 
-def _endpoints_published(job: Job) -> bool:
+def _endpoints_published(job: Job, slices: list[dict]) -> bool:
     """The headless Service's EndpointSlices list every worker, ready, with its hostname:
     exactly what cluster DNS serves for host(job, i)."""
-    slices = kube.list_objects("discovery.k8s.io/v1", "EndpointSlice", job.namespace,
-                               {"kubernetes.io/service-name": render.service_name(job)})
-    published = {ep.get("hostname") for s in slices for ep in s.get("endpoints") or []
+    service = render.service_name(job)
+    published = {ep.get("hostname") for s in slices
+                 if (s["metadata"].get("labels") or {}).get("kubernetes.io/service-name") == service
+                 for ep in s.get("endpoints") or []
                  if (ep.get("conditions") or {}).get("ready") and ep.get("addresses")}
     return all(render.worker_name(job, i) in published for i in range(job.workers))
 
 
-def _run_gang(job: Job, body: dict, st: _Status, res: Result, cfg: Config, claim,
-              now: dt.datetime) -> Result:
+def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
+    body, now = plan.body, plan.now
     attempt = int(st.data.get("restarts") or 0)
-    pods, launcher = _children(job)
+    pods, launcher = plan.snap.pods, plan.snap.launcher
     label = common.LABEL_ATTEMPT
     stale = [p for p in pods if p["metadata"]["labels"].get(label) != str(attempt)]
     stale_launcher = launcher is not None and \
         launcher["metadata"].get("labels", {}).get(label) != str(attempt)
     if stale or stale_launcher:  # the previous attempt must be gone before names are reused
-        if stale_launcher:
-            kube.delete("batch/v1", "Job", launcher["metadata"]["name"], job.namespace,
-                        uid=launcher["metadata"]["uid"])
-        _delete_pods(stale)
+        if stale_launcher and not launcher["metadata"].get("deletionTimestamp"):
+            plan.delete(launcher)
+        _delete_pods(plan, stale)
         st.phase("Starting")
-        res.wait, res.delay = "waiting for the previous attempt's pods to go", cfg.resync_seconds
-        return res
+        return plan.wait("waiting for the previous attempt's pods to go")
 
     workers = {int(p["metadata"]["labels"][common.LABEL_INDEX]): p for p in pods
                if p["metadata"]["labels"].get(common.LABEL_ROLE) == render.WORKER}
@@ -383,7 +418,7 @@ def _run_gang(job: Job, body: dict, st: _Status, res: Result, cfg: Config, claim
     if job.launcher == "mpi" and _launcher_outcome(launcher) == "Failed":
         failures.append(_launcher_failure(job, pods))
     if failures:
-        return _gang_failed(job, st, res, cfg, failures[0], pods, launcher, now)
+        return _gang_failed(plan, job, st, failures[0])
 
     if job.launcher == "mpi" and _launcher_outcome(launcher) == "Complete" or \
             job.launcher == "torchrun" and len(workers) == job.workers and \
@@ -391,23 +426,28 @@ def _run_gang(job: Job, body: dict, st: _Status, res: Result, cfg: Config, claim
         _finish(st, "Succeeded", "JobSucceeded",
                 "the launcher completed" if job.launcher == "mpi" else "every worker completed",
                 now)
-        _stop(job, job.run_policy.clean_pod_policy, pods, launcher)
-        return res
+        _stop(plan, job.run_policy.clean_pod_policy)
+        plan.out.requeue_after = None
+        return plan.out
 
     for i in range(job.workers):
         if i not in workers:
-            kube.ensure(render.render_worker(job, i, attempt, claim), owner=body, update=False)
-    st.data.setdefault("startTime", _ts(now))
+            plan.out.actions.append(Create(render.render_worker(job, i, attempt, claim), body))
+    if "startTime" not in st.data:
+        st.data["startTime"] = _ts(now)
+        if job.run_policy.active_deadline_seconds:
+            plan.out.requeue_after = float(job.run_policy.active_deadline_seconds)
     st.data.update(logship.status_urls(job, attempt, job.logship))
     ready = sum(1 for p in workers.values() if _pod_ready(p))
     st.data["workers"] = {"ready": ready, "total": job.workers,
                           "summary": f"{ready}/{job.workers}"}
     if not launched:
         st.phase("Starting")
-        if not _gang_ready(job, st, res, cfg, ready):
-            return res
+        waiting = _gang_waiting(plan, job, st, ready)
+        if waiting:
+            return plan.wait(waiting)
         if job.launcher == "mpi":
-            kube.ensure(render.render_launcher(job, attempt), owner=body, update=False)
+            plan.out.actions.append(Create(render.render_launcher(job, attempt), body))
     # Asserted on every pass (idempotent), so an operator that died between creating the
     # launcher and writing the status still records the transition after its restart.
     if ready == job.workers:
@@ -418,22 +458,21 @@ def _run_gang(job: Job, body: dict, st: _Status, res: Result, cfg: Config, claim
     st.cond("Running", True, "LauncherCreated" if job.launcher == "mpi" else "WorkersRunning",
             f"{job.total_slots} ranks on {job.workers} workers (attempt {attempt})")
     st.phase("Running")
-    return res
+    return plan.out
 
 
-def _gang_ready(job: Job, st: _Status, res: Result, cfg: Config, ready: int) -> bool:
-    """Every worker Ready and, for ssh, published in DNS; else a waiting condition."""
+def _gang_waiting(plan: _Plan, job: Job, st: _Status, ready: int) -> str | None:
+    """None when every worker is Ready and, for ssh, published in DNS; else what it waits for
+    (and the WorkersReady condition says so)."""
     if ready < job.workers:
         st.cond("WorkersReady", False, "WaitingForWorkers",
                 f"{ready}/{job.workers} workers ready")
-        res.wait, res.delay = f"{ready}/{job.workers} workers ready", cfg.resync_seconds
-        return False
-    if job.launcher == "mpi" and not _endpoints_published(job):
+        return f"{ready}/{job.workers} workers ready"
+    if job.launcher == "mpi" and not _endpoints_published(job, plan.snap.endpoint_slices):
         st.cond("WorkersReady", False, "WaitingForDNS",
                 "every worker is Ready; waiting for their DNS names (EndpointSlices)")
-        res.wait, res.delay = "waiting for the workers' DNS names", cfg.resync_seconds
-        return False
-    return True
+        return "waiting for the workers' DNS names"
+    return None
 
 
 def _launcher_failure(job: Job, pods: list[dict]) -> Failure:
@@ -445,16 +484,16 @@ def _launcher_failure(job: Job, pods: list[dict]) -> Failure:
     return Failure(render.launcher_name(job), render.LAUNCHER, None, "LauncherFailed")
 
 
-def _gang_failed(job: Job, st: _Status, res: Result, cfg: Config, failure: Failure,
-                 pods: list[dict], launcher: dict | None, now: dt.datetime) -> Result:
+def _gang_failed(plan: _Plan, job: Job, st: _Status, failure: Failure) -> Outcome:
     restarts = int(st.data.get("restarts") or 0)
     limit = job.run_policy.backoff_limit
     st.data["lastFailure"] = failure.as_status()
     if restarts >= limit:
         _finish(st, "Failed", "BackoffLimitExceeded",
-                f"{failure.describe()}; runPolicy.backoffLimit={limit} restarts used", now)
-        _stop(job, job.run_policy.clean_pod_policy, pods, launcher)
-        return res
+                f"{failure.describe()}; runPolicy.backoffLimit={limit} restarts used", plan.now)
+        _stop(plan, job.run_policy.clean_pod_policy)
+        plan.out.requeue_after = None
+        return plan.out
     st.data["restarts"] = restarts + 1
     st.cond("Restarting", True, "GangRestart",
             f"{failure.describe()}; restarting the gang (restart {restarts + 1} of {limit})")
@@ -462,5 +501,4 @@ def _gang_failed(job: Job, st: _Status, res: Result, cfg: Config, failure: Failu
     if conditions.get_condition(st.data.get("conditions"), "Running"):
         st.cond("Running", False, "GangRestart", failure.describe())
     st.phase("Starting")
-    res.wait, res.delay = "restarting the gang", cfg.resync_seconds
-    return res
+    return plan.wait("restarting the gang")

@@ -1,11 +1,12 @@
 """The only module that talks to the Kubernetes API (besides kopf itself).
 
-Objects are plain dicts (what render/ produces). Calls are synchronous: kopf runs sync handlers
-in its thread pool. The client is created on first use (never at import time) from the in-cluster
-service account or $KUBECONFIG.
+Objects are plain dicts (what render/ produces). Calls are synchronous: the controller runs
+them in a thread pool. The client is created on first use (never at import time) from the
+in-cluster service account or $KUBECONFIG (`connect()`, the one place that reads a kubeconfig).
 
     from trainop import kube
-    kube.ensure(manifest, owner=job_body)        # create if missing, check ownership, fix drift
+    kube.apply(manifest)                          # server-side apply, field manager "trainop"
+    kube.ensure(manifest, owner=job_body)        # create if missing, check ownership, apply
     kube.ensure(secret, owner=job_body, update=False)  # create once, never touch again
     pods = kube.list_objects("v1", "Pod", ns, labels={"trainop.io/job-name": name})
     kube.get("trainop.io/v1alpha1", "DataStage", name, ns)   # None when absent
@@ -50,12 +51,29 @@ def configure(api_client: k8s.ApiClient | None = None) -> k8s.ApiClient:
         if api_client is not None:
             _client = api_client
         elif _client is None:
-            try:
-                k8s_config.load_incluster_config()
-            except k8s_config.ConfigException:
-                k8s_config.load_kube_config()
-            _client = k8s.ApiClient()
+            _client = connect()[0]
         return _client
+
+
+def connect(kubeconfig: str | None = None, context: str | None = None
+            ) -> tuple[k8s.ApiClient, str | None]:
+    """A client and the context's namespace (None in a pod, or when the context names none):
+    the pod's service account when running in a cluster and no kubeconfig is named, else the
+    kubeconfig (`kubeconfig`, else $KUBECONFIG, else ~/.kube/config). Raises
+    kubernetes.config.ConfigException when neither works."""
+    if kubeconfig is None and context is None:
+        try:
+            cfg = k8s.Configuration()
+            k8s_config.load_incluster_config(client_configuration=cfg)
+            return k8s.ApiClient(cfg), None
+        except k8s_config.ConfigException:
+            pass
+    api = k8s_config.new_client_from_config(config_file=kubeconfig, context=context)
+    _, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+    if context:
+        contexts, _ = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
+        active = next((c for c in contexts if c["name"] == context), active)
+    return api, ((active or {}).get("context") or {}).get("namespace")
 
 
 def plural(kind: str) -> str:
@@ -120,7 +138,19 @@ def list_objects(api_version: str, kind: str, namespace: str | None = None,
 
 def create(obj: dict) -> dict:
     api_version, kind, _, namespace = _ref(obj)
-    return request("POST", path(api_version, kind, namespace), body=obj)
+    return request("POST", path(api_version, kind, namespace), body=obj,
+                   query=[("fieldManager", FIELD_MANAGER)])
+
+
+def apply(obj: dict) -> dict:
+    """Server-side apply with field manager "trainop", forced: the fields `obj` sets are ours
+    (an edit by someone else is taken back), fields it stops setting are removed, and defaults
+    the API server adds are never compared or fought over."""
+    api_version, kind, name, namespace = _ref(obj)
+    body = {k: v for k, v in obj.items() if k != "status"}
+    return request("PATCH", path(api_version, kind, namespace, name), body=body,
+                   query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+                   content_type="application/apply-patch+yaml")  # JSON is YAML
 
 
 def delete(api_version: str, kind: str, name: str, namespace: str | None = None, *,
@@ -160,20 +190,6 @@ def controlled_by(obj: dict, owner: dict) -> bool:
                for ref in obj["metadata"].get("ownerReferences") or [])
 
 
-def contains(live, desired) -> bool:
-    """True when every field of `desired` is in `live` with the same value. The API server adds
-    defaults (a Service's clusterIPs, sessionAffinity, ...), so drift means a rendered field
-    differs, not that the objects are unequal."""
-    if isinstance(desired, dict):
-        return isinstance(live, dict) and all(k in live and contains(live[k], v)
-                                              for k, v in desired.items())
-    if isinstance(desired, list):
-        return isinstance(live, list) and len(live) == len(desired) and \
-            all(contains(a, b) for a, b in zip(live, desired))
-    # 1 and "1" are the same quantity; the server returns numbers as it stores them
-    return live == desired or (type(live) is not type(desired) and str(live) == str(desired))
-
-
 def with_owner(obj: dict, owner: dict | None) -> dict:
     """Copy of `obj` carrying the owner's controller reference (if given)."""
     out = json.loads(json.dumps(obj))
@@ -183,29 +199,21 @@ def with_owner(obj: dict, owner: dict | None) -> dict:
 
 
 def ensure(obj: dict, owner: dict | None = None, *, update: bool = True) -> dict:
-    """Create `obj` if missing; otherwise check that `owner` controls it and, when `update`
-    and a rendered field differs from the live one, merge-patch the rendered fields onto it
-    (drift fix: an edited hostfile or Service comes back). Returns the live object. Use
-    update=False for immutable or generate-once children (Pods, Jobs, the SSH Secret)."""
+    """Create `obj` if missing; otherwise check that `owner` controls it and, when `update`,
+    server-side apply it (drift fix: an edited field comes back). Returns the live object.
+    Use update=False for immutable or generate-once children (Pods, Jobs, the SSH Secret)."""
     desired = with_owner(obj, owner)
     api_version, kind, name, namespace = _ref(desired)
+    try:
+        return create(desired)
+    except ApiException as exc:
+        if exc.status != 409:  # 409: it exists (an earlier reconcile, or someone else's)
+            raise
     live = get(api_version, kind, name, namespace)
-    if live is None:
-        try:
-            return create(desired)
-        except ApiException as exc:
-            if exc.status != 409:  # 409: created meanwhile (another reconcile); re-read it
-                raise
-            live = get(api_version, kind, name, namespace)
-            if live is None:
-                raise
+    if live is None:  # deleted in between: the next reconcile creates it
+        raise ApiException(status=409, reason=f"{kind} {namespace}/{name} is being replaced")
     if owner is not None and not controlled_by(live, owner):
         raise OwnershipError(f"{kind} {namespace}/{name} already exists and is not controlled "
                              f"by {owner['kind']} {owner['metadata']['name']}; delete or "
                              f"rename it")
-    body = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind", "status")}
-    body["metadata"] = {k: desired["metadata"][k] for k in ("labels", "annotations")
-                        if k in desired["metadata"]}
-    if update and not contains(live, body):
-        live = patch(api_version, kind, name, namespace, body)
-    return live
+    return apply(desired) if update else live

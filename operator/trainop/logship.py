@@ -30,9 +30,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from trainop import blob
 
@@ -194,13 +195,11 @@ class StatusReporter:
 def kube_status_patcher(job: str, namespace: str) -> Callable[[dict], Any]:
     """A function that merge-patches the status subresource of DistributedTrainingJob `job`."""
     import kubernetes
-    from trainop import GROUP, VERSION
 
-    try:
-        kubernetes.config.load_incluster_config()
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()  # outside a pod (local runs, tests): $KUBECONFIG
-    api = kubernetes.client.CustomObjectsApi()
+    from trainop import GROUP, VERSION, kube
+
+    # the pod's ServiceAccount in a cluster; $KUBECONFIG outside one (local runs, tests)
+    api = kubernetes.client.CustomObjectsApi(kube.connect()[0])
 
     def patch(body: dict) -> Any:
         return api.patch_namespaced_custom_object_status(

@@ -1,5 +1,6 @@
 """THE entry module: `trainop operator` runs kopf with this module, and so do the Helm chart's
-Deployment and the test fixture. It imports every handler module and sets kopf's settings.
+Deployment and the test fixture. It imports every handler module, sets kopf's settings and
+starts the controller (controller.py) that the index handlers wake.
 
 To add a resource's handlers, add one import line below.
 """
@@ -10,32 +11,52 @@ import logging
 
 import kopf
 
-from trainop import config, kube
-from trainop.handlers import admission  # noqa: F401  (re-judges queued jobs on events)
-from trainop.handlers import dtj  # noqa: F401  (registers the DistributedTrainingJob handlers)
-from trainop.handlers import datastage  # noqa: F401  (registers the DataStage handlers)
-from trainop.handlers import metrics  # noqa: F401  (watch events -> Prometheus gauges)
+from trainop import config, controller, kube
+from trainop.handlers import (
+    admission,  # noqa: F401  (Kueue Workloads of finished jobs)
+    datastage,  # noqa: F401  (the DataStage's PV finalizer)
+    indexes,  # noqa: F401  (watch caches + wake-up routing)
+    metrics,  # noqa: F401  (watch events -> Prometheus gauges)
+)
+
+
+class _NoDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """kopf builds a diff base (a deep copy of the whole object) on every watch event of every
+    watched resource, for on.create/on.update handlers to compare against; trainop has none
+    (decisions come from the indexes; a DataStage has only on.delete), so the copy, measured
+    at a third of the event loop's CPU with 100 jobs, is skipped."""
+
+    def build(self, *, body, extra_fields=None):
+        return {}
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger,
-              **_) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger,
+                    **kwargs) -> None:
     memo.config = config.load()
     kube.configure()
     # Kopf's bookkeeping goes to annotations under our group, never into our status schema.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="trainop.io")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = _NoDiffBase(
         prefix="trainop.io", key="last-handled-configuration")
+    # Only a DataStage carries it (its PV); a job has no finalizer: its children go with it
+    # through owner references, even while the operator is down.
     settings.persistence.finalizer = "trainop.io/finalizer"
-    # Events come from jobsync (one per condition transition) through kopf.event(); kopf's own
-    # log lines ("failed temporarily" while a job waits) must not become Events.
+    # Events come from the controller (one per condition transition); kopf's own log lines
+    # must not become Events.
     settings.posting.level = logging.CRITICAL
     settings.watching.server_timeout = 300
     settings.networking.connect_timeout = 10
     settings.networking.request_timeout = 30
     settings.execution.max_workers = 16
-    # A deleted object's finalizer waits for its timer to stop; kopf re-checks a timer that was
-    # mid-run only every cancellation_polling seconds (default 60), so deletions lagged a minute.
-    settings.background.cancellation_polling = 1
-    logger.info("trainop operator configured: %d node pools, resync %.1fs",
-                len(memo.config.node_pools), memo.config.resync_seconds)
+    indexes.configure(settings)
+    memo.controller = controller.Controller(memo.config, {k: kwargs[k] for k in indexes.INDEXES})
+    memo.controller.start()
+    logger.info("trainop operator configured: %d node pools, safety resync %.0fs",
+                len(memo.config.node_pools), memo.config.safety_resync_seconds)
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_) -> None:
+    if getattr(memo, "controller", None) is not None:
+        await memo.controller.stop()

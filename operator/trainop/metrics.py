@@ -11,15 +11,19 @@ Metrics
     trainop_staging_bytes_copied_total{namespace}     counter  bytes the copy Jobs reported copied
     trainop_reconcile_duration_seconds{kind}          histogram one reconcile (handlers' sync call)
     trainop_reconcile_errors_total{kind,error}        counter  reconciles that raised (error: class)
+    trainop_queued_jobs{namespace}                    gauge    jobs waiting for GPU quota (native admission)
+    trainop_queued_gpus{namespace}                    gauge    GPUs the queued jobs ask for
+    trainop_admitted_gpus{namespace}                  gauge    GPUs of admitted, unfinished jobs
 A phase not yet written by the operator counts as "New". Gauges hold what this process has seen
 since it started; counters count only changes seen while it runs (the initial listing after a
 restart is a baseline, not a transition), as Prometheus expects of counters.
 
 What other modules call
-    with metrics.reconcile("DistributedTrainingJob"):   # around one reconcile; times it and
-        result = jobsync.sync(obj, cfg)                 # counts an exception as an error
+    with metrics.reconcile("DistributedTrainingJob"):   # around one reconcile (controller.py); times it and
+        ...                                             # counts an exception as an error
     metrics.observe(kind, body, deleted=False)          # every watch event of a DTJ/DataStage;
                                                         # handlers/metrics.py feeds it (kopf)
+    metrics.queue_totals(namespace, totals)             # gate.py after judging a namespace's queue
     metrics.serve(port, address="0.0.0.0")              # start the HTTP endpoint (cli/operator.py)
 Everything is thread-safe: kopf runs sync handlers in a thread pool.
 """
@@ -51,6 +55,11 @@ RECONCILE_SECONDS = prom.Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
 RECONCILE_ERRORS = prom.Counter(
     "trainop_reconcile_errors", "Reconciles that raised an exception", ["kind", "error"])
+QUEUED_JOBS = prom.Gauge("trainop_queued_jobs", "Jobs waiting for GPU quota (native admission)",
+                         ["namespace"])
+QUEUED_GPUS = prom.Gauge("trainop_queued_gpus", "GPUs the queued jobs ask for", ["namespace"])
+ADMITTED_GPUS = prom.Gauge("trainop_admitted_gpus",
+                           "GPUs of admitted, unfinished jobs (native admission)", ["namespace"])
 
 
 class _Seen:
@@ -114,6 +123,13 @@ def reconcile(kind: str):
         raise
     finally:
         RECONCILE_SECONDS.labels(kind).observe(time.perf_counter() - start)
+
+
+def queue_totals(namespace: str, totals: dict[str, int]) -> None:
+    """The namespace's queue as admission.gpu_totals() counted it."""
+    QUEUED_JOBS.labels(namespace).set(totals["queuedJobs"])
+    QUEUED_GPUS.labels(namespace).set(totals["queuedGpus"])
+    ADMITTED_GPUS.labels(namespace).set(totals["admittedGpus"])
 
 
 def serve(port: int, address: str = "0.0.0.0") -> None:

@@ -10,6 +10,7 @@ Pure: no API calls. Checks against live nodes take the node list as an argument
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from trainop import crds
@@ -178,6 +179,28 @@ def parse(body: dict, cfg: Config) -> Job:
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),
     )
+
+
+# Parsing validates against the CRD's schema (milliseconds): a reconcile that runs on every watch
+# event of a child parses each spec once. Keyed by the spec's text (uid and generation would
+# do for objects from the API server, not for hand-made bodies in tests and `trainop local`).
+_PARSED: dict[str, tuple[Config, Job]] = {}
+_PARSED_MAX = 4096
+
+
+def parse_cached(body: dict, cfg: Config) -> Job:
+    """parse(), remembered per spec and configuration; SpecError is not cached."""
+    meta = body.get("metadata") or {}
+    key = json.dumps([meta.get("name"), meta.get("namespace"), body.get("apiVersion"),
+                      body.get("spec")], sort_keys=True, default=str)
+    hit = _PARSED.get(key)
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    job = parse(body, cfg)
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.pop(next(iter(_PARSED)))  # oldest first: dicts keep insertion order
+    _PARSED[key] = (cfg, job)
+    return job
 
 
 def _node_matches(node: dict, selector: dict[str, str]) -> bool:

@@ -35,10 +35,10 @@ import sys
 import tarfile
 import threading
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterable
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ServiceRequestError, ServiceResponseError

@@ -1,11 +1,14 @@
-"""One reconcile of a DataStage: parse -> referenced Secret / ServiceAccount exist -> (provision)
-NFS server Service + StatefulSet, wait until it serves -> PV + claim -> stager identity + copy Job
--> phase from the Job. `cleanup()` is the finalizer's work: the cluster-scoped PV.
+"""The decisions of a DataStage's reconcile: parse -> referenced Secret / ServiceAccount exist ->
+(provision) NFS server Service + StatefulSet, wait until it serves -> PV + claim -> stager
+identity + copy Job -> phase from the Job. `cleanup()` is the finalizer's work: the
+cluster-scoped PV (the one child owner references cannot remove).
 
+    outcome = stagesync.decide(StageSnapshot(body, ...), cfg)
+
+Pure, like jobsync.decide: the snapshot holds what the watch caches hold (controller.py).
 Bad input (a spec the schema could not reject, a missing Secret or key) sets Failed naming the
-field, posts a Warning Event, and creates nothing; it is re-checked on every tick, so creating
-the Secret afterwards lets the DataStage proceed. Level-based like jobsync: every step is
-create-if-missing from the live objects, so an interrupted reconcile re-runs cleanly.
+field, posts a Warning Event, and creates nothing; creating the Secret afterwards wakes the
+DataStage (the Secret watch) and lets it proceed.
 
 Status keys written here: phase, conditions, claimName, volumeName, server, copyJobName,
 observedGeneration. The copy Job's stager writes the progress counters and lastError itself
@@ -18,33 +21,40 @@ import copy
 from dataclasses import dataclass, field
 
 from trainop import blob, conditions, kube
+from trainop.actions import Apply, Create, Outcome, delete
 from trainop.config import Config
 from trainop.render import datastage as render
 from trainop.spec import SpecError
 
 _METHOD_REFS = {method: ref for ref, method in blob.SECRET_REFS.items()}
 AUTH_FIELD = "spec.source.blob.auth"
-OWNED_KEYS = ("phase", "conditions", "claimName", "volumeName", "server", "copyJobName", "observedGeneration")
+OWNED_KEYS = ("phase", "conditions", "claimName", "volumeName", "server", "copyJobName",
+              "observedGeneration")
 
 
 @dataclass
-class Result:
-    status: dict  # the OWNED_KEYS, as they should be
-    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
-    wait: str | None = None  # why it is not settled (-> kopf.TemporaryError)
+class StageSnapshot:
+    body: dict
+    secret_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # Secret -> its keys
+    service_accounts: set[str] = field(default_factory=set)               # names in the namespace
+    claims: set[str] = field(default_factory=set)  # PersistentVolumeClaims it names (volumeClaim)
+    service: dict | None = None      # the provisioned NFS server's Service
+    statefulset: dict | None = None  # ... and StatefulSet
+    copy_jobs: list[dict] = field(default_factory=list)  # label trainop.io/datastage=<name>
 
 
 class _Status:
-    def __init__(self, old: dict, generation: int | None):
+    def __init__(self, old: dict, generation: int | None, stamp: str):
         self.old_phase = old.get("phase")
         self.data = {k: copy.deepcopy(old[k]) for k in OWNED_KEYS if k in old}
         self.data["observedGeneration"] = generation
-        self.generation = generation
+        self.generation, self.stamp = generation, stamp
         self.events: list[tuple[str, str, str]] = []
 
     def cond(self, type_: str, status: bool, reason: str, message: str) -> None:
         self.data["conditions"] = conditions.set_condition(
-            self.data.get("conditions"), type_, status, reason, message, generation=self.generation)
+            self.data.get("conditions"), type_, status, reason, message,
+            generation=self.generation, timestamp=self.stamp)
 
     def phase(self, value: str, reason: str, message: str, warning: bool = False) -> None:
         """Set the phase and the Ready condition; an Event only when the phase changes."""
@@ -53,92 +63,106 @@ class _Status:
         if value != self.old_phase:
             self.events.append(("Warning" if warning else "Normal", reason, message))
 
-    def result(self, wait: str | None = None) -> Result:
-        return Result(self.data, self.events, wait)
+    def outcome(self, actions: list, waiting: str | None = None) -> Outcome:
+        return Outcome(actions=actions, status=self.data, events=self.events, waiting=waiting)
 
 
-def check_references(stage: render.Stage) -> None:
+def check_references(stage: render.Stage, snap: StageSnapshot) -> None:
     """The Secret (and key) or the federated ServiceAccount the copy pod will need."""
     auth = stage.auth
     if auth.method == "WorkloadIdentity":
         if not auth.service_account_name:
             raise SpecError(f"{AUTH_FIELD}.serviceAccountName", "required with workloadIdentity: name the ServiceAccount federated with a managed identity that may read the container")
-        if kube.get("v1", "ServiceAccount", auth.service_account_name, stage.namespace) is None:
+        if auth.service_account_name not in snap.service_accounts:
             raise SpecError(f"{AUTH_FIELD}.serviceAccountName", f"ServiceAccount {auth.service_account_name!r} not found in namespace {stage.namespace}; create it (with the azure.workload.identity/client-id annotation)")
         return
     where = f"{AUTH_FIELD}.{_METHOD_REFS[auth.method]}"
-    secret = kube.get("v1", "Secret", auth.secret_name, stage.namespace)
-    if secret is None:
+    keys = snap.secret_keys.get(auth.secret_name)
+    if keys is None:
         raise SpecError(f"{where}.name", f"Secret {auth.secret_name!r} not found in namespace {stage.namespace}; create it with the credential under key {auth.secret_key!r}")
-    if auth.secret_key not in (secret.get("data") or {}):
+    if auth.secret_key not in keys:
         raise SpecError(f"{where}.key", f"Secret {auth.secret_name!r} has no key {auth.secret_key!r}; add it or fix the key")
 
 
-def sync(body: dict, cfg: Config) -> Result:
+def _version(obj: dict | None) -> str:
+    return (obj or {}).get("metadata", {}).get("resourceVersion", "")
+
+
+def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
+    """Every decision of one reconcile; `stamp` is now (RFC 3339) for new conditions."""
+    body = snap.body
     meta = body["metadata"]
-    st = _Status(body.get("status") or {}, meta.get("generation"))
+    st = _Status(body.get("status") or {}, meta.get("generation"), stamp)
     if meta.get("deletionTimestamp"):  # the finalizer's turn: creating anything now would leak it
-        return st.result()
+        return Outcome()
     try:
         stage = render.parse(body)
-        check_references(stage)
+        check_references(stage, snap)
     except SpecError as exc:
         st.phase("Failed", "InvalidSpec", str(exc), warning=True)
-        return st.result()
+        return st.outcome([])
 
+    actions: list = []
     server = stage.nfs_server
     if stage.provisioned:
         service, statefulset = render.server_objects(stage, cfg)
-        server = render.server_address(stage, kube.ensure(service, owner=body))
-        live = kube.ensure(statefulset, owner=body)
-        ready = ((live.get("status") or {}).get("readyReplicas") or 0) >= 1
+        actions += [Apply(service, body, _version(snap.service)),
+                    Apply(statefulset, body, _version(snap.statefulset))]
+        server = render.server_address(stage, snap.service)
+        ready = (((snap.statefulset or {}).get("status") or {}).get("readyReplicas") or 0) >= 1
         st.cond("ServerReady", ready and bool(server), "ServerReady" if ready else "ServerStarting",
                 f"NFS server {render.server_name(stage)} at {server}" if ready
                 else f"waiting for NFS server {render.server_name(stage)} to be ready")
         if not (ready and server):
             st.phase("Provisioning", "ServerStarting", f"waiting for NFS server {render.server_name(stage)}")
-            return st.result(wait="NFS server not ready")
+            return st.outcome(actions, waiting="NFS server not ready")
     if stage.existing_claim:
-        if kube.get("v1", "PersistentVolumeClaim", stage.existing_claim, stage.namespace) is None:
+        if stage.existing_claim not in snap.claims:
             st.phase("Pending", "ClaimMissing", f"waiting for PersistentVolumeClaim {stage.existing_claim} "
                                                 f"(spec.destination.volumeClaim.claimName) in {stage.namespace}")
-            return st.result(wait="claim missing")
+            return st.outcome(actions, waiting="claim missing")
         st.data["claimName"] = stage.existing_claim
     else:
         st.data["server"] = server
         pv, pvc = render.volume_objects(stage, server)
-        kube.ensure(pv)  # cluster-scoped: no owner reference; the finalizer deletes it
-        kube.ensure(pvc, owner=body)
+        actions += [Apply(pv, None, None),  # cluster-scoped: no owner reference; the finalizer deletes it
+                    Apply(pvc, body, None)]
         st.data |= {"volumeName": pv["metadata"]["name"], "claimName": pvc["metadata"]["name"]}
 
-    for obj in render.copy_objects(stage, server, cfg):
-        kube.ensure(obj, owner=body, update=obj["kind"] != "Job")  # a Job's template is immutable
     job_name = render.copy_job_name(stage)
+    current = None
+    for obj in render.copy_objects(stage, server, cfg):
+        if obj["kind"] != "Job":
+            actions.append(Apply(obj, body, None))
+    for job in snap.copy_jobs:
+        if job["metadata"]["name"] != job_name:  # an earlier spec's copy
+            if not job["metadata"].get("deletionTimestamp"):
+                actions.append(delete(job))
+        elif kube.controlled_by(job, body):
+            current = job
+    if current is None:  # a Job's template is immutable: created once per spec
+        actions.append(Create(render.copy_job(stage, server, cfg), body))
     st.data["copyJobName"] = job_name
-    for old in kube.list_objects("batch/v1", "Job", stage.namespace,
-                                 labels=render.labels(stage, "copy")):
-        if old["metadata"]["name"] != job_name:  # an earlier spec's copy
-            kube.delete("batch/v1", "Job", old["metadata"]["name"], stage.namespace, uid=old["metadata"]["uid"])
-    return _copy_phase(st, kube.get("batch/v1", "Job", job_name, stage.namespace), body)
+    return _copy_phase(st, current, body, actions)
 
 
-def _copy_phase(st: _Status, job: dict | None, body: dict) -> Result:
+def _copy_phase(st: _Status, job: dict | None, body: dict, actions: list) -> Outcome:
     status = (job or {}).get("status") or {}
     finished = {c["type"]: c for c in status.get("conditions") or [] if c.get("status") == "True"}
-    name = (job or {}).get("metadata", {}).get("name")
+    name = (job or {}).get("metadata", {}).get("name") or st.data["copyJobName"]
     if "Complete" in finished or (status.get("succeeded") or 0) >= 1:
         st.cond("Copied", True, "CopyComplete", f"copy Job {name} succeeded")
         st.phase("Ready", "CopyComplete", f"data staged; claim {st.data['claimName']} is ready to mount read-only")
-        return st.result()
+        return st.outcome(actions)
     if "Failed" in finished:
         why = (body.get("status") or {}).get("lastError") or finished["Failed"].get("message") or "failed"
         message = f"copy Job {name} failed: {why}; fix the cause, then delete the Job to retry (the copy resumes)"
         st.cond("Copied", False, "CopyFailed", message)
         st.phase("Failed", "CopyFailed", message, warning=True)
-        return st.result()
+        return st.outcome(actions)
     st.cond("Copied", False, "Copying", f"copy Job {name} is running")
     st.phase("Copying", "Copying", f"copy Job {name} is copying blobs to the share")
-    return st.result(wait="copy Job running")
+    return st.outcome(actions, waiting="copy Job running")
 
 
 def cleanup(body: dict) -> None:
@@ -146,4 +170,3 @@ def cleanup(body: dict) -> None:
     children go with the DataStage through their owner references."""
     meta = body["metadata"]
     kube.delete("v1", "PersistentVolume", render.volume_name(meta["namespace"], meta["name"]))
-

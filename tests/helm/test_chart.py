@@ -20,7 +20,7 @@ IMAGE = "trainop/operator:0.1.0"
 
 # The operator's whole permission set, as the chart must render it (resource -> verbs).
 CLUSTER_RULES = {
-    ("", "nodes"): ["list"],
+    ("", "nodes"): ["list", "watch"],
     ("", "persistentvolumes"): ["get", "create", "patch", "delete"],
     ("apiextensions.k8s.io", "customresourcedefinitions"): ["list", "watch"],
     ("", "namespaces"): ["list", "watch"],
@@ -35,16 +35,16 @@ NAMESPACED_RULES = {
     ("", "resourcequotas"): ["list", "watch"],
     ("kueue.x-k8s.io", "workloads"): ["get", "create", "patch", "delete"],
     ("kueue.x-k8s.io", "workloads/status"): ["patch"],
-    ("batch", "jobs"): ["get", "list", "create", "delete"],
-    ("", "services"): ["get", "create", "patch"],
-    ("", "configmaps"): ["get", "create", "patch"],
-    ("", "serviceaccounts"): ["get", "create", "patch"],
-    ("", "persistentvolumeclaims"): ["get", "create", "patch"],
-    ("apps", "statefulsets"): ["get", "create", "patch"],
+    ("batch", "jobs"): ["get", "list", "watch", "create", "delete"],
+    ("", "services"): ["get", "list", "watch", "create", "patch"],
+    ("", "configmaps"): ["get", "list", "watch", "create", "patch"],
+    ("", "serviceaccounts"): ["get", "list", "watch", "create", "patch"],
+    ("", "persistentvolumeclaims"): ["get", "list", "watch", "create", "patch"],
+    ("apps", "statefulsets"): ["get", "list", "watch", "create", "patch"],
     ("rbac.authorization.k8s.io", "roles"): ["get", "create", "patch"],
     ("rbac.authorization.k8s.io", "rolebindings"): ["get", "create", "patch"],
-    ("", "secrets"): ["get", "create"],
-    ("discovery.k8s.io", "endpointslices"): ["list"],
+    ("", "secrets"): ["get", "list", "watch", "create"],
+    ("discovery.k8s.io", "endpointslices"): ["list", "watch"],
 }
 PEERING = ["list", "watch", "patch"]
 
@@ -143,7 +143,7 @@ def test_rendered_config_is_what_the_operator_loads(render):
     text = find(render(), "ConfigMap")["data"]["config.yaml"]
     loaded = config.from_dict(yaml.safe_load(text))
     defaults = config.from_dict(None)
-    for attr in ("resync_seconds", "node_pools", "default_node_pools", "images", "launcher_resources",
+    for attr in ("resync_seconds", "safety_resync_seconds", "node_pools", "default_node_pools", "images", "launcher_resources",
                  "max_gpus_per_job"):
         assert getattr(loaded, attr) == getattr(defaults, attr), attr
     assert loaded.section("datastage") == {"image": IMAGE} and loaded.section("logship") == {"image": IMAGE}

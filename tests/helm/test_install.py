@@ -158,9 +158,9 @@ def test_job_end_to_end_with_only_the_chart_service_account(cluster, install, sa
                        sample(m, "trainop_jobs", namespace=ns, phase="Succeeded") == 1 and m,
                        timeout=10, what="trainop_jobs{phase=Succeeded} == 1")
     assert not sample(after, "trainop_jobs", namespace=ns, phase="Running")
-    transitions = dict(name="trainop_phase_transitions_total", kind="DistributedTrainingJob", phase="Succeeded")
+    transitions = {"name": "trainop_phase_transitions_total", "kind": "DistributedTrainingJob", "phase": "Succeeded"}
     assert sample(after, **transitions) == (sample(before, **transitions) or 0) + 1
-    count = dict(name="trainop_reconcile_duration_seconds_count", kind="DistributedTrainingJob")
+    count = {"name": "trainop_reconcile_duration_seconds_count", "kind": "DistributedTrainingJob"}
     assert sample(after, **count) > sample(running, **count) > 0
     assert not [k for k in after if k[0] == "trainop_reconcile_errors_total"]
     assert_no_refusals(sa_operator)

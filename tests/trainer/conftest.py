@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -65,6 +66,20 @@ def launch_command(launcher: str, ranks: int, args: list[str], port: int) -> lis
     return [sys.executable, *trainer]
 
 
+DIGEST = re.compile(r"trainop_trainer: rank (\d+)/\d+ parameter sha256 ([0-9a-f]{64})")
+
+
+def parse_digests(stderr: str) -> dict[int, str]:
+    """rank -> digest, wherever the report sits in the stream: the ranks and TensorFlow's C++
+    logger share one pipe, so a report is not assumed to own a line. A rank that reports twice
+    with different digests keeps both visible (the identity check then fails)."""
+    out: dict[int, str] = {}
+    for match in DIGEST.finditer(stderr):
+        rank, digest = int(match.group(1)), match.group(2)
+        out[rank] = digest if out.get(rank, digest) == digest else f"{out[rank]}|{digest}"
+    return out
+
+
 @dataclass
 class Run:
     returncode: int
@@ -80,15 +95,10 @@ class Run:
 
     @property
     def digests(self) -> dict[int, str]:
-        out = {}
-        for line in self.stderr.splitlines():
-            if "parameter sha256" in line:
-                words = line.split()
-                out[int(words[words.index("rank") + 1].split("/")[0])] = words[-1]
-        return out
+        return parse_digests(self.stderr)
 
     def explain(self) -> str:
-        return f"exit {self.returncode}\nstdout:\n" + "\n".join(l for _, l in self.lines) + f"\nstderr:\n{self.stderr[-4000:]}"
+        return f"exit {self.returncode}\nstdout:\n" + "\n".join(text for _, text in self.lines) + f"\nstderr:\n{self.stderr[-4000:]}"
 
 
 def run_trainer(launcher: str, args: list[str], output_dir: Path, ranks: int = 2) -> Run:

@@ -2,7 +2,6 @@
 creates nothing (no output folder, no metrics), before any framework trains."""
 
 import subprocess
-import sys
 
 import pytest
 

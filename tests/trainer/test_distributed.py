@@ -84,7 +84,7 @@ def test_images_per_sec_consistent_with_wall_time(run):
         assert implied >= 0.2 * interval, (implied, interval)
         assert rec["stepTime"] == pytest.approx(implied / STEPS, rel=0.01)
     final = run.records[-1]
-    total = re.search(r"^Total images/sec: ([\d.]+)$", "\n".join(l for _, l in run.lines), re.M)
+    total = re.search(r"^Total images/sec: ([\d.]+)$", "\n".join(text for _, text in run.lines), re.M)
     assert total and float(total.group(1)) == pytest.approx(final["imagesPerSec"], abs=0.06)
     # The whole run (start-up included) cannot have been faster than the training it reports.
     assert EPOCHS * STEPS * global_batch / run.wall <= final["imagesPerSec"]

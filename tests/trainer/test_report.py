@@ -52,3 +52,21 @@ def test_identity_check_catches_a_one_ulp_difference():
         assert_identical({0: same, 1: report.parameter_digest(drifted)}, 2)
     with pytest.raises(AssertionError):
         assert_identical({0: same}, 2)  # a rank that reported nothing
+
+
+def test_ranks_digest_reports_sharing_a_line_are_both_read():
+    from tests.trainer.conftest import parse_digests
+    d0, d1 = "a" * 64, "b" * 64
+    # what two ranks' print() calls produced once: text, text, newline, newline
+    interleaved = (f"trainop_trainer: rank 0/2 parameter sha256 {d0}"
+                   f"trainop_trainer: rank 1/2 parameter sha256 {d1}\n\n"
+                   f"2026-01-01 W tensorflow/core/x.cc:1] a C++ log line\n")
+    assert parse_digests(interleaved) == {0: d0, 1: d1}
+
+
+def test_a_report_is_one_write(monkeypatch, tmp_path):
+    writes = []
+    monkeypatch.setattr(report.os, "write", lambda fd, data: writes.append(data) or len(data))
+    with open(tmp_path / "err", "w") as stream:
+        report.write_line(stream, "trainop_trainer: rank 1/2 parameter sha256 " + "c" * 64)
+    assert writes == [("trainop_trainer: rank 1/2 parameter sha256 " + "c" * 64 + "\n").encode()]

@@ -69,17 +69,12 @@ def connect(args: argparse.Namespace) -> str:
     from kubernetes import config
 
     try:
-        kube.configure(config.new_client_from_config(config_file=args.kubeconfig, context=args.context))
-        _, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
+        api, context_namespace = kube.connect(args.kubeconfig, args.context)
     except (config.ConfigException, OSError) as exc:
         raise JobsError(f"no usable kubeconfig ({exc}); pass --kubeconfig or set KUBECONFIG "
                         f"(`trainop devcluster up` prints one)") from None
-    if args.namespace:
-        return args.namespace
-    if args.context:
-        contexts, _ = config.list_kube_config_contexts(config_file=args.kubeconfig)
-        active = next((c for c in contexts if c["name"] == args.context), {})
-    return (active or {}).get("context", {}).get("namespace") or "default"
+    kube.configure(api)
+    return args.namespace or context_namespace or "default"
 
 
 def _api_message(exc) -> str:

@@ -14,11 +14,10 @@ import sys
 import time
 from typing import BinaryIO
 
-from trainop import API_VERSION, blob, kube
+from trainop import API_VERSION, blob, kube, phases
 from trainop.render import common, logship
 
 KIND = "DistributedTrainingJob"
-TERMINAL = ("Succeeded", "Failed")
 POLL_SECONDS = 2.0  # -f on an archived log: how often the blob's length is checked
 STREAM_CHUNK = 64 * 1024
 
@@ -40,7 +39,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        namespace = _connect(args.kubeconfig, args.namespace)
+        namespace = connect(args.kubeconfig, args.namespace)
         job = kube.get(API_VERSION, KIND, args.job, namespace)
         if job is None:
             raise LogsError(f"{KIND} {namespace}/{args.job} not found")
@@ -51,20 +50,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
 
 
-def _connect(kubeconfig: str | None, namespace: str | None) -> str:
-    from kubernetes import config
-
-    if kubeconfig:
-        kube.configure(config.new_client_from_config(config_file=kubeconfig))
-    else:
-        kube.configure()
-    if namespace:
-        return namespace
-    try:
-        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-        return (active or {}).get("context", {}).get("namespace") or "default"
-    except config.ConfigException:
-        return "default"  # in-cluster
+def connect(kubeconfig: str | None, namespace: str | None) -> str:
+    """Point kube at the cluster (kube.connect); returns the namespace to use."""
+    api, context_namespace = kube.connect(kubeconfig)
+    kube.configure(api)
+    return namespace or context_namespace or "default"
 
 
 def parse_pod(job: dict, pod: str | None) -> tuple[str, int | None]:
@@ -216,6 +206,6 @@ def _finished(name: str, namespace: str) -> bool:
     job = kube.get(API_VERSION, KIND, name, namespace)
     if job is None:
         return True
-    if (job.get("status") or {}).get("phase") not in TERMINAL:
+    if (job.get("status") or {}).get("phase") not in phases.TERMINAL:
         return False
     return not kube.list_objects("v1", "Pod", namespace, common.labels(name))

@@ -12,8 +12,8 @@ import sys
 from collections import defaultdict
 from decimal import Decimal
 
-from trainop import API_VERSION, admission, conditions, kube
-from trainop.cli.logs import _connect
+from trainop import API_VERSION, admission, conditions, kube, phases
+from trainop.cli.logs import connect
 from trainop.config import DEFAULTS
 
 KIND = "DistributedTrainingJob"
@@ -49,7 +49,7 @@ def row(namespace: str, quotas: list[dict], pods: list[dict], jobs: list[dict]) 
     admitted = queued = queued_gpus = 0
     for job in jobs:
         status = job.get("status") or {}
-        if status.get("phase") in ("Succeeded", "Failed"):
+        if phases.finished(job):
             continue
         if status.get("phase") == "Queued":
             queued += 1
@@ -63,9 +63,9 @@ def row(namespace: str, quotas: list[dict], pods: list[dict], jobs: list[dict]) 
 
 
 def run(args: argparse.Namespace) -> int:
-    namespace = None if args.all_namespaces else _connect(args.kubeconfig, args.namespace)
+    namespace = connect(args.kubeconfig, args.namespace)
     if args.all_namespaces:
-        _connect(args.kubeconfig, None)
+        namespace = None
     quotas, pods, jobs = (defaultdict(list) for _ in range(3))
     for kind, api, into in (("ResourceQuota", "v1", quotas), ("Pod", "v1", pods),
                             (KIND, API_VERSION, jobs)):

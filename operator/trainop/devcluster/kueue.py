@@ -137,7 +137,7 @@ class Kueue:
             "featureGates": {"VisibilityOnDemand": False},
         }
 
-    def start(self, timeout: float = 120) -> "Kueue":
+    def start(self, timeout: float = 120) -> Kueue:
         binary, _ = ensure_built()
         self.health_port, self.webhook_port = _free_port(), _free_port()
         install_crds(self.kubeconfig, self.webhook_port)

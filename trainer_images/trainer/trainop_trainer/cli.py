@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from trainop_trainer import data, world as world_mod
+from trainop_trainer import data
+from trainop_trainer import world as world_mod
+from trainop_trainer.config import Config
 
 FRAMEWORKS = ("pytorch", "tensorflow", "keras")
 MODELS = ("resnet50", "resnet18")
@@ -20,32 +21,6 @@ MODELS = ("resnet50", "resnet18")
 
 class ConfigError(ValueError):
     pass
-
-
-@dataclass(frozen=True)
-class Config:
-    framework: str
-    backend: str  # "horovod" or "native" once resolved
-    synthetic: bool
-    data_dir: Path | None
-    batch_size: int  # per worker
-    epochs: int
-    steps_per_epoch: int | None
-    image_size: int
-    model: str
-    num_classes: int
-    synthetic_batches: int
-    precision: str
-    channels_last: bool
-    compile: bool
-    output_dir: Path
-    metrics_file: Path
-    base_lr: float
-    warmup_epochs: float
-    momentum: float
-    weight_decay: float
-    loader_workers: int
-    seed: int
 
 
 class _Parser(argparse.ArgumentParser):

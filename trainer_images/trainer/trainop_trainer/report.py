@@ -8,7 +8,9 @@ status.metrics, so they are camelCase and fixed.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +50,7 @@ class Reporter:
         total = steps * self.global_batch / seconds
         self._emit(epoch, step, loss, total, seconds / steps, final=True)
         if self.chief:
-            print(f"Total images/sec: {total:.1f}", flush=True)
+            write_line(sys.stdout, f"Total images/sec: {total:.1f}")
 
     def _emit(self, epoch, step, loss, total, step_time, final):
         if not self.chief:
@@ -64,7 +66,7 @@ class Reporter:
             "final": final,
         }
         line = json.dumps(record)
-        print(line, flush=True)
+        write_line(sys.stdout, line)
         with open(self.metrics_file, "a") as f:
             f.write(line + "\n")
 
@@ -79,4 +81,23 @@ def parameter_digest(arrays) -> str:
 
 def log_digest(rank: int, size: int, digest: str) -> None:
     # stderr, one line per rank: lets anyone compare ranks after a run (they must be equal).
-    print(f"trainop_trainer: rank {rank}/{size} parameter sha256 {digest}", file=sys.stderr, flush=True)
+    write_line(sys.stderr, f"trainop_trainer: rank {rank}/{size} parameter sha256 {digest}")
+
+
+def write_line(stream, line: str) -> None:
+    """`line` and its newline in ONE write(). Every rank shares the launcher's stdout and stderr
+    pipes, and print() under PYTHONUNBUFFERED (what the images and the tests set) writes the text
+    and the newline in two calls: ranks that finish together (the last collective releases
+    them at once) could then write "rank 0 ... <d0>rank 1 ... <d1>\n\n", one line holding two
+    reports, and a reader that takes one report per line loses one (a rank that exited 0 with
+    no digest). POSIX makes a write of at most PIPE_BUF (4096) bytes to a pipe atomic."""
+    data = (line + "\n").encode()
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # an in-memory stream (tests)
+        stream.write(line + "\n")
+        stream.flush()
+        return
+    stream.flush()  # whatever was written before goes first
+    while data:
+        data = data[os.write(fd, data):]

@@ -20,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from trainop_trainer import data, report  # noqa: E402
-from trainop_trainer.cli import Config  # noqa: E402
+from trainop_trainer.config import Config  # noqa: E402
 from trainop_trainer.world import World  # noqa: E402
 
 

@@ -12,7 +12,7 @@ import torchvision
 from torch import nn
 
 from trainop_trainer import data, report
-from trainop_trainer.cli import Config
+from trainop_trainer.config import Config
 from trainop_trainer.world import World
 
 

@@ -1,0 +1,343 @@
+"""trainop against Kubeflow's MPI Operator v0.6.0 on one dev cluster (real API server, scheduler,
+controller-manager; KWOK nodes), one operator after the other, the same N jobs of 2 workers x
+4 GPUs each:
+
+    .venv/bin/python bench/control_plane.py --jobs 10 100 500 [--window 30] [--md docs/benchmarks.md]
+
+Per operator and N it reports
+- ramp: seconds from the first job applied until every launcher pod is Running; p50/p99 of each
+  job's apply -> its launcher pod Running (seen by this script's watch);
+- the operator's CPU seconds over the ramp and its peak RSS (/proc: utime+stime, VmHWM); an
+  operator that dies during the ramp is restarted, as its Deployment would (`restarts`; CPU is
+  summed over its lives, sampled every 0.2 s; peak RSS is its last life's);
+- steady state: apiserver_request_total growth per second over `--window` seconds with every job
+  running and the operator up, minus the same window right after stopping it (what the operator
+  itself costs), and its CPU share of one core over the first window.
+
+MPI Operator is built from the Go module proxy (bench/mpi_operator/: a wrapper go.mod, see
+/work/shared/TOOLCHAIN.md), runs with -kube-api-qps 200 -kube-api-burst 400 (its default of 5
+would make it the slow one for the wrong reason), and its jobs use
+launcherCreationPolicy: WaitForWorkersReady, which is trainop's rule too (the launcher starts
+once every worker is Ready), so both measure the same path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from kubernetes import client as k8s
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "operator"))
+
+from trainop import paths  # noqa: E402
+from trainop.devcluster import kubectl  # noqa: E402
+from trainop.devcluster.cluster import DevCluster, install_crds  # noqa: E402
+from trainop.devcluster.pools import NodePool  # noqa: E402
+
+MPI_VERSION = "v0.6.0"
+MPI_MODULE = "github.com/kubeflow/mpi-operator"
+IMAGE = "trainop/trainer-pytorch:0.1.0"  # KWOK runs nothing: any name will do
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+# ---- MPI Operator ------------------------------------------------------------------------------
+
+def mpi_operator_binary() -> Path:
+    """Build (once, cached by version) MPI Operator from the wrapper module in bench/mpi_operator."""
+    out = paths.cache_dir() / f"mpi-operator-{MPI_VERSION}" / "mpi-operator"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, GOFLAGS="-mod=mod", CGO_ENABLED="0")
+        subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(out),
+                        f"{MPI_MODULE}/cmd/mpi-operator"], cwd=REPO / "bench" / "mpi_operator",
+                       env=env, check=True)
+    return out
+
+
+def mpi_crd() -> Path:
+    gomodcache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    return Path(gomodcache) / f"{MPI_MODULE}@{MPI_VERSION}" / "manifests/base/kubeflow.org_mpijobs.yaml"
+
+
+def mpijob(name: str) -> dict:
+    worker = {"containers": [{"name": "worker", "image": IMAGE,
+                              "resources": {"limits": {"nvidia.com/gpu": 4}}}],
+              "nodeSelector": {"kubernetes.azure.com/agentpool": "gpu"},
+              "tolerations": [GPU_TOLERATION]}
+    launcher = {"containers": [{"name": "launcher", "image": IMAGE, "command": ["mpirun", "true"],
+                                "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}]}
+    return {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": name},
+            "spec": {"slotsPerWorker": 4, "launcherCreationPolicy": "WaitForWorkersReady",
+                     "runPolicy": {"cleanPodPolicy": "Running"},
+                     "mpiReplicaSpecs": {
+                         "Launcher": {"replicas": 1, "template": {"spec": launcher}},
+                         "Worker": {"replicas": 2, "template": {"spec": worker}}}}}
+
+
+def dtj(name: str) -> dict:
+    return {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+            "metadata": {"name": name}, "spec": {"workers": 2, "gpusPerWorker": 4}}
+
+
+OPERATORS = {
+    # name: (job manifest, group/version/plural, launcher pod label selector, job label on it)
+    "trainop": (dtj, ("trainop.io", "v1alpha1", "distributedtrainingjobs"),
+                "trainop.io/role=launcher", "trainop.io/job-name"),
+    "mpi-operator": (mpijob, ("kubeflow.org", "v2beta1", "mpijobs"),
+                     "training.kubeflow.org/job-role=launcher", "training.kubeflow.org/job-name"),
+}
+
+
+def start_operator(name: str, cluster: DevCluster, namespace: str, log: Path) -> subprocess.Popen:
+    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), PYTHONUNBUFFERED="1")
+    if name == "trainop":
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "operator"), str(REPO)])
+        cmd = [sys.executable, "-m", "trainop", "operator", "--standalone", "--namespace", namespace]
+    else:
+        cmd = [str(mpi_operator_binary()), f"-kubeConfig={cluster.kubeconfig}",
+               f"-namespace={namespace}", "-kube-api-qps=200", "-kube-api-burst=400",
+               "-threadiness=2"]
+    return subprocess.Popen(cmd, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# ---- measurements ------------------------------------------------------------------------------
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def requests_total(api: k8s.ApiClient) -> float:
+    """Sum of apiserver_request_total over every label set (the API server's own counter)."""
+    _, url, headers, _, _ = api.param_serialize("GET", "/metrics", header_params={"Accept": "text/plain"},
+                                                auth_settings=["BearerToken"])
+    resp = api.call_api("GET", url, header_params=headers, _request_timeout=(10, 60))
+    resp.read()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in resp.data.decode().splitlines()
+               if line.startswith("apiserver_request_total{"))
+
+
+class LauncherWatch:
+    """When each job's launcher pod was first seen Running (monotonic seconds)."""
+
+    def __init__(self, core: k8s.CoreV1Api, namespace: str, selector: str, job_label: str):
+        self.running: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._args = core, namespace, selector, job_label
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        core, namespace, selector, job_label = self._args
+        while not self._stop.is_set():
+            w = watch.Watch()
+            try:
+                for event in w.stream(core.list_namespaced_pod, namespace, label_selector=selector,
+                                      timeout_seconds=30):
+                    pod = event["object"]
+                    job = (pod.metadata.labels or {}).get(job_label)
+                    if job and pod.status.phase == "Running" and job not in self.running:
+                        self.running[job] = time.monotonic()
+                    if self._stop.is_set():
+                        break
+            except Exception:  # a dropped watch: start again (the listing re-reports)
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
+
+
+def wait_namespace_gone(core: k8s.CoreV1Api, namespace: str, timeout: float = 600) -> None:
+    try:
+        core.delete_namespace(namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            core.read_namespace(namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        time.sleep(1)
+    raise TimeoutError(f"namespace {namespace} still there after {timeout}s")
+
+
+def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, window: float,
+            logs: Path) -> dict:
+    core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
+    make, (group, version, plural), selector, job_label = OPERATORS[operator]
+    namespace = f"bench-{operator}-{n}"
+    core.create_namespace({"metadata": {"name": namespace}})
+    while True:  # pods are refused until the ServiceAccount controller made `default`
+        try:
+            core.read_namespaced_service_account("default", namespace)
+            break
+        except ApiException:
+            time.sleep(0.2)
+    log = logs / f"{operator}-{n}.log"
+    proc = start_operator(operator, cluster, namespace, log)
+    time.sleep(5 if operator == "trainop" else 3)  # started: its initial listings done
+    watcher = LauncherWatch(core, namespace, selector, job_label)
+    cpu0, cpu_before, restarts = cpu_seconds(proc.pid), 0.0, 0
+    applied: dict[str, float] = {}
+    start = time.monotonic()
+    for i in range(n):
+        name = f"j{i:04d}"
+        custom.create_namespaced_custom_object(group, version, namespace, plural, make(name))
+        applied[name] = time.monotonic()
+    deadline = start + max(300, 3 * n)
+    last = cpu0
+    while len(watcher.running) < n and time.monotonic() < deadline:
+        if proc.poll() is not None:  # died (MPI Operator exits when it misses a lease renewal):
+            restarts += 1            # restart it as its Deployment would, and keep counting
+            cpu_before += last - cpu0
+            proc = start_operator(operator, cluster, namespace, log)
+            time.sleep(0.5)
+            cpu0 = last = cpu_seconds(proc.pid)
+            continue
+        try:
+            last = cpu_seconds(proc.pid)
+        except FileNotFoundError:
+            continue
+        time.sleep(0.2)
+    done = time.monotonic()
+    ramp_cpu = cpu_before + cpu_seconds(proc.pid) - cpu0
+    latencies = [watcher.running[j] - applied[j] for j in applied if j in watcher.running]
+    result = {"operator": operator, "jobs": n, "running": len(watcher.running),
+              "all_running_s": round(done - start, 1) if len(watcher.running) == n else None,
+              "p50_s": round(percentile(latencies, 50), 2) if latencies else None,
+              "p99_s": round(percentile(latencies, 99), 2) if latencies else None,
+              "ramp_cpu_s": round(ramp_cpu, 1), "restarts": restarts}
+    watcher.close()
+    time.sleep(10)  # let the last status writes and Events settle
+    r0, c0, t0 = requests_total(api), cpu_seconds(proc.pid), time.monotonic()
+    time.sleep(window)
+    r1, c1, t1 = requests_total(api), cpu_seconds(proc.pid), time.monotonic()
+    result["peak_rss_mb"] = round(peak_rss_mb(proc.pid), 0)
+    stop(proc)
+    time.sleep(5)
+    r2, t2 = requests_total(api), time.monotonic()
+    time.sleep(window)
+    r3, t3 = requests_total(api), time.monotonic()
+    on, off = (r1 - r0) / (t1 - t0), (r3 - r2) / (t3 - t2)
+    result |= {"steady_req_s": round(on - off, 2), "steady_cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 2),
+               "req_s_on": round(on, 2), "req_s_off": round(off, 2)}
+    wait_namespace_gone(core, namespace)
+    return result
+
+
+# ---- the run -----------------------------------------------------------------------------------
+
+def bench_pools(n: int) -> list[NodePool]:
+    """8-GPU nodes (2 workers each) for N jobs, and CPU nodes for the launchers (110 pods each)."""
+    return [NodePool("system", max(2, n // 60 + 2), "Standard_D96s_v5", cpu="96", memory="384Gi",
+                     mode="system"),
+            NodePool("gpu", n + 2, "Standard_ND96asr_v4", cpu="96", memory="880Gi", gpus=8)]
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    return f"{os.cpu_count()} cores ({model}), {platform.system()} {platform.release()}"
+
+
+def markdown(results: list[dict]) -> str:
+    head = ("| operator | jobs | all launchers Running (s) | p50 / p99 apply->Running (s) | "
+            "ramp CPU (s) | peak RSS (MB) | steady API req/s | steady CPU (% of a core) |\n"
+            "|---|---|---|---|---|---|---|---|\n")
+    rows = "".join(
+        f"| {r['operator']} | {r['jobs']} | {r['all_running_s'] if r['all_running_s'] is not None else str(r['running']) + ' of ' + str(r['jobs'])} "
+        f"| {r['p50_s']} / {r['p99_s']} | {r['ramp_cpu_s']} | {r['peak_rss_mb']:.0f} | "
+        f"{r['steady_req_s']} | {r['steady_cpu_pct']} |\n" for r in results)
+    return head + rows
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", type=int, nargs="+", default=[10, 100, 500])
+    p.add_argument("--operators", nargs="+", default=["trainop", "mpi-operator"], choices=list(OPERATORS))
+    p.add_argument("--window", type=float, default=30, help="steady-state window, seconds")
+    p.add_argument("--md", type=Path, help="append the table (with machine and date) to this file")
+    p.add_argument("--json", type=Path, help="write the raw results here")
+    args = p.parse_args()
+
+    if "mpi-operator" in args.operators:
+        mpi_operator_binary()
+    results = []
+    for n in args.jobs:
+        with tempfile.TemporaryDirectory(prefix="trainop-bench-") as tmp:
+            cluster = DevCluster(Path(tmp) / "cluster", pools=bench_pools(n), die_with_parent=True)
+            logs = Path(tmp) / "logs"
+            logs.mkdir()
+            try:
+                cluster.up(timeout=600)
+                install_crds(cluster.kubeconfig)
+                kubectl.run(cluster.kubeconfig, "apply", "--server-side", "-f", str(mpi_crd()), check=True)
+                kubectl.run(cluster.kubeconfig, "create", "namespace", "mpi-operator", check=True)
+                from kubernetes import config as k8s_config
+                api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
+                for operator in args.operators:
+                    result = run_one(cluster, api, operator, n, args.window, logs)
+                    print(json.dumps(result), flush=True)
+                    results.append(result)
+            finally:
+                keep = REPO / ".cache" / "bench-logs"
+                keep.mkdir(parents=True, exist_ok=True)
+                for f in logs.glob("*.log"):
+                    shutil.copy(f, keep / f.name)
+                cluster.down()
+    table = markdown(results)
+    print(table)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    if args.md:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        with args.md.open("a") as f:
+            f.write(f"\n### {stamp}, {machine()}\n\n{table}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""The apply layer: executes a decide()'s actions, writes the status keys that changed and posts
+the Events. The only place where a decision becomes API calls (through kube.py).
+
+    applier = apply.Applier()
+    conflicts = applier.run(outcome.actions)          # [] or the names a child could not take
+    written = apply.write_status(body, changes)       # the object as the API server returned it
+    apply.post_event(body, "Warning", "GangRestart", "pod x died")
+
+Cost in steady state is zero: an `Apply` of a child whose live resourceVersion is the one this
+process's last apply produced (and whose rendering has not changed) is skipped without a call.
+A child the caches show missing is created with POST (never adopted: a 409 whose object another
+owner controls is reported as a conflict); an existing one is server-side applied (force, field
+manager "trainop"), which puts an edited field back and leaves API-server defaults alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import os
+import threading
+
+from kubernetes.client.exceptions import ApiException
+
+from trainop import kube, sshkeys
+from trainop.actions import Apply, Create, CreateSSHSecret, Delete, DropFinalizer, Ref
+from trainop.render import dtj as render_dtj
+
+log = logging.getLogger("trainop.apply")
+COMPONENT = "trainop"
+_HOST = os.environ.get("HOSTNAME") or os.uname().nodename
+
+
+class Applier:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # (apiVersion, kind, namespace, name) -> (digest of what we applied, resourceVersion
+        # the API server returned for it)
+        self._applied: dict[tuple, tuple[str, str]] = {}
+
+    def run(self, actions: list) -> list[str]:
+        """Execute `actions` in order; returns the ownership conflicts met (messages)."""
+        conflicts = []
+        for action in actions:
+            try:
+                if isinstance(action, Apply):
+                    self._apply(action)
+                elif isinstance(action, Create):
+                    _create(kube.with_owner(action.obj, action.owner), action.owner)
+                elif isinstance(action, CreateSSHSecret):
+                    secret = render_dtj.render_ssh_secret(action.job, *sshkeys.generate())
+                    _create(kube.with_owner(secret, action.owner), action.owner)
+                elif isinstance(action, Delete):
+                    _delete(action.ref)
+                elif isinstance(action, DropFinalizer):
+                    _drop_finalizer(action)
+                else:
+                    raise TypeError(f"unknown action {action!r}")
+            except kube.OwnershipError as exc:
+                conflicts.append(str(exc))
+        return conflicts
+
+    def forget(self, owner_uid: str) -> None:
+        """The owner is gone: drop what was remembered about its children."""
+        with self._lock:
+            self._applied = {k: v for k, v in self._applied.items() if k[4] != owner_uid}
+
+    def _apply(self, action: Apply) -> None:
+        desired = kube.with_owner(action.obj, action.owner)
+        ref = Ref.of(desired)
+        key = (ref.api_version, ref.kind, ref.namespace, ref.name,
+               (action.owner or {}).get("metadata", {}).get("uid"))
+        digest = hashlib.sha256(json.dumps(desired, sort_keys=True).encode()).hexdigest()
+        with self._lock:
+            seen = self._applied.get(key)
+        if seen and seen[0] == digest and action.live_version in (None, seen[1]):
+            return  # ours and unchanged since we applied it
+        if action.live_version == "" or (action.live_version is None and seen is None):
+            live = _create(desired, action.owner, then_apply=True)
+        else:
+            live = kube.apply(desired)
+        with self._lock:
+            self._applied[key] = (digest, live["metadata"].get("resourceVersion", ""))
+
+
+def _create(desired: dict, owner: dict | None, then_apply: bool = False) -> dict:
+    """POST; on 409 the existing object must be the owner's (then applied, if asked)."""
+    try:
+        return kube.create(desired)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    ref = Ref.of(desired)
+    live = kube.get(ref.api_version, ref.kind, ref.name, ref.namespace)
+    if live is None:
+        return kube.create(desired)  # it was being deleted a moment ago
+    if owner is not None and not kube.controlled_by(live, owner):
+        raise kube.OwnershipError(f"{ref} already exists and is not controlled by "
+                                  f"{owner['kind']} {owner['metadata']['name']}; delete or "
+                                  f"rename it")
+    return kube.apply(desired) if then_apply else live
+
+
+def _delete(ref: Ref) -> None:
+    kube.delete(ref.api_version, ref.kind, ref.name, ref.namespace, uid=ref.uid)
+
+
+def _drop_finalizer(action: DropFinalizer) -> None:
+    ref = action.ref
+    rest = [f for f in action.finalizers if f != action.name]
+    try:  # (merge patch replaces the list; the resourceVersion makes it refuse a stale one)
+        kube.patch(ref.api_version, ref.kind, ref.name, ref.namespace,
+                   {"metadata": {"finalizers": rest or None,
+                                 "resourceVersion": action.resource_version}})
+    except ApiException as exc:
+        if exc.status not in (404, 409):  # gone, or changed: the next reconcile sees it anew
+            raise
+
+
+def write_status(body: dict, changes: dict, subresource: str = "status") -> dict:
+    """JSON merge patch of the changed status keys (None removes a key)."""
+    meta = body["metadata"]
+    return kube.patch(body["apiVersion"], body["kind"], meta["name"], meta["namespace"],
+                      {"status": changes}, subresource=subresource)
+
+
+def post_event(body: dict, type_: str, reason: str, message: str,
+               now: dt.datetime | None = None) -> None:
+    """A core/v1 Event about `body` (what `kubectl describe` shows)."""
+    meta = body["metadata"]
+    stamp = (now or dt.datetime.now(dt.timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    event = {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": body["apiVersion"], "kind": body["kind"],
+                           "name": meta["name"], "namespace": meta["namespace"],
+                           "uid": meta.get("uid")},
+        "type": type_, "reason": reason, "message": message[:1024],
+        "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+        "reportingInstance": _HOST, "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+    }
+    try:  # (kube.create wants a name; an Event has generateName)
+        kube.request("POST", kube.path("v1", "Event", meta["namespace"]), body=event)
+    except ApiException as exc:  # an Event is a courtesy: never fail a reconcile for it
+        log.warning("could not post Event %s/%s on %s/%s: %s", type_, reason,
+                    meta["namespace"], meta["name"], exc.reason)

@@ -1,0 +1,327 @@
+"""Observe -> decide -> act. kopf's indexes (handlers/indexes.py) hold the observed state and
+wake keys in a work queue; workers take a key, build its snapshot from the indexes, call the
+pure decide() (jobsync, stagesync), and hand the outcome to the apply layer in a thread.
+
+Why a work queue fed by change handlers rather than a kopf daemon per job: kopf daemons and
+timers need a finalizer on every object to stop them, and that finalizer is what hung namespace
+deletion while the operator was down; a queue also coalesces a burst of child events into one
+reconcile, keeps one object's reconciles serial, and holds deadlines (`add_after`) without a
+task per job, so 500 idle jobs cost nothing but their cache entries.
+
+Nothing polls: a reconcile runs when something it reads changed, at a deadline decide() named
+(activeDeadlineSeconds, TTL), after an API error (backoff), or at the safety resync
+(`safetyResyncSeconds`, minutes), which re-reads every object from the caches in case a
+wake-up was ever lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+from kubernetes.client.exceptions import ApiException
+
+from trainop import apply, conditions, gate, jobsync, metrics, stagesync
+from trainop.config import Config
+from trainop.workqueue import WorkQueue
+
+log = logging.getLogger("trainop.controller")
+JOB, STAGE = "DistributedTrainingJob", "DataStage"
+WORKERS = 8           # reconciles in flight (each mostly waits on the API server)
+MAX_BACKOFF = 300.0   # seconds between retries of a reconcile that keeps failing
+DEADLINE_SLACK = 0.05  # wake a little after a deadline, never a little before it
+
+
+def _rv(obj: dict | None) -> int:
+    try:
+        return int((obj or {}).get("metadata", {}).get("resourceVersion") or 0)
+    except ValueError:  # opaque by contract; etcd's are integers
+        return 0
+
+
+def _controlled(obj: dict, uid: str | None) -> bool:
+    return any(r.get("controller") and r.get("uid") == uid
+               for r in obj["metadata"].get("ownerReferences") or [])
+
+
+class Controller:
+    def __init__(self, cfg: Config, indices) -> None:
+        self.cfg, self.ix = cfg, indices
+        self.queue = WorkQueue()
+        self.applier = apply.Applier()
+        self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="trainop-apply")
+        self.written: dict[tuple, dict] = {}   # key -> the object our last status write returned
+        self.conflicts: dict[tuple, str] = {}  # key -> a child name conflict (for decide)
+        self.failures: dict[tuple, int] = {}   # key -> consecutive failed reconciles
+        self.said: dict[tuple, tuple] = {}     # key -> (phase, waiting) last logged
+        self.tasks: list[asyncio.Task] = []
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.tasks = [asyncio.create_task(self._worker(), name=f"trainop-worker-{i}")
+                      for i in range(WORKERS)]
+        self.tasks.append(asyncio.create_task(self._safety_resync(), name="trainop-resync"))
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- wake-ups (from handlers/indexes.py, in the event loop) ----------------------------
+
+    def enqueue_job(self, namespace: str, name: str) -> None:
+        if (namespace, name) in self.ix["dtj_bodies"]:  # a child of a job not (yet) seen: no-op
+            self.queue.add((JOB, namespace, name))
+
+    def enqueue_stage(self, namespace: str, name: str) -> None:
+        if (namespace, name) in self.ix["stage_bodies"]:
+            self.queue.add((STAGE, namespace, name))
+
+    def job_gone(self, namespace: str, name: str, uid: str | None) -> None:
+        key = (JOB, namespace, name)
+        self.queue.forget(key)
+        for memo in (self.written, self.conflicts, self.failures, self.said):
+            memo.pop(key, None)
+        if uid:
+            self.applier.forget(uid)
+
+    def stage_gone(self, namespace: str, name: str) -> None:
+        key = (STAGE, namespace, name)
+        self.queue.forget(key)
+        for memo in (self.written, self.conflicts, self.failures, self.said):
+            memo.pop(key, None)
+
+    def wake_gate(self, namespace: str) -> None:
+        for name in gate.wake(namespace):
+            self.enqueue_job(namespace, name)
+
+    def wake_waiting_for_nodes(self) -> None:
+        for (namespace, name), store in self.ix["dtj_bodies"].items():
+            for body in store:
+                cond = conditions.get_condition((body.get("status") or {}).get("conditions"),
+                                                "Created")
+                if cond and cond.get("reason") == "NoMatchingNodes":
+                    self.enqueue_job(namespace, name)
+
+    def wake_jobs_of_stage(self, namespace: str, stage: str) -> None:
+        for (ns, name), store in self.ix["dtj_bodies"].items():
+            if ns == namespace and any(_stage_ref(body) == stage for body in store):
+                self.enqueue_job(ns, name)
+
+    def wake_stages_referencing(self, namespace: str, name: str) -> None:
+        for (ns, stage), store in self.ix["stage_bodies"].items():
+            if ns == namespace and any(name in _stage_refs(body) for body in store):
+                self.enqueue_stage(ns, stage)
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                kind = key[0]
+                with metrics.reconcile(kind):
+                    if kind == JOB:
+                        await self._reconcile_job(key)
+                    else:
+                        await self._reconcile_stage(key)
+                self.failures.pop(key, None)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a real error (API down, a bug): retried with backoff
+                n = self.failures[key] = self.failures.get(key, 0) + 1
+                delay = min(MAX_BACKOFF, self.cfg.resync_seconds * 2 ** (n - 1))
+                reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) \
+                    else repr(exc)
+                log.error("[%s/%s] reconcile failed (%s); retrying in %.1fs", key[1], key[2],
+                          reason, delay, exc_info=not isinstance(exc, ApiException))
+                self.queue.add_after(key, delay)
+            finally:
+                self.queue.done(key)
+
+    async def _safety_resync(self) -> None:
+        """Every object once per period, spread over it, from the caches (no API call unless
+        a decision differs from what was last done)."""
+        period = self.cfg.safety_resync_seconds
+        await asyncio.sleep(period * random.uniform(0.5, 1.0))
+        while True:
+            keys = [(JOB, ns, n) for ns, n in list(self.ix["dtj_bodies"])] + \
+                   [(STAGE, ns, n) for ns, n in list(self.ix["stage_bodies"])]
+            for i, key in enumerate(keys):
+                self.queue.add_after(key, period * i / max(len(keys), 1))
+            await asyncio.sleep(period)
+
+    def _one(self, index: str, key) -> dict | None:
+        store = self.ix[index].get(key)
+        return next(iter(store), None) if store else None
+
+    def _all(self, index: str, key) -> list[dict]:
+        store = self.ix[index].get(key)
+        return list(store) if store else []
+
+    def _fresh(self, key: tuple, cached: dict | None) -> dict | None:
+        """The cached object, or what our own status write returned if the watch has not
+        delivered it yet (read your writes: a stale status would repeat a transition)."""
+        mine = self.written.get(key)
+        if cached is None or mine is None:
+            return cached
+        if _rv(mine) > _rv(cached) and mine["metadata"].get("uid") == cached["metadata"].get("uid"):
+            return mine
+        self.written.pop(key, None)  # the cache caught up
+        return cached
+
+    def _say(self, key: tuple, phase: str | None, waiting: str | None) -> None:
+        """Log a state change once, at INFO (waiting is normal: never a warning)."""
+        if self.said.get(key) != (phase, waiting):
+            self.said[key] = (phase, waiting)
+            log.info("[%s/%s] %s %s%s", key[1], key[2], key[0], phase or "New",
+                     f": {waiting}" if waiting else "")
+
+    # ---- DistributedTrainingJob ------------------------------------------------------------
+
+    def nodes(self) -> list[dict]:
+        return [n for store in self.ix["nodes_by_pool"].values() for n in store]
+
+    def namespace_view(self, namespace: str) -> gate.NamespaceView:
+        quotas = self._all("quotas", namespace)
+        if gate.unlimited(quotas, self.cfg):  # the gate needs only the nodes then
+            return gate.NamespaceView(pods=[], quotas=[], jobs=[], nodes=self.nodes())
+        pods, jobs = [], []
+        for (ns, _), store in self.ix["dtj_pods"].items():
+            if ns == namespace:
+                pods.extend(store)
+        for (ns, name), store in self.ix["dtj_bodies"].items():
+            if ns == namespace:
+                jobs.extend(self._fresh((JOB, ns, name), body) for body in store)
+        return gate.NamespaceView(pods=pods, quotas=quotas, jobs=jobs, nodes=self.nodes())
+
+    def job_snapshot(self, key: tuple) -> jobsync.JobSnapshot | None:
+        _, ns, name = key
+        body = self._fresh(key, self._one("dtj_bodies", (ns, name)))
+        if body is None:
+            return None
+        uid, ck = body["metadata"].get("uid"), (ns, name)
+        launcher = self._one("dtj_launchers", ck)
+        if launcher is not None and not _controlled(launcher, uid):
+            launcher = None
+        # the job's pods and its launcher Job's pod; another incarnation's (a job deleted and
+        # made again) are not this job's: the garbage collector removes them
+        owners = {uid, launcher["metadata"].get("uid") if launcher else None}
+        conds = (body.get("status") or {}).get("conditions")
+        created = conditions.is_true(conds, "Created")
+        # Built here, in the event loop that owns the indexes, because decide() runs in a pool
+        # thread; only a job still at the gate needs the namespace's view.
+        view = None if conditions.is_true(conds, "Admitted") else self.namespace_view(ns)
+        stage = _stage_ref(body)
+        return jobsync.JobSnapshot(
+            body=body,
+            pods=[p for p in self._all("dtj_pods", ck)
+                  if any(_controlled(p, owner) for owner in owners if owner)],
+            launcher=launcher,
+            service=self._one("dtj_services", ck), config_map=self._one("dtj_configmaps", ck),
+            secret=self._one("dtj_secrets", ck),
+            endpoint_slices=self._all("dtj_endpointslices", ck),
+            nodes=[] if created else self.nodes(),
+            stage=self._one("stage_bodies", (ns, stage)) if stage else None,
+            admit=lambda job: gate.decide(job, body, self.cfg, lambda: view),
+            conflict=self.conflicts.pop(key, None))
+
+    async def _reconcile_job(self, key: tuple) -> None:
+        snap = self.job_snapshot(key)
+        if snap is None:
+            return
+        loop = asyncio.get_running_loop()
+        # decide() in the pool too: the gate may judge a whole namespace, and a Kueue-queued
+        # job's admission reads its Workload from the API
+        outcome, conflict = await loop.run_in_executor(self.pool, self._decide_and_act, key, snap)
+        if conflict:  # decide again at once, knowing the name is taken
+            self.conflicts[key] = conflict
+            self.queue.add(key)
+            return
+        for name in gate.drain_admitted(key[1]):
+            self.enqueue_job(key[1], name)
+        if outcome.requeue_after is not None:
+            self.queue.add_after(key, outcome.requeue_after + DEADLINE_SLACK)
+        self._say(key, (outcome.status or {}).get("phase"), outcome.waiting)
+
+    # ---- DataStage -------------------------------------------------------------------------
+
+    def stage_snapshot(self, key: tuple) -> stagesync.StageSnapshot | None:
+        _, ns, name = key
+        body = self._fresh(key, self._one("stage_bodies", (ns, name)))
+        if body is None:
+            return None
+        refs = _stage_refs(body)
+        return stagesync.StageSnapshot(
+            body=body,
+            secret_keys={r: self._one("secret_keys", (ns, r)) for r in refs
+                         if (ns, r) in self.ix["secret_keys"]},
+            service_accounts={r for r in refs if (ns, r) in self.ix["service_accounts"]},
+            claims={r for r in refs if (ns, r) in self.ix["claims"]},
+            service=self._one("stage_services", (ns, name, "Service")),
+            statefulset=self._one("stage_statefulsets", (ns, name, "StatefulSet")),
+            copy_jobs=self._all("stage_jobs", (ns, name, "Job")))
+
+    async def _reconcile_stage(self, key: tuple) -> None:
+        snap = self.stage_snapshot(key)
+        if snap is None:
+            return
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        outcome = stagesync.decide(snap, self.cfg, now)
+        loop = asyncio.get_running_loop()
+        conflict = await loop.run_in_executor(self.pool, self._act, key, snap.body, outcome)
+        if conflict:
+            log.warning("[%s/%s] %s", key[1], key[2], conflict)  # a user's object in the way
+        self._say(key, (outcome.status or {}).get("phase"), outcome.waiting)
+
+    # ---- acting (in a pool thread) ---------------------------------------------------------
+
+    def _decide_and_act(self, key: tuple, snap: jobsync.JobSnapshot):
+        outcome = jobsync.decide(snap, self.cfg, dt.datetime.now(dt.timezone.utc))
+        return outcome, self._act(key, snap.body, outcome)
+
+    def _act(self, key: tuple, body: dict, outcome) -> str | None:
+        conflicts = self.applier.run(outcome.actions)
+        if conflicts:
+            return conflicts[0]
+        old = body.get("status") or {}
+        if outcome.status is not None:
+            changes = {k: outcome.status.get(k) for k in set(old) | set(outcome.status)
+                       if old.get(k) != outcome.status.get(k) and
+                       (k in outcome.status or key[0] == JOB)}  # a stage owns only its keys
+            if changes:
+                try:
+                    self.written[key] = apply.write_status(body, changes)
+                except ApiException as exc:
+                    if exc.status != 404:  # 404: deleted meanwhile; nothing left to say
+                        raise
+                    return None
+        for type_, reason, message in outcome.events:
+            apply.post_event(body, type_, reason, message)
+        if outcome.delete_self:
+            log.info("[%s/%s] ttlSecondsAfterFinished elapsed: deleting the job", key[1], key[2])
+            meta = body["metadata"]
+            apply.kube.delete(body["apiVersion"], body["kind"], meta["name"], meta["namespace"],
+                              uid=meta["uid"])
+        return None
+
+
+def _stage_ref(body: dict) -> str | None:
+    return (((body.get("spec") or {}).get("data") or {}).get("dataStageRef") or {}).get("name")
+
+
+def _stage_refs(body: dict) -> set[str]:
+    """Names of the Secret / ServiceAccount a DataStage's auth block points at, and of the
+    claim its destination names."""
+    spec = body.get("spec") or {}
+    auth = (((spec.get("source") or {}).get("blob") or {}).get("auth")) or {}
+    out = {(ref or {}).get("name") for key, ref in auth.items()
+           if key.endswith("SecretRef") and isinstance(ref, dict)}
+    out.add(auth.get("serviceAccountName"))
+    out.add(((spec.get("destination") or {}).get("volumeClaim") or {}).get("claimName"))
+    return {n for n in out if n}

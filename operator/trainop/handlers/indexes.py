@@ -1,0 +1,271 @@
+"""The operator's watch caches: one kopf index per kind a reconcile reads, and the routing that
+wakes the owner of whatever changed (mpi-operator's handleObject). kopf fills every index from
+its initial listing before any other handler runs, and updates an index before the change
+handlers of the same event run, so a woken reconcile sees the change that woke it.
+
+Values are slimmed to the fields the decisions read (a pod keeps its phase, conditions,
+container states and resources, not its scripts and env): a few hundred jobs' pods, nodes and
+children then fit in tens of MB.
+
+    index                key                      value
+    dtj_bodies           (ns, name)               the DistributedTrainingJob
+    dtj_pods             (ns, job-name)           its pods (server-side label selector)
+    dtj_launchers        (ns, job-name)           its launcher batch/v1 Job
+    dtj_services         (ns, job-name)           its headless Service
+    dtj_configmaps       (ns, job-name)           its hostfile ConfigMap
+    dtj_secrets          (ns, job-name)           its SSH Secret (metadata only)
+    dtj_endpointslices   (ns, job-name)           its Service's EndpointSlices (labels mirrored)
+    nodes_by_pool        agentpool label          nodes (labels, allocatable)
+    quotas               ns                       ResourceQuotas
+    stage_bodies         (ns, name)               DataStages
+    stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet, copy Jobs
+    secret_keys          (ns, name)               every Secret's key names (a DataStage's reference)
+    service_accounts     (ns, name)               every ServiceAccount's name (workload identity)
+    claims               (ns, name)               every PersistentVolumeClaim's name (volumeClaim)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+
+from trainop import GROUP, VERSION, phases
+from trainop.config import POOL_LABEL
+from trainop.render import common
+from trainop.render import datastage as render_stage
+
+LABEL_JOB = common.LABEL_JOB
+LABEL_STAGE = render_stage.LABEL_STAGE
+_HAS_JOB = {LABEL_JOB: kopf.PRESENT}
+_HAS_STAGE = {LABEL_STAGE: kopf.PRESENT}
+
+
+def _quiet(record: logging.LogRecord) -> bool:
+    """kopf logs every handler's success at INFO: for indexes and routers that is a line per
+    watch event of every object, which says nothing; failures are still logged."""
+    msg = record.getMessage()
+    return not (msg.startswith("Handler 'route_") or msg.startswith("Indexing handler")) \
+        or "succeeded" not in msg
+
+
+logging.getLogger("kopf.objects").addFilter(_quiet)
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Server-side label selectors for kinds only jobs own: the API server sends nothing else."""
+    settings.watching.label_selectors["v1", "pods"] = LABEL_JOB
+    settings.watching.label_selectors["v1", "configmaps"] = LABEL_JOB
+    settings.watching.label_selectors["discovery.k8s.io", "v1", "endpointslices"] = LABEL_JOB
+    settings.watching.label_selectors["apps", "v1", "statefulsets"] = LABEL_STAGE
+
+
+# ---- slimming ---------------------------------------------------------------------------
+
+def _meta(body) -> dict:
+    m = body["metadata"]
+    out = {"name": m["name"], "namespace": m.get("namespace"), "uid": m.get("uid"),
+           "resourceVersion": m.get("resourceVersion"), "labels": dict(m.get("labels") or {}),
+           "creationTimestamp": m.get("creationTimestamp")}
+    for key in ("deletionTimestamp", "ownerReferences", "generation"):
+        if m.get(key) is not None:
+            out[key] = m[key]
+    return out
+
+
+def _obj(body, **parts) -> dict:
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+            "metadata": _meta(body), **parts}
+
+
+def _containers(items) -> list[dict]:
+    return [{k: c[k] for k in ("name", "resources", "restartPolicy") if k in c} for c in items or []]
+
+
+def slim_pod(body) -> dict:
+    spec, st = body.get("spec") or {}, body.get("status") or {}
+    out_spec = {"containers": _containers(spec.get("containers")),
+                "initContainers": _containers(spec.get("initContainers"))}
+    for key in ("activeDeadlineSeconds", "priorityClassName"):
+        if spec.get(key) is not None:
+            out_spec[key] = spec[key]
+    out_status = {k: st[k] for k in ("phase", "reason") if k in st}
+    out_status["conditions"] = [{"type": c.get("type"), "status": c.get("status")}
+                                for c in st.get("conditions") or []]
+    out_status["containerStatuses"] = [
+        {k: cs[k] for k in ("name", "state", "lastState") if k in cs}
+        for cs in st.get("containerStatuses") or []]
+    return _obj(body, spec=out_spec, status=out_status)
+
+
+# ---- DistributedTrainingJobs and their children ---------------------------------------------
+
+def _job_key(body, namespace) -> tuple:
+    return namespace, body["metadata"]["labels"][LABEL_JOB]
+
+
+@kopf.index(GROUP, VERSION, "distributedtrainingjobs")
+async def dtj_bodies(body, name, namespace, **_):
+    return {(namespace, name): dict(body)}
+
+
+@kopf.index("v1", "pods", labels=_HAS_JOB)
+async def dtj_pods(body, namespace, **_):
+    return {_job_key(body, namespace): slim_pod(body)}
+
+
+@kopf.index("batch", "v1", "jobs", labels=_HAS_JOB)
+async def dtj_launchers(body, namespace, **_):
+    return {_job_key(body, namespace): _obj(body, status=dict(body.get("status") or {}))}
+
+
+@kopf.index("v1", "services", labels=_HAS_JOB)
+async def dtj_services(body, namespace, **_):
+    return {_job_key(body, namespace): _obj(body)}
+
+
+@kopf.index("v1", "configmaps", labels=_HAS_JOB)
+async def dtj_configmaps(body, namespace, **_):
+    return {_job_key(body, namespace): _obj(body)}
+
+
+@kopf.index("v1", "secrets", labels=_HAS_JOB)
+async def dtj_secrets(body, namespace, **_):
+    return {_job_key(body, namespace): _obj(body)}
+
+
+@kopf.index("discovery.k8s.io", "v1", "endpointslices", labels=_HAS_JOB)
+async def dtj_endpointslices(body, namespace, **_):
+    endpoints = [{"hostname": ep.get("hostname"), "addresses": ep.get("addresses"),
+                  "conditions": ep.get("conditions") or {}} for ep in body.get("endpoints") or []]
+    return {_job_key(body, namespace): _obj(body, endpoints=endpoints)}
+
+
+# ---- cluster state the gate and placement read ----------------------------------------------
+
+@kopf.index("v1", "nodes")
+async def nodes_by_pool(body, **_):
+    labels = dict(body["metadata"].get("labels") or {})
+    return {labels.get(POOL_LABEL, ""): {
+        "metadata": {"name": body["metadata"]["name"], "labels": labels},
+        "status": {"allocatable": dict((body.get("status") or {}).get("allocatable") or {})}}}
+
+
+@kopf.index("v1", "resourcequotas")
+async def quotas(body, namespace, **_):
+    return {namespace: _obj(body, spec=dict(body.get("spec") or {}),
+                            status=dict(body.get("status") or {}))}
+
+
+# ---- DataStages and their children ------------------------------------------------------------
+
+@kopf.index(GROUP, VERSION, "datastages")
+async def stage_bodies(body, name, namespace, **_):
+    return {(namespace, name): dict(body)}
+
+
+def _stage_child(body, namespace, **parts):
+    key = (namespace, body["metadata"]["labels"][LABEL_STAGE], body.get("kind"))
+    return {key: _obj(body, **parts)}
+
+
+@kopf.index("v1", "services", labels=_HAS_STAGE)
+async def stage_services(body, namespace, **_):
+    return _stage_child(body, namespace, spec={"clusterIP": (body.get("spec") or {}).get("clusterIP")})
+
+
+@kopf.index("apps", "v1", "statefulsets", labels=_HAS_STAGE)
+async def stage_statefulsets(body, namespace, **_):
+    return _stage_child(body, namespace, status=dict(body.get("status") or {}))
+
+
+@kopf.index("batch", "v1", "jobs", labels=_HAS_STAGE)
+async def stage_jobs(body, namespace, **_):
+    return _stage_child(body, namespace, status=dict(body.get("status") or {}))
+
+
+@kopf.index("v1", "secrets")
+async def secret_keys(body, name, namespace, **_):
+    return {(namespace, name): tuple(sorted(body.get("data") or {}))}  # names, never values
+
+
+@kopf.index("v1", "serviceaccounts")
+async def service_accounts(name, namespace, **_):
+    return {(namespace, name): name}
+
+
+@kopf.index("v1", "persistentvolumeclaims")
+async def claims(name, namespace, **_):
+    return {(namespace, name): name}
+
+
+INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps",
+           "dtj_secrets", "dtj_endpointslices", "nodes_by_pool", "quotas", "stage_bodies",
+           "stage_services", "stage_statefulsets", "stage_jobs", "secret_keys",
+           "service_accounts", "claims")
+
+
+# ---- routing: a change wakes the reconcile of whoever owns or reads it -----------------------
+
+@kopf.on.event(GROUP, VERSION, "distributedtrainingjobs")
+async def route_job(type, name, namespace, body, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    ctl = memo.controller
+    if type == "DELETED":
+        ctl.job_gone(namespace, name, body["metadata"].get("uid"))
+    else:
+        ctl.enqueue_job(namespace, name)
+    spec = body.get("spec") or {}
+    if type == "DELETED" or phases.finished(body) or (spec.get("runPolicy") or {}).get("suspend"):
+        ctl.wake_gate(namespace)  # its quota is free for the queue
+
+
+@kopf.on.event("v1", "pods", labels=_HAS_JOB)
+async def route_pod(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    memo.controller.enqueue_job(*_job_key(body, namespace))
+    if type == "DELETED" or phases.finished(body):
+        memo.controller.wake_gate(namespace)  # what frees GPUs no quota counts
+
+
+@kopf.on.event("batch", "v1", "jobs", labels=_HAS_JOB)
+@kopf.on.event("v1", "services", labels=_HAS_JOB)
+@kopf.on.event("v1", "configmaps", labels=_HAS_JOB)
+@kopf.on.event("v1", "secrets", labels=_HAS_JOB)
+@kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=_HAS_JOB)
+async def route_job_child(body, namespace, memo: kopf.Memo, **_) -> None:
+    memo.controller.enqueue_job(*_job_key(body, namespace))
+
+
+@kopf.on.event("v1", "resourcequotas")
+async def route_quota(namespace, memo: kopf.Memo, **_) -> None:
+    memo.controller.wake_gate(namespace)
+
+
+@kopf.on.event("v1", "nodes")
+async def route_node(type, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    if type in ("ADDED", "DELETED"):  # not heartbeats; label edits wait for the resync
+        memo.controller.wake_waiting_for_nodes()
+
+
+@kopf.on.event(GROUP, VERSION, "datastages")
+async def route_stage(type, name, namespace, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    ctl = memo.controller
+    if type == "DELETED":
+        ctl.stage_gone(namespace, name)
+    else:
+        ctl.enqueue_stage(namespace, name)
+    ctl.wake_jobs_of_stage(namespace, name)
+
+
+@kopf.on.event("v1", "services", labels=_HAS_STAGE)
+@kopf.on.event("apps", "v1", "statefulsets", labels=_HAS_STAGE)
+@kopf.on.event("batch", "v1", "jobs", labels=_HAS_STAGE)
+async def route_stage_child(body, namespace, memo: kopf.Memo, **_) -> None:
+    memo.controller.enqueue_stage(namespace, body["metadata"]["labels"][LABEL_STAGE])
+
+
+@kopf.on.event("v1", "secrets")
+@kopf.on.event("v1", "serviceaccounts")
+@kopf.on.event("v1", "persistentvolumeclaims")
+async def route_reference(type, name, namespace, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    if type in ("ADDED", "MODIFIED", "DELETED"):  # (the initial listing wakes nobody)
+        memo.controller.wake_stages_referencing(namespace, name)

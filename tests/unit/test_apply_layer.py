@@ -1,0 +1,148 @@
+"""apply.py against a fake API (what each action costs in requests) and workqueue.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from trainop import apply, kube
+from trainop.actions import Apply, Create, Delete, Ref
+from trainop.workqueue import WorkQueue
+
+OWNER = {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+         "metadata": {"name": "j", "namespace": "ns", "uid": "u1"}}
+SERVICE = {"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": "j", "namespace": "ns", "labels": {"trainop.io/job-name": "j"}},
+           "spec": {"clusterIP": "None", "selector": {"trainop.io/job-name": "j"}}}
+
+
+class FakeApi:
+    def __init__(self):
+        self.objects: dict[tuple, dict] = {}
+        self.calls: list[str] = []
+        self.version = 0
+
+    def _stamp(self, obj):
+        self.version += 1
+        obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": str(self.version)}}
+        ref = Ref.of(obj)
+        self.objects[(ref.kind, ref.namespace, ref.name)] = obj
+        return obj
+
+    def create(self, obj):
+        self.calls.append("create")
+        ref = Ref.of(obj)
+        if (ref.kind, ref.namespace, ref.name) in self.objects:
+            raise ApiException(status=409)
+        return self._stamp(obj)
+
+    def apply(self, obj):
+        self.calls.append("apply")
+        return self._stamp(obj)
+
+    def get(self, api_version, kind, name, namespace=None):
+        self.calls.append("get")
+        return self.objects.get((kind, namespace, name))
+
+    def delete(self, api_version, kind, name, namespace=None, **_):
+        self.calls.append("delete")
+        return self.objects.pop((kind, namespace, name), None) is not None
+
+
+@pytest.fixture
+def api(monkeypatch):
+    fake = FakeApi()
+    for name in ("create", "apply", "get", "delete"):
+        monkeypatch.setattr(kube, name, getattr(fake, name))
+    return fake
+
+
+def test_apply_creates_a_missing_child_then_costs_nothing_until_it_drifts(api):
+    applier = apply.Applier()
+    assert applier.run([Apply(SERVICE, OWNER, "")]) == []
+    assert api.calls == ["create"]
+    live = api.objects[("Service", "ns", "j")]
+    assert live["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    version = live["metadata"]["resourceVersion"]
+    applier.run([Apply(SERVICE, OWNER, version)])  # the watch shows our own write
+    assert api.calls == ["create"]
+    applier.run([Apply(SERVICE, OWNER, "edited-by-someone")])  # drift: server-side apply
+    assert api.calls == ["create", "apply"]
+
+
+def test_a_changed_rendering_is_applied(api):
+    applier = apply.Applier()
+    applier.run([Apply(SERVICE, OWNER, "")])
+    version = api.objects[("Service", "ns", "j")]["metadata"]["resourceVersion"]
+    changed = {**SERVICE, "spec": {**SERVICE["spec"], "ports": [{"port": 22}]}}
+    applier.run([Apply(changed, OWNER, version)])
+    assert api.calls == ["create", "apply"]
+
+
+def test_unwatched_kinds_are_applied_once_per_rendering(api):
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "j-logship", "namespace": "ns"}, "rules": []}
+    applier = apply.Applier()
+    applier.run([Apply(role, OWNER, None)])
+    applier.run([Apply(role, OWNER, None)])
+    assert api.calls == ["create"]
+
+
+def test_a_name_taken_by_someone_else_is_a_conflict_never_adopted(api):
+    api.objects[("Service", "ns", "j")] = {**SERVICE, "metadata": {**SERVICE["metadata"],
+                                                                   "ownerReferences": []}}
+    conflicts = apply.Applier().run([Apply(SERVICE, OWNER, "")])
+    assert conflicts and "not controlled by DistributedTrainingJob j" in conflicts[0]
+    assert "apply" not in api.calls
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "j", "namespace": "ns"}}
+    api.objects[("Pod", "ns", "j")] = pod
+    assert apply.Applier().run([Create(pod, OWNER)])
+
+
+def test_create_of_our_own_existing_child_is_fine(api):
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "namespace": "ns"}}
+    applier = apply.Applier()
+    assert applier.run([Create(pod, OWNER)]) == []
+    assert applier.run([Create(pod, OWNER)]) == []  # a stale cache asked twice: a 409, no error
+    assert api.calls == ["create", "create", "get"]
+
+
+def test_delete_is_by_uid(api, monkeypatch):
+    seen = []
+    monkeypatch.setattr(kube, "delete", lambda *a, **kw: seen.append((a, kw)))
+    apply.Applier().run([Delete(Ref("v1", "Pod", "w", "ns", "uid-w"))])
+    assert seen == [(("v1", "Pod", "w", "ns"), {"uid": "uid-w"})]
+
+
+# ---- the work queue ----------------------------------------------------------------------
+
+def test_queue_coalesces_and_never_hands_one_key_to_two_workers():
+    async def main():
+        q = WorkQueue()
+        q.add("a")
+        q.add("a")
+        q.add("b")
+        assert len(q) == 2
+        first = await q.get()
+        q.add(first)  # changed while processed: queued again, but only after done()
+        second = await q.get()
+        assert (first, second) == ("a", "b")
+        q.done(first)
+        assert await asyncio.wait_for(q.get(), 1) == "a"
+    asyncio.run(main())
+
+
+def test_queue_keeps_the_earliest_deadline():
+    async def main():
+        q = WorkQueue()
+        q.add_after("a", 10)
+        q.add_after("a", 0.01)
+        q.add_after("a", 5)
+        assert await asyncio.wait_for(q.get(), 1) == "a"
+        q.add_after("b", 0.01)
+        q.forget("b")
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(q.get(), 0.1)
+    asyncio.run(main())

@@ -1,0 +1,97 @@
+"""gate.py over a namespace view (what the caches hold): who asks, who is admitted, who wakes."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainop import conditions, config, gate
+from trainop.devcluster.pools import default_pools
+from trainop.spec import parse
+
+CFG = config.from_dict({"limits": {"namespaceGpus": 8}})
+NODES = [n for pool in default_pools() for n in pool.nodes()]
+
+
+@pytest.fixture(autouse=True)
+def fresh_gate():
+    gate._spaces.clear()
+    yield
+    gate._spaces.clear()
+
+
+def body(name: str, created: str, status: dict | None = None) -> dict:
+    return {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+            "metadata": {"name": name, "namespace": "q", "uid": f"uid-{name}", "generation": 1,
+                         "creationTimestamp": created},
+            "spec": {"workers": 2, "gpusPerWorker": 4}, "status": status or {}}
+
+
+class View:
+    """A namespace view that counts how often the gate asked for it."""
+
+    def __init__(self, jobs, pods=()):
+        self.jobs, self.pods, self.calls = jobs, list(pods), 0
+
+    def __call__(self) -> gate.NamespaceView:
+        self.calls += 1
+        return gate.NamespaceView(pods=self.pods, quotas=[], jobs=self.jobs, nodes=NODES)
+
+
+def test_first_come_is_admitted_the_second_waits_and_is_woken_when_room_appears():
+    a, b = body("a", "2026-01-01T00:00:00Z"), body("b", "2026-01-01T00:00:01Z")
+    view = View([a, b])
+    assert gate.decide(parse(a, CFG), a, CFG, view).admitted
+    second = gate.decide(parse(b, CFG), b, CFG, view)
+    assert not second.admitted and second.reason == "QuotaExceeded"
+    assert gate.wake("q") == ["b"]  # a finished or went: b's reconcile judges again
+    a["status"] = {"phase": "Succeeded"}
+    assert gate.decide(parse(b, CFG), b, CFG, view).admitted
+
+
+def test_a_job_admitted_here_is_not_admitted_twice_before_its_status_says_so():
+    a, b = body("a", "2026-01-01T00:00:00Z"), body("b", "2026-01-01T00:00:01Z")
+    view = View([a, b])
+    gate.decide(parse(a, CFG), a, CFG, view)  # admitted; its status not written yet
+    gate.wake("q")  # anything that makes the queue be judged again
+    assert not gate.decide(parse(b, CFG), b, CFG, view).admitted
+
+
+def test_a_waiting_job_does_not_judge_the_queue_again_until_woken(monkeypatch):
+    a, b = body("a", "2026-01-01T00:00:00Z"), body("b", "2026-01-01T00:00:01Z")
+    view = View([a, b])
+    judged = []
+    evaluate = gate._evaluate
+    monkeypatch.setattr(gate, "_evaluate", lambda *args: judged.append(1) or evaluate(*args))
+    gate.decide(parse(a, CFG), a, CFG, view)
+    gate.decide(parse(b, CFG), b, CFG, view)
+    assert len(judged) == 2  # each asked for the first time
+    gate.decide(parse(b, CFG), b, CFG, view)  # a safety resync, a child event: no re-judging
+    assert len(judged) == 2
+    gate.wake("q")
+    gate.decide(parse(b, CFG), b, CFG, view)
+    assert len(judged) == 3
+
+
+def test_a_namespace_nothing_limits_judges_each_job_alone(monkeypatch):
+    free = config.from_dict(None)  # no namespaceGpus cap, and the view has no quota
+    monkeypatch.setattr(gate, "_evaluate", lambda *args: pytest.fail("judged the namespace"))
+    a = body("a", "2026-01-01T00:00:00Z")
+    assert gate.decide(parse(a, free), a, free, View([a])).admitted
+    huge = {**body("h", "2026-01-01T00:00:00Z"), "spec": {"workers": 5, "gpusPerWorker": 8,
+                                                           "nodePool": {"name": "gpu"}}}
+    no = gate.decide(parse(huge, free), huge, free, View([huge]))
+    assert no.outcome == "Unsatisfiable" and "node pool 'gpu' has 16 in all" in no.message
+
+
+def test_jobs_another_evaluation_admitted_are_handed_out_once():
+    a = body("a", "2026-01-01T00:00:00Z",
+             {"conditions": conditions.set_condition([], "Admitted", False, "QuotaExceeded", "m")})
+    b = body("b", "2026-01-01T00:00:01Z")
+    view = View([a, b])
+    gate.decide(parse(b, CFG), b, CFG, view)  # b asks first; a (queued earlier) is judged too
+    assert gate.drain_admitted("q") == ["a"]
+    assert gate.drain_admitted("q") == []
+
+
+def test_wake_without_waiting_jobs_wakes_nobody():
+    assert gate.wake("nobody-asked") == []

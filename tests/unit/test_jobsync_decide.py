@@ -1,0 +1,412 @@
+"""jobsync.decide() as tables, in the style of mpi-operator's controller tests: a snapshot of the
+job and its children goes in, the actions, status and Events that come out are asserted. Every
+branch of the reconcile, in milliseconds, with no cluster (tests/cluster drives the real one)."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+
+import pytest
+
+from trainop import conditions, config
+from trainop.actions import Apply, Create, CreateSSHSecret, Delete, DropFinalizer, Ref
+from trainop.admission import ADMITTED, QUEUED, UNSATISFIABLE, Decision
+from trainop.devcluster.pools import default_pools
+from trainop.jobsync import JobSnapshot, decide
+
+CFG = config.from_dict(None)
+NODES = [n for pool in default_pools() for n in pool.nodes()]  # gpu: 4x4 GPUs, ibgpu: 4x8
+NOW = dt.datetime(2026, 5, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+T0 = "2026-05-01T11:00:00Z"
+UID = "uid-1"
+FITS = Decision(ADMITTED, "QuotaReserved", "fits")
+
+
+def body(status: dict | None = None, generation: int = 1, **spec) -> dict:
+    spec.setdefault("workers", 2)
+    spec.setdefault("gpusPerWorker", 4)
+    out = {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+           "metadata": {"name": "j", "namespace": "ns", "uid": UID, "generation": generation,
+                        "creationTimestamp": T0},
+           "spec": spec}
+    if status is not None:
+        out["status"] = status
+    return out
+
+
+MESSAGES = {"ChildrenCreated": "Service, hostfile and SSH key created"}
+
+
+def cond(*pairs) -> list[dict]:
+    """cond(("Created", True, "ChildrenCreated"), ...) -> a status.conditions list."""
+    out: list[dict] = []
+    for type_, status, reason in pairs:
+        out = conditions.set_condition(out, type_, status, reason, MESSAGES.get(reason, "m"),
+                                       timestamp=T0)
+    return out
+
+
+def owned(obj: dict, uid: str = UID) -> dict:
+    obj["metadata"]["ownerReferences"] = [{"controller": True, "uid": uid}]
+    return obj
+
+
+def pod(name: str, role: str = "worker", index: int | None = 0, attempt: int = 0,
+        phase: str = "Running", ready: bool = True, exit_code: int | None = None,
+        reason: str = "Error", deleting: bool = False, finished: str = "") -> dict:
+    labels = {"trainop.io/job-name": "j", "trainop.io/role": role,
+              "trainop.io/attempt": str(attempt)}
+    if index is not None:
+        labels["trainop.io/replica-index"] = str(index)
+    status: dict = {"phase": phase,
+                    "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if exit_code is not None:
+        status["containerStatuses"] = [{"name": role, "state": {"terminated": {
+            "exitCode": exit_code, "reason": reason, "finishedAt": finished}}}]
+    meta = {"name": name, "namespace": "ns", "uid": f"uid-{name}", "labels": labels}
+    if deleting:
+        meta["deletionTimestamp"] = T0
+    return owned({"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                  "spec": {"containers": [{"name": role}]}, "status": status})
+
+
+def workers(n: int = 2, attempt: int = 0, **kw) -> list[dict]:
+    return [pod(f"j-worker-{i}", index=i, attempt=attempt, **kw) for i in range(n)]
+
+
+def launcher(attempt: int = 0, outcome: str | None = None) -> dict:
+    status = {"conditions": [{"type": outcome, "status": "True"}]} if outcome else {}
+    return owned({"apiVersion": "batch/v1", "kind": "Job",
+                  "metadata": {"name": "j-launcher", "namespace": "ns", "uid": "uid-launcher",
+                               "labels": {"trainop.io/job-name": "j",
+                                          "trainop.io/attempt": str(attempt)}},
+                  "status": status})
+
+
+def child(kind: str, name: str, version: str = "7", uid: str = UID) -> dict:
+    api = "v1"
+    return owned({"apiVersion": api, "kind": kind,
+                  "metadata": {"name": name, "namespace": "ns", "resourceVersion": version,
+                               "labels": {"trainop.io/job-name": "j"}}}, uid)
+
+
+def slices(*hosts: str) -> list[dict]:
+    return [{"metadata": {"name": "j-abc", "labels": {"kubernetes.io/service-name": "j"}},
+             "endpoints": [{"hostname": h, "addresses": ["10.0.0.1"], "conditions": {"ready": True}}
+                           for h in hosts]}]
+
+
+def shared() -> dict:
+    """The Service, hostfile and SSH Secret as they exist once created."""
+    return {"service": child("Service", "j"), "config_map": child("ConfigMap", "j-mpi"),
+            "secret": child("Secret", "j-ssh")}
+
+
+CREATED_TORCHRUN = conditions.set_condition(
+    cond(("Admitted", True, "QuotaReserved")), "Created", True, "ChildrenCreated", "Service created",
+    timestamp=T0)
+CREATED = cond(("Created", True, "ChildrenCreated"), ("Admitted", True, "QuotaReserved"))
+RESTARTING = {"phase": "Starting", "startTime": T0, "restarts": 1, "conditions": cond(
+    ("Created", True, "ChildrenCreated"), ("Admitted", True, "QuotaReserved"),
+    ("WorkersReady", False, "GangRestart"), ("Running", False, "GangRestart"),
+    ("Restarting", True, "GangRestart"))}
+RUNNING = {"phase": "Running", "startTime": T0, "restarts": 0, "conditions": cond(
+    ("Created", True, "ChildrenCreated"), ("Admitted", True, "QuotaReserved"),
+    ("WorkersReady", True, "AllWorkersReady"), ("Running", True, "LauncherCreated"))}
+
+
+def snap(b: dict, admit: Decision = FITS, **kw) -> JobSnapshot:
+    kw.setdefault("nodes", NODES)
+    return JobSnapshot(body=b, admit=lambda job: admit, **kw)
+
+
+def summary(actions: list) -> list[str]:
+    """Actions as short lines: what a table row expects."""
+    out = []
+    for a in actions:
+        if isinstance(a, Apply):
+            out.append(f"apply {a.obj['kind']} {a.obj['metadata']['name']}")
+        elif isinstance(a, Create):
+            out.append(f"create {a.obj['kind']} {a.obj['metadata']['name']}")
+        elif isinstance(a, CreateSSHSecret):
+            out.append("create ssh Secret")
+        elif isinstance(a, Delete):
+            out.append(f"delete {a.ref.kind} {a.ref.name}")
+    return out
+
+
+def reasons(status: dict) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status.get("conditions") or []}
+
+
+# ---- the table: snapshot in, actions + phase + conditions + Events out ---------------------
+
+CASES = [
+    # (id, snapshot, actions, phase, conditions that must hold, Event reasons)
+    ("new job creates Service, hostfile, key and every worker",
+     snap(body()),
+     ["apply Service j", "apply ConfigMap j-mpi", "create ssh Secret",
+      "create Pod j-worker-0", "create Pod j-worker-1"],
+     "Starting", {"Created": ("True", "ChildrenCreated"), "Admitted": ("True", "QuotaReserved"),
+                  "WorkersReady": ("False", "WaitingForWorkers")},
+     ["ChildrenCreated", "QuotaReserved"]),
+    ("children already there: only the missing worker is created",
+     snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(1), **shared()),
+     ["apply Service j", "apply ConfigMap j-mpi", "create Pod j-worker-1"],
+     "Starting", {"WorkersReady": ("False", "WaitingForWorkers")}, []),
+    ("every worker Ready but not yet in DNS: no launcher",
+     snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(), **shared(),
+          endpoint_slices=slices("j-worker-0")),
+     ["apply Service j", "apply ConfigMap j-mpi"],
+     "Starting", {"WorkersReady": ("False", "WaitingForDNS")}, []),
+    ("every worker Ready and published: the launcher is created",
+     snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(), **shared(),
+          endpoint_slices=slices("j-worker-0", "j-worker-1")),
+     ["apply Service j", "apply ConfigMap j-mpi", "create Job j-launcher"],
+     "Running", {"WorkersReady": ("True", "AllWorkersReady"),
+                 "Running": ("True", "LauncherCreated")},
+     ["AllWorkersReady", "LauncherCreated"]),
+    ("operator died after creating the launcher: the status catches up, nothing is created",
+     snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(),
+          launcher=launcher(), **shared()),
+     ["apply Service j", "apply ConfigMap j-mpi"],
+     "Running", {"Running": ("True", "LauncherCreated")}, ["AllWorkersReady", "LauncherCreated"]),
+    ("a running gang costs nothing: no action, no Event",
+     snap(body(copy.deepcopy(RUNNING)), pods=workers(), launcher=launcher(), **shared()),
+     [], "Running", {"Running": ("True", "LauncherCreated")}, []),
+    ("launcher completed: Succeeded, running workers deleted (cleanPodPolicy Running)",
+     snap(body(copy.deepcopy(RUNNING)), pods=workers(), launcher=launcher(outcome="Complete"),
+          **shared()),
+     ["delete Pod j-worker-0", "delete Pod j-worker-1"],
+     "Succeeded", {"Succeeded": ("True", "JobSucceeded"), "Running": ("False", "JobSucceeded")},
+     ["JobSucceeded", "JobSucceeded"]),  # Succeeded True, Running False: two transitions
+    ("worker crashed with restarts left: attempt bumped, gang restart announced",
+     snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 2}),
+          pods=[pod("j-worker-0", index=0),
+                pod("j-worker-1", index=1, phase="Failed", exit_code=137, reason="OOMKilled")],
+          launcher=launcher(), **shared()),
+     [], "Starting", {"Restarting": ("True", "GangRestart"), "Running": ("False", "GangRestart"),
+                      "WorkersReady": ("False", "GangRestart")},
+     ["GangRestart", "GangRestart", "GangRestart"]),
+    ("previous attempt's pods and launcher are deleted before names are reused",
+     snap(body(copy.deepcopy(RESTARTING)), pods=workers(), launcher=launcher(), **shared()),
+     ["apply Service j", "apply ConfigMap j-mpi", "delete Job j-launcher",
+      "delete Pod j-worker-0", "delete Pod j-worker-1"],
+     "Starting", {}, []),
+    ("previous attempt's pods already terminating: only wait",
+     snap(body(copy.deepcopy(RESTARTING)), pods=workers(deleting=True), **shared()),
+     ["apply Service j", "apply ConfigMap j-mpi"], "Starting", {}, []),
+    ("backoff limit used: Failed, active launcher and running workers stopped",
+     snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}),
+          pods=[pod("j-worker-0", index=0),
+                pod("j-worker-1", index=1, phase="Failed", exit_code=1)],
+          launcher=launcher(), **shared()),
+     ["delete Job j-launcher", "delete Pod j-worker-0"],
+     "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
+    ("launcher failed: its pod is named as the cause",
+     snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}),
+          pods=workers() + [pod("j-launcher-x", role="launcher", index=None, phase="Failed",
+                                exit_code=2)],
+          launcher=launcher(outcome="Failed"), **shared()),
+     ["delete Pod j-worker-0", "delete Pod j-worker-1"],
+     "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
+    ("a worker deleted under a running gang is a failure",
+     snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}), pods=workers(1),
+          launcher=launcher(), **shared()),
+     ["delete Job j-launcher", "delete Pod j-worker-0"],
+     "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
+    ("an MPI worker that exits 0 while the launcher runs is a failure",
+     snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}),
+          pods=[pod("j-worker-0", index=0), pod("j-worker-1", index=1, phase="Succeeded")],
+          launcher=launcher(), **shared()),
+     ["delete Job j-launcher", "delete Pod j-worker-0"],
+     "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
+    ("activeDeadlineSeconds passed: Failed, everything stopped",
+     snap(body(copy.deepcopy(RUNNING), runPolicy={"activeDeadlineSeconds": 60}),
+          pods=workers(), launcher=launcher(), **shared()),
+     ["delete Job j-launcher", "delete Pod j-worker-0", "delete Pod j-worker-1"],
+     "Failed", {"Failed": ("True", "DeadlineExceeded")}, ["DeadlineExceeded"] * 2),
+    ("suspended: pods and launcher deleted, quota given back",
+     snap(body(copy.deepcopy(RUNNING), runPolicy={"suspend": True}), pods=workers(),
+          launcher=launcher(), **shared()),
+     ["delete Job j-launcher", "delete Pod j-worker-0", "delete Pod j-worker-1"],
+     "Suspended", {"Suspended": ("True", "JobSuspended"), "Admitted": ("False", "JobSuspended"),
+                   "Running": ("False", "JobSuspended")},
+     ["JobSuspended", "JobSuspended", "JobSuspended"]),
+    ("resumed: the gang starts again once admitted",
+     snap(body({"phase": "Suspended", "conditions": cond(
+         ("Created", True, "ChildrenCreated"), ("Admitted", False, "JobSuspended"),
+         ("Suspended", True, "JobSuspended"))}), **shared()),
+     ["apply Service j", "apply ConfigMap j-mpi", "create Pod j-worker-0", "create Pod j-worker-1"],
+     "Starting", {"Suspended": ("False", "JobResumed"), "Admitted": ("True", "QuotaReserved")},
+     ["QuotaReserved", "JobResumed"]),
+    ("its DataStage does not exist: Pending with a Warning, nothing created",
+     snap(body(data={"dataStageRef": {"name": "imagenet"}})),
+     [], "Pending", {"DataReady": ("False", "DataStageNotFound")}, ["DataStageNotFound"]),
+    ("its DataStage is copying: Staging",
+     snap(body(data={"dataStageRef": {"name": "imagenet"}}),
+          stage={"metadata": {"name": "imagenet"}, "status": {"phase": "Copying"}}),
+     [], "Staging", {"DataReady": ("False", "WaitingForDataStage")}, ["WaitingForDataStage"]),
+    ("its DataStage is Ready: the claim is mounted and the gang starts",
+     snap(body(data={"dataStageRef": {"name": "imagenet"}}),
+          stage={"metadata": {"name": "imagenet"},
+                 "status": {"phase": "Ready", "claimName": "imagenet-data"}}),
+     ["apply Service j", "apply ConfigMap j-mpi", "create ssh Secret",
+      "create Pod j-worker-0", "create Pod j-worker-1"],
+     "Starting", {"DataReady": ("True", "DataStageReady")},
+     ["DataStageReady", "ChildrenCreated", "QuotaReserved"]),
+    ("no node in its pool: Pending until a node appears",
+     snap(body(nodePool={"nodeSelector": {"pool": "none"}})),
+     [], "Pending", {"Created": ("False", "NoMatchingNodes")}, ["NoMatchingNodes"]),
+    ("more GPUs per worker than any node has: Failed",
+     snap(body(gpusPerWorker=8, nodePool={"name": "gpu"})),
+     [], "Failed", {"Failed": ("True", "Unsatisfiable")}, ["Unsatisfiable"]),
+    ("the queue is full: Queued, one Normal Event, nothing created",
+     snap(body(), admit=Decision(QUEUED, "QuotaExceeded", "needs 8 GPUs; 0 of 8 free")),
+     [], "Queued", {"Admitted": ("False", "QuotaExceeded")}, ["QuotaExceeded"]),
+    ("the quota can never hold it: Failed",
+     snap(body(), admit=Decision(UNSATISFIABLE, "Unsatisfiable", "needs 8 but at most 4")),
+     [], "Failed", {"Failed": ("True", "Unsatisfiable")}, ["Unsatisfiable"]),
+    ("a spec only the operator can judge: Failed InvalidSpec",
+     snap(body(nodePool={"name": "nope"})),
+     [], "Failed", {"Failed": ("True", "InvalidSpec")}, ["InvalidSpec"]),
+    ("a Service of that name belongs to someone else: NameConflict, nothing created",
+     snap(body(), service=child("Service", "j", uid="someone-else")),
+     [], "Pending", {"Created": ("False", "NameConflict")}, ["NameConflict", "QuotaReserved"]),
+    ("the apply layer met a taken name: NameConflict",
+     snap(body({"phase": "Starting", "conditions": CREATED}), conflict="Pod ns/j-worker-0 taken"),
+     [], "Pending", {"Created": ("False", "NameConflict")}, ["NameConflict"]),
+    ("finished, not yet clean: the launcher that still runs and the workers go",
+     snap(body({"phase": "Failed", "completionTime": T0,
+                "conditions": cond(("Failed", True, "DeadlineExceeded"))}),
+          pods=workers(), launcher=launcher()),
+     ["delete Job j-launcher", "delete Pod j-worker-0", "delete Pod j-worker-1"],
+     "Failed", {}, []),
+    ("finished and nothing left to delete: marked clean",
+     snap(body({"phase": "Succeeded", "completionTime": T0,
+                "conditions": cond(("Succeeded", True, "JobSucceeded"))}),
+          pods=[pod("j-launcher-x", role="launcher", index=None, phase="Succeeded")],
+          launcher=launcher(outcome="Complete")),
+     [], "Succeeded", {}, []),
+    ("torchrun: Service only, workers created, no launcher",
+     snap(body(launcher="torchrun", gpusPerWorker=2)),
+     ["apply Service j", "create Pod j-worker-0", "create Pod j-worker-1"],
+     "Starting", {"Created": ("True", "ChildrenCreated")}, ["ChildrenCreated", "QuotaReserved"]),
+    ("torchrun: every worker Ready runs it (no DNS wait, no launcher)",
+     snap(body({"phase": "Starting", "conditions": CREATED_TORCHRUN}, launcher="torchrun",
+               gpusPerWorker=2), pods=workers(), service=child("Service", "j")),
+     ["apply Service j"], "Running", {"Running": ("True", "WorkersRunning")},
+     ["AllWorkersReady", "WorkersRunning"]),
+    ("torchrun: every worker completed: Succeeded",
+     snap(body({**copy.deepcopy(RUNNING), "conditions": CREATED_TORCHRUN + cond(
+         ("Running", True, "WorkersRunning"))}, launcher="torchrun", gpusPerWorker=2),
+          pods=workers(phase="Succeeded", ready=False), service=child("Service", "j")),
+     [], "Succeeded", {"Succeeded": ("True", "JobSucceeded")}, ["JobSucceeded"] * 2),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_decide(case):
+    _, snapshot, actions, phase, conds, events = case
+    out = decide(snapshot, CFG, NOW)
+    assert summary(out.actions) == actions
+    assert out.status["phase"] == phase
+    got = reasons(out.status)
+    assert {k: got.get(k) for k in conds} == conds
+    assert sorted(reason for _, reason, _ in out.events) == sorted(events)
+    assert out.status["observedGeneration"] == 1
+
+
+# ---- details the table does not show ------------------------------------------------------
+
+def test_worker_volume_mounts_the_stage_claim():
+    s = snap(body(data={"dataStageRef": {"name": "imagenet"}}),
+             stage={"metadata": {"name": "imagenet"},
+                    "status": {"phase": "Ready", "claimName": "imagenet-data"}})
+    worker = next(a.obj for a in decide(s, CFG, NOW).actions
+                  if isinstance(a, Create) and a.obj["kind"] == "Pod")
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in worker["spec"]["volumes"]
+              if "persistentVolumeClaim" in v]
+    assert claims == ["imagenet-data"]
+
+
+def test_apply_carries_the_live_version_so_unchanged_children_cost_nothing():
+    s = snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(1), **shared())
+    applies = [a for a in decide(s, CFG, NOW).actions if isinstance(a, Apply)]
+    assert [(a.obj["kind"], a.live_version) for a in applies] == [("Service", "7"),
+                                                                  ("ConfigMap", "7")]
+    missing = [a for a in decide(snap(body()), CFG, NOW).actions if isinstance(a, Apply)]
+    assert {a.live_version for a in missing} == {""}  # absent: create
+
+
+def test_gang_restart_records_the_first_failure():
+    s = snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 2}),
+             pods=[pod("j-worker-0", index=0, phase="Failed", exit_code=1, finished="t2"),
+                   pod("j-worker-1", index=1, phase="Failed", exit_code=137, reason="OOMKilled",
+                       finished="t1")],
+             launcher=launcher(), **shared())
+    out = decide(s, CFG, NOW)
+    assert out.status["restarts"] == 1
+    assert out.status["lastFailure"]["pod"] == "j-worker-1"  # the first to fail is the cause
+    assert ("Warning", "GangRestart") in [(t, r) for t, r, _ in out.events]
+
+
+def test_start_time_and_deadline_moment():
+    out = decide(snap(body(runPolicy={"activeDeadlineSeconds": 600})), CFG, NOW)
+    assert out.status["startTime"] == "2026-05-01T12:00:00Z"
+    assert out.requeue_after == 600  # woken at the deadline's exact moment, no polling
+    running = snap(body(copy.deepcopy(RUNNING), runPolicy={"activeDeadlineSeconds": 7200}),
+                   pods=workers(), launcher=launcher(), **shared())
+    assert decide(running, CFG, NOW).requeue_after == 7200 - 3600
+
+
+def test_waiting_jobs_name_no_deadline():
+    out = decide(snap(body(), admit=Decision(QUEUED, "QuotaExceeded", "full")), CFG, NOW)
+    assert out.requeue_after is None and out.waiting == "full"
+
+
+def test_ttl_waits_for_its_moment_then_deletes_the_job():
+    done = {"phase": "Succeeded", "completionTime": "2026-05-01T11:59:00Z", "cleanedUp": True,
+            "conditions": cond(("Succeeded", True, "JobSucceeded"))}
+    out = decide(snap(body(copy.deepcopy(done), runPolicy={"ttlSecondsAfterFinished": 300})),
+                 CFG, NOW)
+    assert (out.requeue_after, out.delete_self, out.actions) == (240, False, [])
+    out = decide(snap(body(copy.deepcopy(done), runPolicy={"ttlSecondsAfterFinished": 30})),
+                 CFG, NOW)
+    assert out.delete_self and out.requeue_after is None
+
+
+def test_finished_clean_job_is_not_even_parsed():
+    done = {"phase": "Failed", "cleanedUp": True, "conditions": cond(("Failed", True, "X"))}
+    s = snap(body(copy.deepcopy(done), nodePool={"name": "nope"}))  # would be InvalidSpec
+    out = decide(s, CFG, NOW)
+    assert out.actions == [] and out.events == [] and out.status["phase"] == "Failed"
+
+
+def test_invalid_spec_is_judged_again_after_an_edit():
+    failed = decide(snap(body(nodePool={"name": "nope"})), CFG, NOW).status
+    fixed = body(copy.deepcopy(failed), generation=2)
+    out = decide(snap(fixed), CFG, NOW)
+    assert out.status["phase"] == "Starting" and "Failed" not in reasons(out.status)
+
+
+def test_running_job_does_not_reapply_shared_children():
+    s = snap(body(copy.deepcopy(RUNNING)), pods=workers(), launcher=launcher())  # all missing
+    assert decide(s, CFG, NOW).actions == []  # mpirun read them already; a restart re-checks
+
+
+def test_the_same_snapshot_gives_the_same_decision():
+    s = snap(body(), pods=workers(1), **shared())
+    assert decide(s, CFG, NOW) == decide(s, CFG, NOW)
+
+
+def test_the_old_operators_finalizer_is_taken_off():
+    b = body()
+    b["metadata"] |= {"finalizers": ["trainop.io/finalizer", "example.com/keep"],
+                      "resourceVersion": "41"}
+    drop = [a for a in decide(snap(b), CFG, NOW).actions if isinstance(a, DropFinalizer)]
+    assert drop == [DropFinalizer(Ref("trainop.io/v1alpha1", "DistributedTrainingJob", "j", "ns", UID),
+                                  ("trainop.io/finalizer", "example.com/keep"), "trainop.io/finalizer",
+                                  "41")]
+    assert not [a for a in decide(snap(body()), CFG, NOW).actions if isinstance(a, DropFinalizer)]

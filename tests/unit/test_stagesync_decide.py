@@ -1,0 +1,149 @@
+"""stagesync.decide() as a table: a DataStage snapshot in, actions + phase + Events out."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from trainop import config
+from trainop.actions import Apply, Create, Delete
+from trainop.stagesync import StageSnapshot, decide
+
+CFG = config.from_dict(None)
+NOW = "2026-05-01T12:00:00Z"
+UID = "stage-uid"
+SAS = {"sasSecretRef": {"name": "storage", "key": "sas"}}
+WI = {"workloadIdentity": True, "serviceAccountName": "reader-wi"}
+EXISTING = {"nfs": {"server": "10.1.2.3", "path": "/export/data"}}
+PROVISION = {"provision": {"size": "100Gi"}}
+
+
+def body(destination=None, auth=SAS, status=None, deleting=False) -> dict:
+    meta = {"name": "imagenet", "namespace": "team-a", "uid": UID, "generation": 1}
+    if deleting:
+        meta["deletionTimestamp"] = NOW
+    out = {"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": meta,
+           "spec": {"source": {"blob": {"accountURL": "https://acct.blob.core.windows.net",
+                                        "container": "imagenet", "prefix": "train/",
+                                        "auth": auth}},
+                    "destination": destination or EXISTING}}
+    if status:
+        out["status"] = status
+    return out
+
+
+def copy_job(name: str, outcome: str | None = None, uid: str = UID) -> dict:
+    status = {"conditions": [{"type": outcome, "status": "True", "message": "BackoffLimit"}]} \
+        if outcome else {}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": name, "namespace": "team-a", "uid": f"uid-{name}",
+                         "ownerReferences": [{"controller": True, "uid": uid}]},
+            "status": status}
+
+
+def snap(b, secrets=None, **kw) -> StageSnapshot:
+    return StageSnapshot(body=b, secret_keys={"storage": ("sas",)} if secrets is None else secrets,
+                         **kw)
+
+
+def summary(actions) -> list[str]:
+    kinds = {Apply: "apply", Create: "create", Delete: "delete"}
+    return [f"{kinds[type(a)]} {a.ref.kind if isinstance(a, Delete) else a.obj['kind']}"
+            for a in actions]
+
+
+COPY = ["apply PersistentVolume", "apply PersistentVolumeClaim", "apply ServiceAccount",
+        "apply Role", "apply RoleBinding"]
+
+
+def _job_name() -> str:
+    from trainop.render import datastage
+    return datastage.copy_job_name(datastage.parse(body()))
+
+
+CASES = [
+    ("a missing Secret fails naming the field, nothing created",
+     snap(body(), secrets={}), [], "Failed", "InvalidSpec",
+     "spec.source.blob.auth.sasSecretRef.name: Secret 'storage' not found"),
+    ("a Secret without the key fails naming the key",
+     snap(body(), secrets={"storage": ("other",)}), [], "Failed", "InvalidSpec",
+     "spec.source.blob.auth.sasSecretRef.key: Secret 'storage' has no key 'sas'"),
+    ("workload identity needs its ServiceAccount",
+     snap(body(auth=WI), secrets={}), [], "Failed", "InvalidSpec",
+     "spec.source.blob.auth.serviceAccountName: ServiceAccount 'reader-wi' not found"),
+    ("an existing export: volume, stager identity and the copy Job",
+     snap(body()), COPY + ["create Job"], "Copying", "Copying", "copy Job"),
+    ("workload identity: the user's ServiceAccount, not ours",
+     snap(body(auth=WI), secrets={}, service_accounts={"reader-wi"}),
+     [a for a in COPY if a != "apply ServiceAccount"] + ["create Job"], "Copying", "Copying", ""),
+    ("provisioned: the server first, waiting until it serves",
+     snap(body(PROVISION)), ["apply Service", "apply StatefulSet"], "Provisioning",
+     "ServerStarting", "waiting for NFS server imagenet-nfs"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_decide(case):
+    _, snapshot, actions, phase, reason, words = case
+    out = decide(snapshot, CFG, NOW)
+    assert summary(out.actions) == actions
+    assert out.status["phase"] == phase
+    ready = next(c for c in out.status["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == reason and words in ready["message"]
+    assert [r for _, r, _ in out.events] == [reason]  # the phase changed: one Event
+    assert [t for t, _, _ in out.events] == ["Warning" if phase == "Failed" else "Normal"]
+
+
+def test_provisioned_server_ready_gives_its_address_to_the_volume():
+    b = body(PROVISION)
+    svc = {"metadata": {"name": "imagenet-nfs", "resourceVersion": "3"},
+           "spec": {"clusterIP": "10.96.0.9"}}
+    sts = {"metadata": {"name": "imagenet-nfs", "resourceVersion": "4"},
+           "status": {"readyReplicas": 1}}
+    out = decide(snap(b, service=svc, statefulset=sts), CFG, NOW)
+    assert summary(out.actions) == ["apply Service", "apply StatefulSet"] + COPY + ["create Job"]
+    assert [a.live_version for a in out.actions[:2]] == ["3", "4"]
+    assert out.status["server"] == "10.96.0.9"
+    pv = next(a.obj for a in out.actions if a.obj.get("kind") == "PersistentVolume")
+    assert pv["spec"]["nfs"]["server"] == "10.96.0.9"
+    assert next(a for a in out.actions if a.obj.get("kind") == "PersistentVolume").owner is None
+
+
+def test_copy_complete_is_ready_with_one_event():
+    name = _job_name()
+    out = decide(snap(body(), copy_jobs=[copy_job(name, "Complete")]), CFG, NOW)
+    assert summary(out.actions) == COPY  # the Job exists: not created again
+    assert out.status["phase"] == "Ready" and out.status["claimName"] == "imagenet-data"
+    assert [r for _, r, _ in out.events] == ["CopyComplete"]
+    again = decide(snap(body(status=copy.deepcopy(out.status)),
+                        copy_jobs=[copy_job(name, "Complete")]), CFG, NOW)
+    assert again.events == [] and again.status == out.status  # nothing new: nothing to write
+
+
+def test_copy_failed_says_the_stagers_last_error():
+    name = _job_name()
+    out = decide(snap(body(status={"lastError": "403 AuthorizationFailure"}),
+                      copy_jobs=[copy_job(name, "Failed")]), CFG, NOW)
+    assert out.status["phase"] == "Failed"
+    assert "403 AuthorizationFailure" in out.events[0][2] and out.events[0][0] == "Warning"
+
+
+def test_an_earlier_specs_copy_job_is_deleted():
+    out = decide(snap(body(), copy_jobs=[copy_job("imagenet-copy-old")]), CFG, NOW)
+    assert summary(out.actions)[-2:] == ["delete Job", "create Job"]
+
+
+def test_deleting_stage_creates_nothing():
+    out = decide(snap(body(deleting=True)), CFG, NOW)
+    assert out.actions == [] and out.status is None
+
+
+def test_an_existing_claim_is_waited_for_then_copied_into():
+    b = body({"volumeClaim": {"claimName": "team-data"}})
+    out = decide(snap(b), CFG, NOW)
+    assert (out.status["phase"], out.events[0][1], out.actions) == ("Pending", "ClaimMissing", [])
+    out = decide(snap(b, claims={"team-data"}), CFG, NOW)
+    assert summary(out.actions) == ["apply ServiceAccount", "apply Role", "apply RoleBinding",
+                                    "create Job"]  # no NFS, no PV: the user's claim
+    assert out.status["claimName"] == "team-data" and "volumeName" not in out.status

@@ -1,0 +1,33 @@
+"""One run's settings, as cli.parse() resolved them. Its own module so that the training
+modules (torch_train, tf_train) and cli.py, which imports them, do not import each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Config:
+    framework: str
+    backend: str  # "horovod" or "native" once resolved
+    synthetic: bool
+    data_dir: Path | None
+    batch_size: int  # per worker
+    epochs: int
+    steps_per_epoch: int | None
+    image_size: int
+    model: str
+    num_classes: int
+    synthetic_batches: int
+    precision: str
+    channels_last: bool
+    compile: bool
+    output_dir: Path
+    metrics_file: Path
+    base_lr: float
+    warmup_epochs: float
+    momentum: float
+    weight_decay: float
+    loader_workers: int
+    seed: int
