@@ -27,6 +27,14 @@ TRAINER_IMAGE = "trainop/trainer-pytorch:0.1.0"
 OPERATOR_IMAGE = "trainop/operator:0.1.0"
 
 
+def pytest_collection_modifyitems(items):
+    """The session's first test also starts the real nodes, which import the images into their
+    containerd: minutes on a cold machine, beyond the suite's default per-test timeout."""
+    for item in items:
+        if "tests/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.timeout(1500))
+
+
 class RealCluster(ClusterHandle):
     def real_node_names(self) -> set[str]:
         return {node.name for node in self.dev.real_nodes}
