@@ -181,8 +181,12 @@ def plan(job: Job, opts: Options, run_dir: Path, rdzv_port: int) -> Plan:
     else:
         scripts = {dtj.worker_name(job, i).removeprefix(f"{job.name}-"): localize(dtj.torchrun_script(job))
                    for i in range(job.workers)}
-    env = {e["name"]: e.get("value", "") for e in dtj.container_env(job)}
+    env = {e["name"]: localize(e.get("value", "")) for e in dtj.container_env(job)}
     env["PATH"] = _search_path()
+    if os.geteuid() == 0:
+        # Pods run mpirun as a non-root user; here it is whoever runs `trainop run --local`, and
+        # Open MPI refuses root unless told twice.
+        env |= {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:
         # One thread pool per rank sized to its share of the cores, not every core each.
         env["OMP_NUM_THREADS"] = str(max(1, opts.cpus // job.total_slots))

@@ -192,7 +192,10 @@ class DevCluster:
                                    _free_port(), _free_port())
             self._spawn(f"containerd/{node.name}", ["containerd", *nodes.containerd_args(node)])
             self._wait(lambda: node.containerd_socket.exists(), timeout, f"containerd of {node.name}")
-            images.load(str(node.containerd_socket), nodes.node_images(node.pool))
+            wanted = nodes.node_images(node.pool)
+            images.load(str(node.containerd_socket), wanted)
+            nodes.prune_images(str(node.containerd_socket),
+                               {ref for name in wanted for ref in images.containerd_refs(name)})
             nodes.forget_device_checkpoint()
             self._spawn(f"kubelet/{node.name}", [str(bins / "kubelet"), *nodes.kubelet_args(node)])
             self._wait(lambda: self._get(f"/api/v1/nodes/{node.name}")[0] == 200, timeout,

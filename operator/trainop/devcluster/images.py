@@ -36,6 +36,7 @@ containerd's CRI looks them up: `docker.io/trainop/operator:0.1.0`. The pause im
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
@@ -59,6 +60,9 @@ from trainop.render import datastage
 
 # Bump to rebuild every image (a change of how images are built that no hashed input shows).
 RECIPE = "1"
+# Another content hash of an image (or another base) is deleted after a build only once nobody
+# has used it for this long: sessions running older code share the cache.
+STALE_SECONDS = 3600
 # Where RUN steps see $TRAINOP_CACHE (an overlay: writes vanish with the step). An existing empty
 # folder of every base, so that no mount point is left behind in an image.
 CACHE_IN_BUILD = "/mnt"
@@ -98,15 +102,30 @@ class Base:
     dpkgopts: tuple[str, ...] = ("path-exclude=/usr/share/man/*", "path-exclude=/usr/share/doc/*",
                                  "path-include=/usr/share/doc/*/copyright", "path-exclude=/usr/share/info/*",
                                  "path-exclude=/usr/share/locale/*", "path-include=/usr/share/locale/locale.alias")
+    # Written into the image (not used while mmdebstrap runs), like Debian's docker-clean: apt
+    # keeps neither the packages it downloads nor its binary caches, else every image's
+    # apt-get install would leave its .debs behind.
+    apt_conf: tuple[str, ...] = ('APT::Keep-Downloaded-Packages "false";', 'Dir::Cache::pkgcache "";',
+                                 'Dir::Cache::srcpkgcache "";')
     # Merged /usr without the usrmerge package (which would pull Perl into every image).
     hooks: tuple[str, ...] = ("merged-usr",)
     env: tuple[str, ...] = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8")
 
+    def options(self) -> list[str]:
+        """mmdebstrap's options (all but the suite, the output and the mirrors)."""
+        apt_conf = " ".join(shlex.quote(line) for line in self.apt_conf)
+        return [f"--variant={self.variant}", "--format=tar",
+                *(f"--dpkgopt={opt}" for opt in self.dpkgopts),
+                *(f"--hook-dir=/usr/share/mmdebstrap/hooks/{hook}" for hook in self.hooks),
+                f"--customize-hook=printf '%s\\n' {apt_conf} > \"$1/etc/apt/apt.conf.d/docker-clean\"",
+                # (after the hooks: mmdebstrap's own cleanup would not find them with that configuration)
+                '--customize-hook=rm -f "$1"/var/cache/apt/*.bin',
+                *(["--include=" + ",".join(self.include)] if self.include else [])]
+
     @property
     def key(self) -> str:
         """Hash of what defines the base (the mirror is transport, not content: not in it)."""
-        spec = [RECIPE, self.suite, self.variant, sorted(self.include), list(self.dpkgopts), list(self.hooks),
-                list(self.env)]
+        spec = [RECIPE, self.suite, self.options(), list(self.env)]
         return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:16]
 
     @property
@@ -162,8 +181,21 @@ def apt_sources(suite: str = "bookworm") -> list[str]:
     return lines if any(line.split()[2] == suite for line in lines) else []
 
 
+def _touch(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
+def _unused(path: Path) -> bool:
+    try:
+        return time.time() - path.stat().st_mtime > STALE_SECONDS
+    except OSError:
+        return False
+
+
 def ensure_base(base: Base, log=_log) -> str:
     """The base in podman's storage (from its cached tar, else mmdebstrap); returns its name."""
+    _touch(base.tar)  # (in use: see STALE_SECONDS)
     if _podman_has(base.ref):
         return base.ref
     with build_lock(f"image-base-{base.name}"):
@@ -174,12 +206,7 @@ def ensure_base(base: Base, log=_log) -> str:
             log(f"images: base {base.ref}: mmdebstrap --variant={base.variant} {base.suite} (about a minute)")
             started = time.monotonic()
             partial = base.tar.with_suffix(".partial.tar")
-            cmd = ["mmdebstrap", f"--variant={base.variant}", "--format=tar",
-                   *(f"--dpkgopt={opt}" for opt in base.dpkgopts),
-                   *(f"--hook-dir=/usr/share/mmdebstrap/hooks/{hook}" for hook in base.hooks)]
-            if base.include:
-                cmd.append("--include=" + ",".join(base.include))
-            cmd += [base.suite, str(partial), *apt_sources(base.suite)]
+            cmd = ["mmdebstrap", *base.options(), base.suite, str(partial), *apt_sources(base.suite)]
             _run(cmd, f"base-{base.name}", "mmdebstrap")
             partial.replace(base.tar)
             log(f"images: base {base.name} made in {time.monotonic() - started:.0f}s "
@@ -187,15 +214,19 @@ def ensure_base(base: Base, log=_log) -> str:
         changes = [f"ENV {kv}" for kv in base.env] + ['CMD ["/bin/bash"]']
         _run(["podman", "import", *(a for c in changes for a in ("--change", c)), str(base.tar), base.ref],
              f"base-{base.name}", "podman import")
-        # Earlier versions of this base (another key) go, tar and image.
+        # Other versions of this base (another key) go, tar and image, once unused for a while.
         prefix = f"base-{base.suite}-{base.name}-"
-        for old in images_dir().glob(f"{prefix}*.tar"):
-            if old != base.tar and re.fullmatch(rf"{re.escape(prefix)}[0-9a-f]{{16}}\.tar", old.name):
-                old.unlink(missing_ok=True)
+        kept = set()
+        for other in images_dir().glob(f"{prefix}*.tar"):
+            if other != base.tar and re.fullmatch(rf"{re.escape(prefix)}[0-9a-f]{{16}}\.tar", other.name) \
+                    and _unused(other):
+                other.unlink(missing_ok=True)
+            elif other.is_file():
+                kept.add(other.name.removeprefix(prefix)[:12])
         listed = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}",
                                  "localhost/trainop-base"], capture_output=True, text=True).stdout.split()
         stale = [ref for ref in listed if ref.startswith(f"localhost/trainop-base:{base.suite}-{base.name}-")
-                 and ref != base.ref]
+                 and ref.rpartition("-")[2] not in kept and ref != base.ref]
         if stale:
             subprocess.run(["podman", "rmi", *stale], capture_output=True)
     return base.ref
@@ -425,16 +456,25 @@ class Result:
         return self.meta["refs"]
 
 
-def _run(cmd: list[str], name: str, step: str, log_file: Path | None = None, **kw) -> None:
+_HOST_IN_URL = re.compile(r"(?<=://)[^/\s'\"]+")
+
+
+def _run(cmd: list[str], name: str, step: str, log_file: Path | None = None) -> None:
+    """Run a build step, its output appended to the log file, with the host names in URLs (the
+    package mirrors and indexes) left out; raise ImageBuildError with the log's tail."""
     log_file = log_file or images_dir() / "logs" / f"{name}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("a") as out:
-        out.write(f"\n$ {shlex.join(cmd)}\n")
+        out.write("\n$ " + _HOST_IN_URL.sub("HOST", shlex.join(cmd)) + "\n")
         out.flush()
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kw)
-    if proc.returncode != 0:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                text=True, errors="replace")
+        for line in proc.stdout:
+            out.write(_HOST_IN_URL.sub("HOST", line))
+        returncode = proc.wait()
+    if returncode != 0:
         tail = "".join(log_file.read_text(errors="replace").splitlines(keepends=True)[-30:])
-        raise ImageBuildError(f"{name}: {step} failed (exit {proc.returncode}); log {log_file}:\n{tail}")
+        raise ImageBuildError(f"{name}: {step} failed (exit {returncode}); log {log_file}:\n{tail}")
 
 
 def _podman_has(ref: str) -> bool:
@@ -472,8 +512,7 @@ def _stage(p: Plan, where: Path) -> Path:
             shutil.copy2(path, dest)
     (where / "Dockerfile").write_text(p.dockerfile_text)
     if p.image.name == "pause":
-        subprocess.run(["gcc", *PAUSE_CFLAGS, "-o", str(context / "pause"), str(context / "pause.c")],
-                       check=True, capture_output=True)
+        _run(["gcc", *PAUSE_CFLAGS, "-o", str(context / "pause"), str(context / "pause.c")], "pause", "gcc")
     return context
 
 
@@ -500,6 +539,9 @@ def _build(p: Plan, log) -> dict:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     log_file.write_text("")
     started = time.monotonic()
+    # Only the holder of this image's lock writes its partial archives: any there are left over.
+    for partial in images_dir().glob(f"{image.name}-*.partial.tar"):
+        partial.unlink(missing_ok=True)
     args = dict(p.build_args)
     if image.base:
         args[image.base_arg] = ensure_base(BASES[image.base], log)
@@ -508,7 +550,10 @@ def _build(p: Plan, log) -> dict:
         f"{', target ' + image.target if image.target else ''}); log {log_file}")
     with tempfile.TemporaryDirectory(prefix=f"{image.name}-", dir=images_dir()) as tmp:
         context = _stage(p, Path(tmp))
-        cmd = ["buildah", "bud", "--network", "host", "--pull=never", "-f", str(Path(tmp) / "Dockerfile")]
+        # --force-rm: a failed build leaves no working container (gigabytes, for the trainer) behind
+        # (buildah 1.28 takes it only beside --layers or --no-cache; there is no layer cache anyway).
+        cmd = ["buildah", "bud", "--network", "host", "--pull=never", "--no-cache", "--force-rm",
+               "-f", str(Path(tmp) / "Dockerfile")]
         for tag in tags:
             cmd += ["-t", tag]
         if image.target:
@@ -538,10 +583,11 @@ def _build(p: Plan, log) -> dict:
             "build_seconds": round(built, 1), "save_seconds": round(time.monotonic() - started - built, 1),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     p.meta_path.write_text(json.dumps(meta, indent=1) + "\n")
-    for old in images_dir().glob(f"{image.name}-*.json"):  # earlier builds of this image
-        if old != p.meta_path and re.fullmatch(rf"{re.escape(image.name)}-[0-9a-f]{{16}}\.json", old.name):
-            old.unlink(missing_ok=True)
-            old.with_suffix(".tar").unlink(missing_ok=True)
+    for other in images_dir().glob(f"{image.name}-*.json"):  # other builds of this image, once unused
+        if other != p.meta_path and re.fullmatch(rf"{re.escape(image.name)}-[0-9a-f]{{16}}\.json", other.name) \
+                and _unused(other):
+            other.with_suffix(".tar").unlink(missing_ok=True)
+            other.unlink(missing_ok=True)
     log(f"images: {image.name} built in {built:.0f}s, saved in {meta['save_seconds']:.0f}s "
         f"({size / 1e6:.0f} MB)")
     return meta
@@ -558,7 +604,10 @@ def _cached_meta(p: Plan) -> dict | None:
         meta = json.loads(p.meta_path.read_text())
     except (OSError, ValueError):
         return None
-    return meta if meta.get("hash") == p.hash and p.archive.is_file() else None
+    if meta.get("hash") != p.hash or not p.archive.is_file():
+        return None
+    _touch(p.meta_path)  # (in use: see STALE_SECONDS)
+    return meta
 
 
 def _names(names) -> list[str]:
