@@ -215,20 +215,16 @@ def ensure_base(base: Base, log=_log) -> str:
         changes = [f"ENV {kv}" for kv in base.env] + ['CMD ["/bin/bash"]']
         _run(["podman", "import", *(a for c in changes for a in ("--change", c)), str(base.tar), base.ref],
              f"base-{base.name}", "podman import")
-        # Other versions of this base (another key) go, tar and image, once unused for a while.
+        # Other versions of this base (another key) go, tar and image, once unused for a while
+        # (podman's storage is shared with other caches: only the images of tars removed here).
         prefix = f"base-{base.suite}-{base.name}-"
-        kept = set()
+        stale = []
         for other in images_dir().glob(f"{prefix}*.tar"):
             if other != base.tar and re.fullmatch(rf"{re.escape(prefix)}[0-9a-f]{{16}}\.tar", other.name) \
                     and _unused(other):
                 other.unlink(missing_ok=True)
-            elif other.is_file():
-                kept.add(other.name.removeprefix(prefix)[:12])
-        listed = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}",
-                                 "localhost/trainop-base"], capture_output=True, text=True).stdout.split()
-        stale = [ref for ref in listed if ref.startswith(f"localhost/trainop-base:{base.suite}-{base.name}-")
-                 and ref.rpartition("-")[2] not in kept and ref != base.ref]
-        if stale:
+                stale.append(f"localhost/trainop-base:{base.suite}-{base.name}-{other.stem.removeprefix(prefix)[:12]}")
+        if stale:  # (an image still used by another build stays: podman refuses)
             subprocess.run(["podman", "rmi", *stale], capture_output=True)
     return base.ref
 
@@ -546,7 +542,9 @@ def _build(p: Plan, log) -> dict:
     args = dict(p.build_args)
     if image.base:
         args[image.base_arg] = ensure_base(BASES[image.base], log)
-    tags = [p.hash_ref] + [f"{_containerd_name(image.repo)}:{tag}" for tag in image.tags]
+    # Every name it will have in containerd; podman's storage (shared with other caches' builds)
+    # gets only the content-hash one, so that no build removes another's image by a shared tag.
+    refs = [p.hash_ref] + [f"{_containerd_name(image.repo)}:{tag}" for tag in image.tags]
     log(f"images: building {image.name} ({image.dockerfile}"
         f"{', target ' + image.target if image.target else ''}); log {log_file}")
     with tempfile.TemporaryDirectory(prefix=f"{image.name}-", dir=images_dir()) as tmp:
@@ -555,8 +553,7 @@ def _build(p: Plan, log) -> dict:
         # (buildah 1.28 takes it only beside --layers or --no-cache; there is no layer cache anyway).
         cmd = ["buildah", "bud", "--network", "host", "--pull=never", "--no-cache", "--force-rm",
                "-f", str(Path(tmp) / "Dockerfile")]
-        for tag in tags:
-            cmd += ["-t", tag]
+        cmd += ["-t", p.hash_ref]
         if image.target:
             cmd += ["--target", image.target]
         for key, value in sorted(args.items()):
@@ -580,8 +577,8 @@ def _build(p: Plan, log) -> dict:
     digest = _archive_digest(partial)
     partial.replace(p.archive)
     # The archive is the cache: podman's copy would only pile up, one per content hash.
-    subprocess.run(["podman", "rmi", "--force", *tags], capture_output=True)
-    meta = {"name": image.name, "hash": p.hash, "digest": digest, "refs": tags,
+    subprocess.run(["podman", "rmi", p.hash_ref], capture_output=True)
+    meta = {"name": image.name, "hash": p.hash, "digest": digest, "refs": refs,
             "image_bytes": size, "archive_bytes": p.archive.stat().st_size,
             "build_seconds": round(built, 1), "save_seconds": round(time.monotonic() - started - built, 1),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
