@@ -67,8 +67,10 @@ def test_which_pods_the_restricted_profile_admits(real_cluster, restricted_names
                                      "auth": {"sasSecretRef": {"name": "s", "key": "sas"}}}},
                  "destination": {"nfs": {"server": "10.245.255.1", "path": "/export"}}}})
     job = render_datastage.copy_job(stage, "10.245.255.1", config.load())
+    # The `default` ServiceAccount: admission looks the pod's account up before Pod Security,
+    # and the stager's own is made only by a real DataStage.
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "copy", "namespace": ns},
-           "spec": job["spec"]["template"]["spec"]}
+           "spec": dict(job["spec"]["template"]["spec"], serviceAccountName="default")}
     refused = real_cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(pod), check=False)
     assert refused.returncode != 0
     assert 'violates PodSecurity "restricted:latest": restricted volume types (volume "share" uses restricted ' \
