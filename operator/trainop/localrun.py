@@ -70,6 +70,7 @@ class Plan:
     files: dict[str, str]  # path under run_dir -> content (what the pods get mounted)
     env: dict[str, str]  # added to this process's environment
     trainer: bool  # runs the built-in trainer, so its metric reports are expected
+    rdzv_port: int | None = None  # torchrun: worker 0's rendezvous store, started first
 
     @property
     def output_dir(self) -> Path:
@@ -191,7 +192,7 @@ def plan(job: Job, opts: Options, run_dir: Path, rdzv_port: int) -> Plan:
         # One thread pool per rank sized to its share of the cores, not every core each.
         env["OMP_NUM_THREADS"] = str(max(1, opts.cpus // job.total_slots))
     return Plan(job=job, notes=tuple(notes), run_dir=run_dir, scripts=scripts, files=files, env=env,
-                trainer=trainer)
+                trainer=trainer, rdzv_port=rdzv_port if job.launcher == "torchrun" else None)
 
 
 def preflight(job: Job) -> None:
@@ -329,6 +330,15 @@ def write_files(p: Plan) -> None:
         (p.run_dir / f"{name}.sh").write_text(script)
 
 
+def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as sock:
+            if sock.connect_ex((LOCALHOST, port)) == 0:
+                return
+        time.sleep(0.1)
+
+
 def execute(p: Plan, progress: Progress, echo: TextIO | None = None,
             deadline_seconds: int | None = None) -> Outcome:
     """Run the plan's processes (a gang: the first failure stops the rest); their merged
@@ -344,6 +354,11 @@ def execute(p: Plan, progress: Progress, echo: TextIO | None = None,
             procs[name] = subprocess.Popen(["sh", "-c", script], env=env, cwd=p.run_dir,
                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            text=True, errors="replace", start_new_session=True)
+            if p.rdzv_port and len(procs) == 1:
+                # In a cluster worker 0 hosts the rendezvous store (the endpoint is its name);
+                # here every agent is on 127.0.0.1 and the first to bind would host it, so a
+                # failing rank could take the store down with it: let worker 0 bind first.
+                _wait_for_port(p.rdzv_port, procs[name])
         readers = [threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
                    for proc in procs.values()]
         for reader in readers:
