@@ -11,6 +11,11 @@ process's last apply produced (and whose rendering has not changed) is skipped w
 A child the caches show missing is created with POST (never adopted: a 409 whose object another
 owner controls is reported as a conflict); an existing one is server-side applied (force, field
 manager "trainop"), which puts an edited field back and leaves API-server defaults alone.
+
+Secrets are the one kind the operator does not watch: listing them would give it every
+credential of every namespace it serves. A job's SSH Secret is created once (POST; a 409 is
+checked for ownership with one GET) and remembered here, so the next reconciles skip it;
+after a restart the first reconcile of each job pays that POST again.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Applier:
         # (apiVersion, kind, namespace, name) -> (digest of what we applied, resourceVersion
         # the API server returned for it)
         self._applied: dict[tuple, tuple[str, str]] = {}
+        self._ssh_secrets: set[str] = set()  # uids of the jobs whose SSH Secret exists
 
     def run(self, actions: list) -> list[str]:
         """Execute `actions` in order; returns the ownership conflicts met (messages)."""
@@ -50,8 +56,7 @@ class Applier:
                 elif isinstance(action, Create):
                     _create(kube.with_owner(action.obj, action.owner), action.owner)
                 elif isinstance(action, CreateSSHSecret):
-                    secret = render_dtj.render_ssh_secret(action.job, *sshkeys.generate())
-                    _create(kube.with_owner(secret, action.owner), action.owner)
+                    self._create_ssh_secret(action)
                 elif isinstance(action, Delete):
                     _delete(action.ref)
                 elif isinstance(action, DropFinalizer):
@@ -66,6 +71,17 @@ class Applier:
         """The owner is gone: drop what was remembered about its children."""
         with self._lock:
             self._applied = {k: v for k, v in self._applied.items() if k[4] != owner_uid}
+            self._ssh_secrets.discard(owner_uid)
+
+    def has_ssh_secret(self, owner_uid: str | None) -> bool:
+        with self._lock:
+            return owner_uid in self._ssh_secrets
+
+    def _create_ssh_secret(self, action: CreateSSHSecret) -> None:
+        secret = render_dtj.render_ssh_secret(action.job, *sshkeys.generate())
+        _create(kube.with_owner(secret, action.owner), action.owner)  # (a 409 keeps the old key)
+        with self._lock:
+            self._ssh_secrets.add(action.owner["metadata"]["uid"])
 
     def _apply(self, action: Apply) -> None:
         desired = kube.with_owner(action.obj, action.owner)

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes.client.exceptions import ApiException
 
-from trainop import apply, conditions, gate, jobsync, metrics, stagesync
+from trainop import GROUP, VERSION, apply, conditions, gate, jobsync, metrics, stagesync
 from trainop.config import Config
 from trainop.workqueue import WorkQueue
 
@@ -138,8 +138,8 @@ class Controller:
                 delay = min(MAX_BACKOFF, self.cfg.resync_seconds * 2 ** (n - 1))
                 reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) \
                     else repr(exc)
-                log.error("[%s/%s] reconcile failed (%s); retrying in %.1fs", key[1], key[2],
-                          reason, delay, exc_info=not isinstance(exc, ApiException))
+                log.error("reconcile failed (%s); retrying in %.1fs", reason, delay,
+                          exc_info=not isinstance(exc, ApiException), extra=_ref(key))
                 self.queue.add_after(key, delay)
             finally:
                 self.queue.done(key)
@@ -179,8 +179,8 @@ class Controller:
         """Log a state change once, at INFO (waiting is normal: never a warning)."""
         if self.said.get(key) != (phase, waiting):
             self.said[key] = (phase, waiting)
-            log.info("[%s/%s] %s %s%s", key[1], key[2], key[0], phase or "New",
-                     f": {waiting}" if waiting else "")
+            log.info("%s %s%s", key[0], phase or "New", f": {waiting}" if waiting else "",
+                     extra=_ref(key))
 
     # ---- DistributedTrainingJob ------------------------------------------------------------
 
@@ -224,7 +224,7 @@ class Controller:
                   if any(_controlled(p, owner) for owner in owners if owner)],
             launcher=launcher,
             service=self._one("dtj_services", ck), config_map=self._one("dtj_configmaps", ck),
-            secret=self._one("dtj_secrets", ck),
+            ssh_secret=self.applier.has_ssh_secret(uid),
             endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
@@ -259,8 +259,6 @@ class Controller:
         refs = _stage_refs(body)
         return stagesync.StageSnapshot(
             body=body,
-            secret_keys={r: self._one("secret_keys", (ns, r)) for r in refs
-                         if (ns, r) in self.ix["secret_keys"]},
             service_accounts={r for r in refs if (ns, r) in self.ix["service_accounts"]},
             claims={r for r in refs if (ns, r) in self.ix["claims"]},
             service=self._one("stage_services", (ns, name, "Service")),
@@ -271,18 +269,28 @@ class Controller:
         snap = self.stage_snapshot(key)
         if snap is None:
             return
-        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        outcome = stagesync.decide(snap, self.cfg, now)
         loop = asyncio.get_running_loop()
-        conflict = await loop.run_in_executor(self.pool, self._act, key, snap.body, outcome)
+        outcome, conflict = await loop.run_in_executor(self.pool, self._decide_and_act_stage,
+                                                       key, snap)
         if conflict:
-            log.warning("[%s/%s] %s", key[1], key[2], conflict)  # a user's object in the way
+            log.warning("%s", conflict, extra=_ref(key))  # a user's object in the way
+        if outcome.requeue_after is not None:
+            self.queue.add_after(key, outcome.requeue_after)
         self._say(key, (outcome.status or {}).get("phase"), outcome.waiting)
 
     # ---- acting (in a pool thread) ---------------------------------------------------------
 
     def _decide_and_act(self, key: tuple, snap: jobsync.JobSnapshot):
         outcome = jobsync.decide(snap, self.cfg, dt.datetime.now(dt.timezone.utc))
+        return outcome, self._act(key, snap.body, outcome)
+
+    def _decide_and_act_stage(self, key: tuple, snap: stagesync.StageSnapshot):
+        for name in stagesync.secret_refs(snap.body):  # read, never watched (stagesync.py)
+            secret = apply.kube.get("v1", "Secret", name, key[1])
+            if secret is not None:
+                snap.secret_keys[name] = tuple(sorted(secret.get("data") or {}))  # names only
+        now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        outcome = stagesync.decide(snap, self.cfg, now)
         return outcome, self._act(key, snap.body, outcome)
 
     def _act(self, key: tuple, body: dict, outcome) -> str | None:
@@ -304,11 +312,18 @@ class Controller:
         for type_, reason, message in outcome.events:
             apply.post_event(body, type_, reason, message)
         if outcome.delete_self:
-            log.info("[%s/%s] ttlSecondsAfterFinished elapsed: deleting the job", key[1], key[2])
+            log.info("ttlSecondsAfterFinished elapsed: deleting the job", extra=_ref(key))
             meta = body["metadata"]
             apply.kube.delete(body["apiVersion"], body["kind"], meta["name"], meta["namespace"],
                               uid=meta["uid"])
         return None
+
+
+def _ref(key: tuple) -> dict:
+    """The object a log line is about, as kopf's formatters expect it: `[ns/name]` before the
+    text, `object` in JSON lines."""
+    return {"k8s_ref": {"apiVersion": f"{GROUP}/{VERSION}", "kind": key[0],
+                        "namespace": key[1], "name": key[2]}}
 
 
 def _stage_ref(body: dict) -> str | None:
@@ -316,12 +331,10 @@ def _stage_ref(body: dict) -> str | None:
 
 
 def _stage_refs(body: dict) -> set[str]:
-    """Names of the Secret / ServiceAccount a DataStage's auth block points at, and of the
-    claim its destination names."""
+    """Names of the ServiceAccount a DataStage's auth block points at and of the claim its
+    destination names (both watched)."""
     spec = body.get("spec") or {}
     auth = (((spec.get("source") or {}).get("blob") or {}).get("auth")) or {}
-    out = {(ref or {}).get("name") for key, ref in auth.items()
-           if key.endswith("SecretRef") and isinstance(ref, dict)}
-    out.add(auth.get("serviceAccountName"))
-    out.add(((spec.get("destination") or {}).get("volumeClaim") or {}).get("claimName"))
+    out = {auth.get("serviceAccountName"),
+           ((spec.get("destination") or {}).get("volumeClaim") or {}).get("claimName")}
     return {n for n in out if n}

@@ -45,7 +45,7 @@ class JobSnapshot:
     launcher: dict | None = None                          # the launcher batch/v1 Job
     service: dict | None = None
     config_map: dict | None = None
-    secret: dict | None = None
+    ssh_secret: bool = False   # this process made or found the job's SSH Secret (apply.py)
     endpoint_slices: list[dict] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
     stage: dict | None = None                             # the referenced DataStage
@@ -351,7 +351,7 @@ def _controlled(obj: dict, body: dict) -> bool:
 def _foreign_child(plan: _Plan) -> str | None:
     """A child's name taken by an object this job does not control (never adopted)."""
     snap = plan.snap
-    for obj in (snap.service, snap.config_map, snap.secret):
+    for obj in (snap.service, snap.config_map):
         if obj is not None and not _controlled(obj, snap.body):
             meta = obj["metadata"]
             return (f"{obj.get('kind', 'object')} {meta.get('namespace')}/{meta['name']} already "
@@ -371,7 +371,7 @@ def _shared_children(plan: _Plan, job: Job) -> None:
     if job.launcher != "mpi":
         return
     acts.append(Apply(render.render_config_map(job), body, _version(snap.config_map)))
-    if snap.secret is None:  # generated once: a new key on every reconcile would break the gang
+    if not snap.ssh_secret:  # generated once: a new key on every reconcile would break the gang
         acts.append(CreateSSHSecret(job, body))
 
 

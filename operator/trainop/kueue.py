@@ -29,8 +29,8 @@ from trainop.admission import ADMITTED, QUEUED, Decision, gang_pods
 from trainop.render import common
 from trainop.spec import Job
 
-GROUP = "kueue.x-k8s.io"
-API_VERSION = f"{GROUP}/v1beta2"
+GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
+API_VERSION = f"{GROUP}/{VERSION}"
 FINALIZER = f"{GROUP}/resource-in-use"
 RECHECK_SECONDS = 30.0  # how long "Kueue is not installed" is believed
 

@@ -7,8 +7,10 @@ cluster-scoped PV (the one child owner references cannot remove).
 
 Pure, like jobsync.decide: the snapshot holds what the watch caches hold (controller.py).
 Bad input (a spec the schema could not reject, a missing Secret or key) sets Failed naming the
-field, posts a Warning Event, and creates nothing; creating the Secret afterwards wakes the
-DataStage (the Secret watch) and lets it proceed.
+field, posts a Warning Event, and creates nothing. ServiceAccounts and claims are watched, so
+creating one wakes the DataStage; Secrets are not (the operator must not hold every credential
+of a namespace), so a DataStage whose Secret or key is missing looks again every
+SECRET_RECHECK_SECONDS, reading that one Secret.
 
 Status keys written here: phase, conditions, claimName, volumeName, server, copyJobName,
 observedGeneration. The copy Job's stager writes the progress counters and lastError itself
@@ -28,6 +30,7 @@ from trainop.spec import SpecError
 
 _METHOD_REFS = {method: ref for ref, method in blob.SECRET_REFS.items()}
 AUTH_FIELD = "spec.source.blob.auth"
+SECRET_RECHECK_SECONDS = 10.0
 OWNED_KEYS = ("phase", "conditions", "claimName", "volumeName", "server", "copyJobName",
               "observedGeneration")
 
@@ -35,7 +38,8 @@ OWNED_KEYS = ("phase", "conditions", "claimName", "volumeName", "server", "copyJ
 @dataclass
 class StageSnapshot:
     body: dict
-    secret_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # Secret -> its keys
+    secret_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # Secret -> its keys (read
+    #                                                  from the API by the controller, not watched)
     service_accounts: set[str] = field(default_factory=set)               # names in the namespace
     claims: set[str] = field(default_factory=set)  # PersistentVolumeClaims it names (volumeClaim)
     service: dict | None = None      # the provisioned NFS server's Service
@@ -67,6 +71,17 @@ class _Status:
         return Outcome(actions=actions, status=self.data, events=self.events, waiting=waiting)
 
 
+class MissingSecret(SpecError):
+    """The referenced Secret, or its key, does not exist (yet)."""
+
+
+def secret_refs(body: dict) -> set[str]:
+    """Names of the Secrets a DataStage's auth block points at."""
+    auth = ((((body.get("spec") or {}).get("source") or {}).get("blob") or {}).get("auth")) or {}
+    return {ref["name"] for key, ref in auth.items()
+            if key.endswith("SecretRef") and isinstance(ref, dict) and ref.get("name")}
+
+
 def check_references(stage: render.Stage, snap: StageSnapshot) -> None:
     """The Secret (and key) or the federated ServiceAccount the copy pod will need."""
     auth = stage.auth
@@ -79,9 +94,9 @@ def check_references(stage: render.Stage, snap: StageSnapshot) -> None:
     where = f"{AUTH_FIELD}.{_METHOD_REFS[auth.method]}"
     keys = snap.secret_keys.get(auth.secret_name)
     if keys is None:
-        raise SpecError(f"{where}.name", f"Secret {auth.secret_name!r} not found in namespace {stage.namespace}; create it with the credential under key {auth.secret_key!r}")
+        raise MissingSecret(f"{where}.name", f"Secret {auth.secret_name!r} not found in namespace {stage.namespace}; create it with the credential under key {auth.secret_key!r}")
     if auth.secret_key not in keys:
-        raise SpecError(f"{where}.key", f"Secret {auth.secret_name!r} has no key {auth.secret_key!r}; add it or fix the key")
+        raise MissingSecret(f"{where}.key", f"Secret {auth.secret_name!r} has no key {auth.secret_key!r}; add it or fix the key")
 
 
 def _version(obj: dict | None) -> str:
@@ -100,7 +115,10 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
         check_references(stage, snap)
     except SpecError as exc:
         st.phase("Failed", "InvalidSpec", str(exc), warning=True)
-        return st.outcome([])
+        out = st.outcome([])
+        if isinstance(exc, MissingSecret):
+            out.requeue_after = SECRET_RECHECK_SECONDS
+        return out
 
     actions: list = []
     server = stage.nfs_server

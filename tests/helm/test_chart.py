@@ -33,7 +33,7 @@ NAMESPACED_RULES = {
     ("", "events"): ["create"],
     ("", "pods"): ["get", "list", "watch", "create", "delete"],
     ("", "resourcequotas"): ["list", "watch"],
-    ("kueue.x-k8s.io", "workloads"): ["get", "create", "patch", "delete"],
+    ("kueue.x-k8s.io", "workloads"): ["get", "list", "watch", "create", "patch", "delete"],
     ("kueue.x-k8s.io", "workloads/status"): ["patch"],
     ("batch", "jobs"): ["get", "list", "watch", "create", "delete"],
     ("", "services"): ["get", "list", "watch", "create", "patch"],
@@ -43,7 +43,7 @@ NAMESPACED_RULES = {
     ("apps", "statefulsets"): ["get", "list", "watch", "create", "patch"],
     ("rbac.authorization.k8s.io", "roles"): ["get", "create", "patch"],
     ("rbac.authorization.k8s.io", "rolebindings"): ["get", "create", "patch"],
-    ("", "secrets"): ["get", "list", "watch", "create"],
+    ("", "secrets"): ["get", "create"],
     ("discovery.k8s.io", "endpointslices"): ["list", "watch"],
 }
 PEERING = ["list", "watch", "patch"]

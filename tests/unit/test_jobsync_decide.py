@@ -100,7 +100,7 @@ def slices(*hosts: str) -> list[dict]:
 def shared() -> dict:
     """The Service, hostfile and SSH Secret as they exist once created."""
     return {"service": child("Service", "j"), "config_map": child("ConfigMap", "j-mpi"),
-            "secret": child("Secret", "j-ssh")}
+            "ssh_secret": True}
 
 
 CREATED_TORCHRUN = conditions.set_condition(

@@ -8,7 +8,7 @@ import pytest
 
 from trainop import config
 from trainop.actions import Apply, Create, Delete
-from trainop.stagesync import StageSnapshot, decide
+from trainop.stagesync import SECRET_RECHECK_SECONDS, StageSnapshot, decide
 
 CFG = config.from_dict(None)
 NOW = "2026-05-01T12:00:00Z"
@@ -93,6 +93,8 @@ def test_decide(case):
     assert ready["reason"] == reason and words in ready["message"]
     assert [r for _, r, _ in out.events] == [reason]  # the phase changed: one Event
     assert [t for t, _, _ in out.events] == ["Warning" if phase == "Failed" else "Normal"]
+    # Secrets are not watched: only a missing Secret (or key) makes it look again by itself
+    assert out.requeue_after == (SECRET_RECHECK_SECONDS if "Secret '" in words else None)
 
 
 def test_provisioned_server_ready_gives_its_address_to_the_volume():

@@ -60,7 +60,10 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         from trainop import metrics
         metrics.serve(args.metrics_port)
-    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()])
+    # log_prefix: "[namespace/name]" before each line about an object in text; JSON lines carry
+    # it as `object` instead
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()],
+                   log_prefix=args.log_format != "json")
     kopf.run(
         standalone=args.standalone,
         peering_name=None if args.standalone else args.peering,

@@ -13,15 +13,17 @@ children then fit in tens of MB.
     dtj_launchers        (ns, job-name)           its launcher batch/v1 Job
     dtj_services         (ns, job-name)           its headless Service
     dtj_configmaps       (ns, job-name)           its hostfile ConfigMap
-    dtj_secrets          (ns, job-name)           its SSH Secret (metadata only)
     dtj_endpointslices   (ns, job-name)           its Service's EndpointSlices (labels mirrored)
     nodes_by_pool        agentpool label          nodes (labels, allocatable)
     quotas               ns                       ResourceQuotas
     stage_bodies         (ns, name)               DataStages
     stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet, copy Jobs
-    secret_keys          (ns, name)               every Secret's key names (a DataStage's reference)
     service_accounts     (ns, name)               every ServiceAccount's name (workload identity)
     claims               (ns, name)               every PersistentVolumeClaim's name (volumeClaim)
+
+Not watched: Secrets (the operator would hold every credential of the namespaces it serves;
+see apply.py and stagesync.py for how it does without). Watched without an index: Kueue's
+Workloads of jobs (an admission wakes the job, whose reconcile reads its Workload).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import kopf
 
 from trainop import GROUP, VERSION, phases
 from trainop.config import POOL_LABEL
+from trainop.kueue import GROUP as KUEUE_GROUP
+from trainop.kueue import VERSION as KUEUE_VERSION
 from trainop.render import common
 from trainop.render import datastage as render_stage
 
@@ -49,7 +53,17 @@ def _quiet(record: logging.LogRecord) -> bool:
         or "succeeded" not in msg
 
 
+def _optional_kueue(record: logging.LogRecord) -> bool:
+    """kopf warns once that it cannot watch Workloads when Kueue is not installed; that is a
+    supported set-up (jobs are admitted natively), not something to fix."""
+    msg = record.getMessage()
+    unresolved = msg.partition("): ")[2]  # "Selector(group='...', version=..., plural=...)"
+    return not (msg.startswith("Unresolved resources") and unresolved.count("Selector(") == 1
+                and f"group='{KUEUE_GROUP}'" in unresolved)
+
+
 logging.getLogger("kopf.objects").addFilter(_quiet)
+logging.getLogger("kopf._core.reactor.observation").addFilter(_optional_kueue)
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -58,6 +72,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.label_selectors["v1", "configmaps"] = LABEL_JOB
     settings.watching.label_selectors["discovery.k8s.io", "v1", "endpointslices"] = LABEL_JOB
     settings.watching.label_selectors["apps", "v1", "statefulsets"] = LABEL_STAGE
+    settings.watching.label_selectors[KUEUE_GROUP, KUEUE_VERSION, "workloads"] = LABEL_JOB
 
 
 # ---- slimming ---------------------------------------------------------------------------
@@ -129,11 +144,6 @@ async def dtj_configmaps(body, namespace, **_):
     return {_job_key(body, namespace): _obj(body)}
 
 
-@kopf.index("v1", "secrets", labels=_HAS_JOB)
-async def dtj_secrets(body, namespace, **_):
-    return {_job_key(body, namespace): _obj(body)}
-
-
 @kopf.index("discovery.k8s.io", "v1", "endpointslices", labels=_HAS_JOB)
 async def dtj_endpointslices(body, namespace, **_):
     endpoints = [{"hostname": ep.get("hostname"), "addresses": ep.get("addresses"),
@@ -184,11 +194,6 @@ async def stage_jobs(body, namespace, **_):
     return _stage_child(body, namespace, status=dict(body.get("status") or {}))
 
 
-@kopf.index("v1", "secrets")
-async def secret_keys(body, name, namespace, **_):
-    return {(namespace, name): tuple(sorted(body.get("data") or {}))}  # names, never values
-
-
 @kopf.index("v1", "serviceaccounts")
 async def service_accounts(name, namespace, **_):
     return {(namespace, name): name}
@@ -200,9 +205,8 @@ async def claims(name, namespace, **_):
 
 
 INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps",
-           "dtj_secrets", "dtj_endpointslices", "nodes_by_pool", "quotas", "stage_bodies",
-           "stage_services", "stage_statefulsets", "stage_jobs", "secret_keys",
-           "service_accounts", "claims")
+           "dtj_endpointslices", "nodes_by_pool", "quotas", "stage_bodies",
+           "stage_services", "stage_statefulsets", "stage_jobs", "service_accounts", "claims")
 
 
 # ---- routing: a change wakes the reconcile of whoever owns or reads it -----------------------
@@ -229,8 +233,8 @@ async def route_pod(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noq
 @kopf.on.event("batch", "v1", "jobs", labels=_HAS_JOB)
 @kopf.on.event("v1", "services", labels=_HAS_JOB)
 @kopf.on.event("v1", "configmaps", labels=_HAS_JOB)
-@kopf.on.event("v1", "secrets", labels=_HAS_JOB)
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=_HAS_JOB)
+@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=_HAS_JOB)
 async def route_job_child(body, namespace, memo: kopf.Memo, **_) -> None:
     memo.controller.enqueue_job(*_job_key(body, namespace))
 
@@ -263,7 +267,6 @@ async def route_stage_child(body, namespace, memo: kopf.Memo, **_) -> None:
     memo.controller.enqueue_stage(namespace, body["metadata"]["labels"][LABEL_STAGE])
 
 
-@kopf.on.event("v1", "secrets")
 @kopf.on.event("v1", "serviceaccounts")
 @kopf.on.event("v1", "persistentvolumeclaims")
 async def route_reference(type, name, namespace, memo: kopf.Memo, **_) -> None:  # noqa: A002
