@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from kubernetes.client.exceptions import ApiException
 
 from trainop import GROUP, VERSION, apply, conditions, gate, jobsync, metrics, stagesync
+from trainop.actions import Problem
 from trainop.config import Config
 from trainop.workqueue import WorkQueue
 
@@ -54,7 +55,7 @@ class Controller:
         self.applier = apply.Applier()
         self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="trainop-apply")
         self.written: dict[tuple, dict] = {}   # key -> the object our last status write returned
-        self.conflicts: dict[tuple, str] = {}  # key -> a child name conflict (for decide)
+        self.problems: dict[tuple, Problem] = {}  # key -> what the last apply met (for decide)
         self.failures: dict[tuple, int] = {}   # key -> consecutive failed reconciles
         self.said: dict[tuple, tuple] = {}     # key -> (phase, waiting) last logged
         self.tasks: list[asyncio.Task] = []
@@ -85,7 +86,7 @@ class Controller:
     def job_gone(self, namespace: str, name: str, uid: str | None) -> None:
         key = (JOB, namespace, name)
         self.queue.forget(key)
-        for memo in (self.written, self.conflicts, self.failures, self.said):
+        for memo in (self.written, self.problems, self.failures, self.said):
             memo.pop(key, None)
         if uid:
             self.applier.forget(uid)
@@ -93,7 +94,7 @@ class Controller:
     def stage_gone(self, namespace: str, name: str) -> None:
         key = (STAGE, namespace, name)
         self.queue.forget(key)
-        for memo in (self.written, self.conflicts, self.failures, self.said):
+        for memo in (self.written, self.problems, self.failures, self.said):
             memo.pop(key, None)
 
     def wake_gate(self, namespace: str) -> None:
@@ -224,12 +225,13 @@ class Controller:
                   if any(_controlled(p, owner) for owner in owners if owner)],
             launcher=launcher,
             service=self._one("dtj_services", ck), config_map=self._one("dtj_configmaps", ck),
+            network_policy=self._one("dtj_netpols", ck),
             ssh_secret=self.applier.has_ssh_secret(uid),
             endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
             admit=lambda job: gate.decide(job, body, self.cfg, lambda: view),
-            conflict=self.conflicts.pop(key, None))
+            problem=self.problems.pop(key, None))
 
     async def _reconcile_job(self, key: tuple) -> None:
         snap = self.job_snapshot(key)
@@ -238,9 +240,9 @@ class Controller:
         loop = asyncio.get_running_loop()
         # decide() in the pool too: the gate may judge a whole namespace, and a Kueue-queued
         # job's admission reads its Workload from the API
-        outcome, conflict = await loop.run_in_executor(self.pool, self._decide_and_act, key, snap)
-        if conflict:  # decide again at once, knowing the name is taken
-            self.conflicts[key] = conflict
+        outcome, problem = await loop.run_in_executor(self.pool, self._decide_and_act, key, snap)
+        if problem:  # decide again at once, knowing it
+            self.problems[key] = problem
             self.queue.add(key)
             return
         for name in gate.drain_admitted(key[1]):
@@ -270,10 +272,10 @@ class Controller:
         if snap is None:
             return
         loop = asyncio.get_running_loop()
-        outcome, conflict = await loop.run_in_executor(self.pool, self._decide_and_act_stage,
-                                                       key, snap)
-        if conflict:
-            log.warning("%s", conflict, extra=_ref(key))  # a user's object in the way
+        outcome, problem = await loop.run_in_executor(self.pool, self._decide_and_act_stage,
+                                                      key, snap)
+        if problem:
+            log.warning("%s", problem.message, extra=_ref(key))  # a user's object in the way
         if outcome.requeue_after is not None:
             self.queue.add_after(key, outcome.requeue_after)
         self._say(key, (outcome.status or {}).get("phase"), outcome.waiting)
@@ -293,10 +295,10 @@ class Controller:
         outcome = stagesync.decide(snap, self.cfg, now)
         return outcome, self._act(key, snap.body, outcome)
 
-    def _act(self, key: tuple, body: dict, outcome) -> str | None:
-        conflicts = self.applier.run(outcome.actions)
-        if conflicts:
-            return conflicts[0]
+    def _act(self, key: tuple, body: dict, outcome) -> Problem | None:
+        problems = self.applier.run(outcome.actions)
+        if problems:
+            return problems[0]
         old = body.get("status") or {}
         if outcome.status is not None:
             changes = {k: outcome.status.get(k) for k in set(old) | set(outcome.status)

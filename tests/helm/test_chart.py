@@ -44,6 +44,7 @@ NAMESPACED_RULES = {
     ("rbac.authorization.k8s.io", "roles"): ["get", "create", "patch"],
     ("rbac.authorization.k8s.io", "rolebindings"): ["get", "create", "patch"],
     ("", "secrets"): ["get", "create"],
+    ("networking.k8s.io", "networkpolicies"): ["get", "list", "watch", "create", "patch"],
     ("discovery.k8s.io", "endpointslices"): ["list", "watch"],
 }
 PEERING = ["list", "watch", "patch"]

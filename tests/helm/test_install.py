@@ -275,6 +275,17 @@ def test_rbac_is_not_broader_than_listed(cluster, install):
     assert not can_i(cluster, system, "*", "*", "--all-namespaces")
 
 
+@pytest.mark.parametrize("values, warned", [(None, True), ({"watchNamespaces": ["team-a"]}, False)])
+def test_a_cluster_wide_install_warns_in_its_notes(cluster, helm, values, warned):
+    """Serving every namespace binds the operator's rights in kube-system too: the install says so."""
+    out = helm("install", "trainop", str(CHART), "-n", "trainop-system", "--dry-run=client",
+               values=values, kubeconfig=cluster.kubeconfig)
+    notes = out.stdout.partition("NOTES:")[2]
+    assert notes.startswith("\ntrainop ")
+    assert ("WARNING: cluster-wide install" in notes) == warned
+    assert ("watchNamespaces={team-a,team-b}" in notes) == warned
+
+
 @pytest.mark.parametrize("values, message", [
     ({"config": {"nodePools": {"big": {"tolerations": []}}}}, "missing property 'nodeSelector'"),
     ({"config": {"limits": {"maxGpusPerJob": -4}}}, "/config/limits/maxGpusPerJob"),

@@ -43,6 +43,10 @@ def worker_name(job: Job, index: int) -> str:
     return f"{job.name}-worker-{index}"
 
 
+def network_policy_name(job: Job) -> str:
+    return job.name
+
+
 def launcher_name(job: Job) -> str:
     return f"{job.name}-launcher"
 
@@ -233,6 +237,21 @@ def render_service(job: Job) -> dict:
         "metadata": common.metadata(service_name(job), job.namespace, _labels(job)),
         "spec": {"clusterIP": "None", "selector": _labels(job, WORKER),
                  "ports": [{**port, "protocol": "TCP", "targetPort": port["port"]}]},
+    }
+
+
+def render_network_policy(job: Job) -> dict:
+    """The job's pods accept connections from the job's own pods only: sshd (2222) and the
+    torchrun rendezvous (29400) are then closed to every other pod of the cluster. All ports
+    between the job's pods stay open, because the data plane needs them: Open MPI's daemons
+    call back to mpirun on the launcher, and NCCL, Gloo and Horovod rings listen on ephemeral
+    ports. Policies add up, so a user who wants more in (a TensorBoard) adds their own."""
+    own = {"matchLabels": _labels(job)}
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": common.metadata(network_policy_name(job), job.namespace, _labels(job)),
+        "spec": {"podSelector": own, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": own}]}]},
     }
 
 
