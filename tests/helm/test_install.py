@@ -276,9 +276,10 @@ def test_rbac_is_not_broader_than_listed(cluster, install):
 
 
 @pytest.mark.parametrize("values, warned", [(None, True), ({"watchNamespaces": ["team-a"]}, False)])
-def test_a_cluster_wide_install_warns_in_its_notes(cluster, helm, values, warned):
-    """Serving every namespace binds the operator's rights in kube-system too: the install says so."""
-    out = helm("install", "trainop", str(CHART), "-n", "trainop-system", "--dry-run=client",
+def test_a_cluster_wide_install_warns_in_its_notes(cluster, install, helm, values, warned):
+    """Serving every namespace binds the operator's rights in kube-system too: the install says so.
+    (`install`: the chart's CRDs, which a dry run maps its objects against.)"""
+    out = helm("install", "warn", str(CHART), "-n", "trainop-system", "--dry-run=client",
                values=values, kubeconfig=cluster.kubeconfig)
     notes = out.stdout.partition("NOTES:")[2]
     assert notes.startswith("\ntrainop ")
