@@ -169,7 +169,7 @@ class ProgressReporter:
     """Puts the trainer's latest metrics into this job's progress ConfigMap, at most once per
     `interval` seconds and only when they changed.
 
-    Least privilege: the operator gives each job a Role that allows only `get`/`patch` on that
+    Least privilege: the operator gives each job a Role that allows only `patch` on that
     one ConfigMap (resourceNames), bound to the pod's ServiceAccount, whose token is projected
     into this container alone (render/logship.py). The sidecar can change neither the job nor
     its status: the operator copies the metrics into `status.metrics` for display and never

@@ -185,7 +185,7 @@ def test_log_shipper_identity_created_with_only_the_chart_service_account(cluste
                timeout=90, what="job shipping Running")
     role = cluster.get("role", "shipping-logship", "-n", ns)
     assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
-                              "resourceNames": ["shipping-progress"], "verbs": ["get", "patch"]}]
+                              "resourceNames": ["shipping-progress"], "verbs": ["patch"]}]
     cluster.get("rolebinding", "shipping-logship", "-n", ns)
     cluster.get("configmap", "shipping-progress", "-n", ns)
     assert cluster.get("serviceaccount", "shipping-logship", "-n", ns)["automountServiceAccountToken"] is False

@@ -7,12 +7,12 @@ from trainop.render import datastage, identity, logship
 from trainop.render.identity import objects, rule
 
 LABELS = {"trainop.io/job-name": "j1"}
-RULE = rule("", "configmaps", "j1-progress", ["get", "patch"])
+RULE = rule("", "configmaps", "j1-progress", ["patch"])
 
 
 def test_rule_names_its_one_object():
     assert RULE == {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["j1-progress"],
-                    "verbs": ["get", "patch"]}
+                    "verbs": ["patch"]}
 
 
 def test_own_account_role_and_binding():

@@ -148,7 +148,7 @@ def test_rbac_allows_only_this_jobs_progress_config_map():
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": {"name": "j1-logship", "namespace": "team-a", "labels": labels},
          "rules": [{"apiGroups": [""], "resources": ["configmaps"],
-                    "resourceNames": ["j1-progress"], "verbs": ["get", "patch"]}]},
+                    "resourceNames": ["j1-progress"], "verbs": ["patch"]}]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
          "metadata": {"name": "j1-logship", "namespace": "team-a", "labels": labels},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "j1-logship"},

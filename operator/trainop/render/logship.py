@@ -144,7 +144,7 @@ def progress_name(job: Job) -> str:
 
 def progress_config_map(job: Job, cfg: dict) -> dict | None:
     """Where worker 0's sidecar reports the trainer's metrics (None without a sidecar). Created
-    empty by the operator, owned by the job; the sidecar may only patch this one object.
+    empty by the operator, owned by the job; the sidecar may only patch this one object (it never reads it).
 
     Why a separate object and not the job's status: RBAC cannot limit a writer of the status
     subresource to some of its keys, so a sidecar allowed to write `status.metrics` could also
@@ -286,7 +286,7 @@ def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, outpu
 
 def rbac(job: Job, cfg: dict) -> list[dict]:
     """The identity through which worker 0's sidecar reports metrics: a Role that may only
-    get/patch the job's progress ConfigMap (`progress_config_map`), bound to the shipping pods'
+    patch the job's progress ConfigMap (`progress_config_map`), bound to the shipping pods'
     ServiceAccount (created here, without automounted token, unless it is the federated
     workload-identity one, which the user owns).
 
@@ -299,5 +299,5 @@ def rbac(job: Job, cfg: dict) -> list[dict]:
         return []
     return identity.objects(
         f"{job.name}-{SIDECAR}", job.namespace, common.labels(job.name),
-        [identity.rule("", "configmaps", progress_name(job), ["get", "patch"])],
+        [identity.rule("", "configmaps", progress_name(job), ["patch"])],
         account=service_account_name(job, out), automount=False)
