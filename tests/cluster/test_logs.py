@@ -14,12 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import kubernetes.client as k8s
 import pytest
 import yaml
 
 from tests.fixtures.waiting import wait_until
-from trainop import blob
-from trainop.devcluster import kubectl as kubectl_bin
+from trainop import blob, kube
 from trainop.render import logship
 
 pytestmark = [pytest.mark.cluster, pytest.mark.azurite]
@@ -258,21 +258,32 @@ def test_job_code_holds_no_token_and_the_shippers_cannot_write_the_status(cluste
     assert {"name": logship.API_TOKEN_VOLUME, "mountPath": logship.API_TOKEN_DIR, "readOnly": True} in shipper["volumeMounts"]
 
     kubeconfig = token_kubeconfig(cluster, namespace, worker0["spec"]["serviceAccountName"], tmp_path / "shipper")
-    def as_shipper(*args: str):
-        return kubectl_bin.run(kubeconfig, "-n", namespace, *args, check=False)
-    lie = as_shipper("patch", "dtj", "liar", "--subresource=status", "--type=merge",
-                     "-p", json.dumps({"status": {"phase": "Succeeded", "cleanedUp": True}}))
-    assert lie.returncode != 0 and "Forbidden" in lie.stderr, lie
+    # PATCH requests straight from a client holding that token, as the sidecar makes them
+    # (kubectl patch would GET first, and a Forbidden GET would prove nothing about PATCH)
+    api = kube.connect(str(kubeconfig))[0]
+    core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
+
+    def expect(code, call) -> None:
+        try:
+            call()
+        except k8s.ApiException as exc:
+            assert exc.status == code, exc
+            return
+        assert code is None, "allowed"
+    lie = {"status": {"phase": "Succeeded", "cleanedUp": True}}
+    expect(403, lambda: custom.patch_namespaced_custom_object_status(
+        "trainop.io", "v1alpha1", namespace, "distributedtrainingjobs", "liar", lie))
+    expect(403, lambda: custom.patch_namespaced_custom_object(
+        "trainop.io", "v1alpha1", namespace, "distributedtrainingjobs", "liar", {"spec": {"workers": 1}}))
     assert cluster.get("dtj", "liar", "-n", namespace)["status"]["phase"] == "Running"
     # what it may do: report progress, which the operator only shows
-    report = as_shipper("patch", "configmap", "liar-progress", "--type=merge", "-p",
-                        json.dumps({"data": {"metrics": json.dumps({"step": 3, "phase": "Succeeded"})}}))
-    assert report.returncode == 0, report.stderr
+    expect(None, lambda: core.patch_namespaced_config_map(
+        "liar-progress", namespace, {"data": {"metrics": json.dumps({"step": 3, "phase": "Succeeded"})}}))
     wait_until(lambda: cluster.get("dtj", "liar", "-n", namespace)["status"].get("metrics") == {"step": 3},
                timeout=60, what="the report in status.metrics")
     assert cluster.get("dtj", "liar", "-n", namespace)["status"]["phase"] == "Running"
-    other = as_shipper("patch", "configmap", "liar-mpi", "--type=merge", "-p", '{"data": {"x": "1"}}')
-    assert other.returncode != 0 and "Forbidden" in other.stderr
+    expect(403, lambda: core.patch_namespaced_config_map("liar-mpi", namespace, {"data": {"x": "1"}}))
+    expect(403, lambda: core.read_namespaced_config_map("liar-progress", namespace))
 
 
 def test_workload_identity_reaches_the_shipper_not_the_job_code(cluster, namespace, operator, azurite):
