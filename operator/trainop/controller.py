@@ -27,6 +27,8 @@ from kubernetes.client.exceptions import ApiException
 from trainop import GROUP, VERSION, apply, conditions, gate, jobsync, metrics, stagesync
 from trainop.actions import Problem
 from trainop.config import Config
+from trainop.render import common
+from trainop.render import logship as render_logship
 from trainop.workqueue import WorkQueue
 
 log = logging.getLogger("trainop.controller")
@@ -219,13 +221,14 @@ class Controller:
         # thread; only a job still at the gate needs the namespace's view.
         view = None if conditions.is_true(conds, "Admitted") else self.namespace_view(ns)
         stage = _stage_ref(body)
+        config_maps = {_is_progress(c): c for c in self._all("dtj_configmaps", ck)}
         return jobsync.JobSnapshot(
             body=body,
             pods=[p for p in self._all("dtj_pods", ck)
                   if any(_controlled(p, owner) for owner in owners if owner)],
             launcher=launcher,
-            service=self._one("dtj_services", ck), config_map=self._one("dtj_configmaps", ck),
-            network_policy=self._one("dtj_netpols", ck),
+            service=self._one("dtj_services", ck), config_map=config_maps.get(False),
+            progress=config_maps.get(True), network_policy=self._one("dtj_netpols", ck),
             ssh_secret=self.applier.has_ssh_secret(uid),
             endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
@@ -301,9 +304,8 @@ class Controller:
             return problems[0]
         old = body.get("status") or {}
         if outcome.status is not None:
-            changes = {k: outcome.status.get(k) for k in set(old) | set(outcome.status)
-                       if old.get(k) != outcome.status.get(k) and
-                       (k in outcome.status or key[0] == JOB)}  # a stage owns only its keys
+            new = outcome.status if key[0] == JOB else {**old, **outcome.status}  # a stage owns only its keys
+            changes = merge_patch(old, new)
             if changes:
                 try:
                     self.written[key] = apply.write_status(body, changes)
@@ -319,6 +321,25 @@ class Controller:
             apply.kube.delete(body["apiVersion"], body["kind"], meta["name"], meta["namespace"],
                               uid=meta["uid"])
         return None
+
+
+def merge_patch(old: dict, new: dict) -> dict:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: changed keys, None for
+    removed ones, recursing into maps (a map sent whole would keep the old map's other keys:
+    a stale `metrics.loss` or `lastFailure.exitCode`). Lists are replaced whole."""
+    out = {}
+    for k in set(old) | set(new):
+        if k not in new:
+            out[k] = None
+        elif old.get(k) != new[k]:
+            both_maps = isinstance(old.get(k), dict) and isinstance(new[k], dict)
+            out[k] = merge_patch(old[k], new[k]) if both_maps else new[k]
+    return out
+
+
+def _is_progress(config_map: dict) -> bool:
+    labels = config_map["metadata"].get("labels") or {}
+    return labels.get(common.LABEL_ROLE) == render_logship.PROGRESS_ROLE
 
 
 def _ref(key: tuple) -> dict:

@@ -44,8 +44,9 @@ class JobSnapshot:
     pods: list[dict] = field(default_factory=list)        # label trainop.io/job-name=<job>
     launcher: dict | None = None                          # the launcher batch/v1 Job
     service: dict | None = None
-    config_map: dict | None = None
-    network_policy: dict | None = None
+    config_map: dict | None = None                        # the MPI hostfile ConfigMap
+    progress: dict | None = None                          # the log shipper's ConfigMap (display only)
+    network_policy: dict | None = None                    # the job's pods' isolation
     ssh_secret: bool = False   # this process made or found the job's SSH Secret (apply.py)
     endpoint_slices: list[dict] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
@@ -202,11 +203,22 @@ def decide(snap: JobSnapshot, cfg: Config, now: dt.datetime) -> Outcome:
         plan.out.actions.append(DropFinalizer(Ref.of(snap.body), finalizers, LEGACY_FINALIZER,
                                               meta.get("resourceVersion", "")))
     _decide(plan, st)
+    _show_metrics(snap, st)
     st.data["observedGeneration"] = meta.get("generation")
     out = plan.out
     out.status = st.data
     out.events = _events(old.get("conditions"), st.data.get("conditions")) + out.events
     return out
+
+
+def _show_metrics(snap: JobSnapshot, st: _Status) -> None:
+    """The log shipper's latest report into `status.metrics`, for people and `trainop jobs`.
+    Display only: the shipper writes its own ConfigMap, never this job's status, and nothing
+    decided here reads `metrics` (docs/security.md). Copied also once the job is over, since
+    the final report may land after the launcher completed."""
+    metrics = logship.progress_metrics(snap.progress)
+    if metrics is not None:
+        st.data["metrics"] = metrics
 
 
 def _decide(plan: _Plan, st: _Status) -> Outcome:
@@ -375,6 +387,9 @@ def _shared_children(plan: _Plan, job: Job) -> None:
     acts.append(Apply(render.render_service(job), body, _version(snap.service)))
     for obj in logship.rbac(job, job.logship):
         acts.append(Apply(obj, body, None))  # kinds the operator does not watch
+    progress = logship.progress_config_map(job, job.logship)
+    if progress is not None and snap.progress is None:
+        acts.append(Create(progress, body))  # created once: its data is the shipper's
     if job.launcher != "mpi":
         return
     acts.append(Apply(render.render_config_map(job), body, _version(snap.config_map)))

@@ -171,6 +171,27 @@ def test_job_end_to_end_with_only_the_chart_service_account(cluster, install, sa
                          for r in about)
 
 
+def test_log_shipper_identity_created_with_only_the_chart_service_account(cluster, install, sa_operator):
+    """A job with Blob output: the shipper's ServiceAccount, its Role on the progress ConfigMap
+    (which the API server lets the operator create only if it holds those verbs itself), the
+    RoleBinding, the ConfigMap and the pods, all by the chart's RBAC and nothing else."""
+    ns = install.jobs
+    cluster.apply({"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+                   "metadata": {"name": "shipping"},
+                   "spec": {"workers": 1, "gpusPerWorker": 1, "output": {"blob": {
+                       "accountURL": "https://acct.blob.core.windows.net", "container": "results",
+                       "auth": {"sasSecretRef": {"name": "storage", "key": "sas"}}}}}}, ns)
+    wait_until(lambda: cluster.get("dtj", "shipping", "-n", ns).get("status", {}).get("phase") == "Running",
+               timeout=90, what="job shipping Running")
+    role = cluster.get("role", "shipping-logship", "-n", ns)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["shipping-progress"], "verbs": ["patch"]}]
+    cluster.get("rolebinding", "shipping-logship", "-n", ns)
+    cluster.get("configmap", "shipping-progress", "-n", ns)
+    assert cluster.get("serviceaccount", "shipping-logship", "-n", ns)["automountServiceAccountToken"] is False
+    assert_no_refusals(sa_operator)
+
+
 def test_datastage_end_to_end_with_only_the_chart_service_account(cluster, install, sa_operator):
     """The DataStage side of the RBAC: a provisioned NFS server (Service, StatefulSet), the
     cluster-scoped PV and its claim, the stager's ServiceAccount/Role/RoleBinding (which the

@@ -416,3 +416,52 @@ def test_the_old_operators_finalizer_is_taken_off():
                                   ("trainop.io/finalizer", "example.com/keep"), "trainop.io/finalizer",
                                   "41")]
     assert not [a for a in decide(snap(body()), CFG, NOW).actions if isinstance(a, DropFinalizer)]
+
+
+# ---- the log shipper's progress: reported, never trusted ---------------------------------------
+
+BLOB = {"blob": {"accountURL": "https://a.blob.core.windows.net", "container": "results",
+                 "auth": {"sasSecretRef": {"name": "storage", "key": "sas"}}}}
+
+
+def progress(metrics: str) -> dict:
+    cm = child("ConfigMap", "j-progress")
+    cm["metadata"]["labels"]["trainop.io/role"] = "progress"
+    cm["data"] = {"metrics": metrics}
+    return cm
+
+
+def test_blob_output_gets_a_progress_config_map_once():
+    created = summary(decide(snap(body(output=BLOB)), CFG, NOW).actions)
+    assert "create ConfigMap j-progress" in created
+    assert "apply Role j-logship" in created and "apply RoleBinding j-logship" in created
+    again = decide(snap(body(output=BLOB), progress=progress("{}")), CFG, NOW)
+    assert "create ConfigMap j-progress" not in summary(again.actions)
+    assert "create ConfigMap j-progress" not in summary(decide(snap(body()), CFG, NOW).actions)
+
+
+def test_progress_is_shown_in_status_and_decides_nothing():
+    """What the shipper reports lands in status.metrics, checked; a report cannot finish the
+    job, and its non-contract keys (`phase`) go nowhere."""
+    running = snap(body(copy.deepcopy(RUNNING), output=BLOB), pods=workers(), launcher=launcher(),
+                   **shared(), progress=progress('{"step": 9, "loss": NaN, "final": true, "phase": "Succeeded"}'))
+    out = decide(running, CFG, NOW)
+    assert out.status["metrics"] == {"step": 9, "loss": "NaN", "final": True}
+    assert out.status["phase"] == "Running" and out.events == []
+    assert [a.obj["kind"] for a in out.actions] == ["NetworkPolicy"]  # unchanged: apply skips it
+
+
+def test_progress_is_shown_after_the_job_finished_and_was_cleaned():
+    done = {**copy.deepcopy(RUNNING), "phase": "Succeeded", "cleanedUp": True, "metrics": {"step": 1}}
+    out = decide(snap(body(done, output=BLOB), progress=progress('{"step": 2, "final": true}')), CFG, NOW)
+    assert out.status["metrics"] == {"step": 2, "final": True}
+    assert out.actions == []
+
+
+def test_status_merge_patch_removes_what_went():
+    from trainop.controller import merge_patch
+    old = {"phase": "Running", "metrics": {"step": 1, "loss": 2.0}, "restarts": 0, "gpus": 8}
+    new = {"phase": "Running", "metrics": {"step": 2}, "restarts": 1}
+    assert merge_patch(old, new) == {"metrics": {"step": 2, "loss": None}, "restarts": 1, "gpus": None}
+    assert merge_patch(old, old) == {}
+    assert merge_patch({"conditions": [1, 2]}, {"conditions": [1]}) == {"conditions": [1]}

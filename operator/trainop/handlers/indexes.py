@@ -12,7 +12,7 @@ children then fit in tens of MB.
     dtj_pods             (ns, job-name)           its pods (server-side label selector)
     dtj_launchers        (ns, job-name)           its launcher batch/v1 Job
     dtj_services         (ns, job-name)           its headless Service
-    dtj_configmaps       (ns, job-name)           its hostfile ConfigMap
+    dtj_configmaps       (ns, job-name)           its hostfile ConfigMap, its progress ConfigMap (data kept)
     dtj_netpols          (ns, job-name)           its NetworkPolicy (restored if edited/deleted)
     dtj_endpointslices   (ns, job-name)           its Service's EndpointSlices (labels mirrored)
     nodes_by_pool        agentpool label          nodes (labels, allocatable)
@@ -39,6 +39,7 @@ from trainop.kueue import GROUP as KUEUE_GROUP
 from trainop.kueue import VERSION as KUEUE_VERSION
 from trainop.render import common
 from trainop.render import datastage as render_stage
+from trainop.render import logship as render_logship
 
 LABEL_JOB = common.LABEL_JOB
 LABEL_STAGE = render_stage.LABEL_STAGE
@@ -143,6 +144,8 @@ async def dtj_services(body, namespace, **_):
 
 @kopf.index("v1", "configmaps", labels=_HAS_JOB)
 async def dtj_configmaps(body, namespace, **_):
+    if body["metadata"]["labels"].get(common.LABEL_ROLE) == render_logship.PROGRESS_ROLE:
+        return {_job_key(body, namespace): _obj(body, data=dict(body.get("data") or {}))}
     return {_job_key(body, namespace): _obj(body)}
 
 
