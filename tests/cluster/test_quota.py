@@ -121,25 +121,6 @@ def metric(port: int, name: str, namespace: str) -> float | None:
     return None
 
 
-@pytest.fixture
-def priority_classes(cluster, namespace):
-    """make(name, value) creates the PriorityClass `<namespace>-<name>` as a cluster admin would
-    (they are cluster-scoped: the namespace keeps tests apart) and returns its name; all are
-    deleted after the test."""
-    scheduling, made = k8s.SchedulingV1Api(cluster.api_client()), []
-
-    def make(name: str, value: int) -> str:
-        full = f"{namespace}-{name}"
-        scheduling.create_priority_class(k8s.V1PriorityClass(
-            metadata=k8s.V1ObjectMeta(name=full), value=value))
-        made.append(full)
-        return full
-
-    yield make
-    for name in made:
-        scheduling.delete_priority_class(name)
-
-
 def test_priority_beats_arrival_order(cluster, namespace, api, operator_factory, pod_watch,
                                       priority_classes):
     port = _free_port()

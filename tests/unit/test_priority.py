@@ -6,6 +6,7 @@ prove the same against the real API server, scheduler and Kueue)."""
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 
@@ -250,3 +251,21 @@ def test_a_running_job_whose_class_was_deleted_keeps_running():
     out = jobsync.decide(s, CFG, NOW)
     assert out.status["phase"] == "Running" and "Failed" not in reasons(out.status)
     assert summary(out.actions) == []
+
+
+# ---- without Kueue: the WorkloadPriorityClass watch is quietly unresolved ------------------
+
+def _warning(text: str) -> logging.LogRecord:
+    return logging.LogRecord("kopf._core.reactor.observation", logging.WARNING, __file__, 1,
+                             text, None, None)
+
+
+def test_only_kueue_kinds_may_be_unresolved_quietly():
+    from trainop.handlers import indexes
+    head = "Unresolved resources cannot be served (try creating their CRDs): "
+    kueue_only = (f"{head}Selector(group='kueue.x-k8s.io', version='v1beta2', plural='workloads'),"
+                  f" Selector(group='kueue.x-k8s.io', version='v1beta2', "
+                  f"plural='workloadpriorityclasses')")
+    assert not indexes._optional_kueue(_warning(kueue_only))
+    also_ours = kueue_only + ", Selector(group='trainop.io', version='v1alpha1', plural='x')"
+    assert indexes._optional_kueue(_warning(also_ours))
