@@ -269,3 +269,22 @@ def test_only_kueue_kinds_may_be_unresolved_quietly():
     assert not indexes._optional_kueue(_warning(kueue_only))
     also_ours = kueue_only + ", Selector(group='trainop.io', version='v1alpha1', plural='x')"
     assert indexes._optional_kueue(_warning(also_ours))
+
+
+def test_a_quota_scoped_to_a_class_counts_the_jobs_that_name_it():
+    """Kubernetes' own way to keep a class out of a namespace (a ResourceQuota whose
+    scopeSelector names the class, hard pods: 0) works because the pods carry the class."""
+    from trainop import admission
+    quota = {"metadata": {"name": "no-high"},
+             "spec": {"hard": {"pods": "0"}, "scopeSelector": {"matchExpressions": [
+                 {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]}},
+             "status": {"used": {}}}
+    ledgers = admission.ledgers("q", [quota], [], CFG, {"nvidia.com/gpu"})
+
+    def why(name):
+        job, _ = priority.for_job(parse(job_body(priorityClassName=name), CFG), CLASSES, CFG,
+                                  False)
+        return admission.unsatisfiable(admission.candidate(job, {}, []), ledgers, NODES)
+    assert why("high") == ("needs 3 pods but ResourceQuota q/no-high allows at most 0; reduce "
+                           "workers or per-worker resources, or ask for a larger quota")
+    assert why("low") is None
