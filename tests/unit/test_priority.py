@@ -288,3 +288,26 @@ def test_a_quota_scoped_to_a_class_counts_the_jobs_that_name_it():
     assert why("high") == ("needs 3 pods but ResourceQuota q/no-high allows at most 0; reduce "
                            "workers or per-worker resources, or ask for a larger quota")
     assert why("low") is None
+
+
+def test_a_class_missing_from_the_cache_is_read_once_before_the_job_could_fail(monkeypatch):
+    """An admin creates the class and a user the job a moment later: the job's event can come
+    before the class's. The controller asks the API server before the pure decision."""
+    from trainop import apply, controller
+    asked = []
+
+    def get(api_version, kind, name, namespace=None):
+        asked.append((kind, name))
+        return pc(name, 300) if kind == "PriorityClass" else None
+    monkeypatch.setattr(apply.kube, "get", get)
+    s = snap(body(priorityClassName="fresh"))
+    controller._confirm_class(s)
+    assert asked == [("PriorityClass", "fresh")] and s.classes.pod["fresh"].value == 300
+    asked.clear()
+    controller._confirm_class(snap(body(priorityClassName="fresh"), kueue=True))
+    assert asked == [("PriorityClass", "fresh"), ("WorkloadPriorityClass", "fresh")]
+    asked.clear()
+    for known in (snap(body(priorityClassName="high"), classes=CLASSES),
+                  snap(body(copy.deepcopy(RUNNING), priorityClassName="gone"))):
+        controller._confirm_class(known)  # in the cache, or admitted already: no API call
+    assert asked == []
