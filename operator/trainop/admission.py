@@ -15,7 +15,8 @@ limit requests its limit), `requests.<r>` for every resource, the bare `cpu`/`me
 server wrote in the quota's status; the caller adds what admitted jobs still have to create
 (`outstanding`), so a gang admitted a moment ago but not yet created is not admitted twice.
 
-Queue policy: priority (spec.priority, higher first), then creation time (FIFO), then name.
+Queue policy: priority (the value of the job's class, priority.py; higher first), then creation
+time (FIFO), then name.
 Walking the queue in that order, every job that does not fit still *reserves* its demand, so
 a job further back is admitted only with room no earlier job needs. A large job therefore
 cannot be starved by a stream of small ones (they never take what it waits for), while jobs

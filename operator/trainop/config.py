@@ -27,6 +27,8 @@ Format (every key optional; camelCase like Helm values):
     limits:
       maxGpusPerJob: 64              # null: no limit (spec.parse refuses a bigger job)
       namespaceGpus: 32              # GPUs a namespace without a ResourceQuota may use (admission.py)
+      maxPriority: 1000000000        # highest class value spec.priorityClassName may name
+                                     # (priority.py); null: no cap
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ DEFAULTS: dict = {
         "keras": "trainop/trainer-keras:0.1.0",
     },
     "launcherResources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
-    "limits": {"maxGpusPerJob": None},
+    # 1e9 is the highest value Kubernetes lets a user-defined PriorityClass have: larger ones
+    # are system-cluster-critical and system-node-critical, which no training job may borrow.
+    "limits": {"maxGpusPerJob": None, "maxPriority": 1_000_000_000},
 }
 
 
@@ -86,6 +90,7 @@ class Config:
     images: dict[str, str]
     launcher_resources: dict
     max_gpus_per_job: int | None
+    max_priority: int | None
     raw: dict
 
     def section(self, name: str) -> dict:
@@ -136,10 +141,15 @@ def from_dict(data: dict | None) -> Config:
     max_gpus = raw["limits"].get("maxGpusPerJob")
     if max_gpus is not None and (not isinstance(max_gpus, int) or max_gpus < 0):
         raise ConfigError("limits.maxGpusPerJob: must be a non-negative integer or null")
+    max_priority = raw["limits"].get("maxPriority")
+    if max_priority is not None and (not isinstance(max_priority, int)
+                                     or isinstance(max_priority, bool)):
+        raise ConfigError("limits.maxPriority: must be an integer or null")
     return Config(resync_seconds=float(resync), safety_resync_seconds=float(safety),
                   node_pools=pools,
                   default_node_pools=dict(raw["defaultNodePools"]), images=dict(raw["images"]),
-                  launcher_resources=raw["launcherResources"], max_gpus_per_job=max_gpus, raw=raw)
+                  launcher_resources=raw["launcherResources"], max_gpus_per_job=max_gpus,
+                  max_priority=max_priority, raw=raw)
 
 
 def load(path: str | os.PathLike | None = None) -> Config:

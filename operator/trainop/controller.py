@@ -24,7 +24,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes.client.exceptions import ApiException
 
-from trainop import GROUP, VERSION, apply, conditions, gate, jobsync, metrics, stagesync
+from trainop import (
+    GROUP,
+    VERSION,
+    apply,
+    conditions,
+    gate,
+    jobsync,
+    kueue,
+    metrics,
+    priority,
+    stagesync,
+)
 from trainop.actions import Problem
 from trainop.config import Config
 from trainop.render import common
@@ -102,6 +113,11 @@ class Controller:
     def wake_gate(self, namespace: str) -> None:
         for name in gate.wake(namespace):
             self.enqueue_job(namespace, name)
+
+    def wake_all_gates(self) -> None:
+        """A priority class changed: every namespace's queue order may have."""
+        for namespace in {ns for ns, _ in self.ix["dtj_bodies"]}:
+            self.wake_gate(namespace)
 
     def wake_waiting_for_nodes(self) -> None:
         for (namespace, name), store in self.ix["dtj_bodies"].items():
@@ -190,6 +206,11 @@ class Controller:
     def nodes(self) -> list[dict]:
         return [n for store in self.ix["nodes_by_pool"].values() for n in store]
 
+    def priority_classes(self) -> priority.Classes:
+        return priority.Classes.of(
+            [c for store in self.ix["priority_classes"].values() for c in store],
+            [c for store in self.ix["workload_priority_classes"].values() for c in store])
+
     def namespace_view(self, namespace: str) -> gate.NamespaceView:
         quotas = self._all("quotas", namespace)
         if gate.unlimited(quotas, self.cfg):  # the gate needs only the nodes then
@@ -201,7 +222,8 @@ class Controller:
         for (ns, name), store in self.ix["dtj_bodies"].items():
             if ns == namespace:
                 jobs.extend(self._fresh((JOB, ns, name), body) for body in store)
-        return gate.NamespaceView(pods=pods, quotas=quotas, jobs=jobs, nodes=self.nodes())
+        return gate.NamespaceView(pods=pods, quotas=quotas, jobs=jobs, nodes=self.nodes(),
+                                  classes=self.priority_classes())
 
     def job_snapshot(self, key: tuple) -> jobsync.JobSnapshot | None:
         _, ns, name = key
@@ -233,7 +255,8 @@ class Controller:
             endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
-            admit=lambda job: gate.decide(job, body, self.cfg, lambda: view),
+            admit=lambda job, prio: gate.decide(job, body, self.cfg, lambda: view, prio),
+            classes=self.priority_classes(),
             problem=self.problems.pop(key, None))
 
     async def _reconcile_job(self, key: tuple) -> None:
@@ -286,6 +309,8 @@ class Controller:
     # ---- acting (in a pool thread) ---------------------------------------------------------
 
     def _decide_and_act(self, key: tuple, snap: jobsync.JobSnapshot):
+        snap.kueue = kueue.manages(snap.body)
+        _confirm_class(snap)
         outcome = jobsync.decide(snap, self.cfg, dt.datetime.now(dt.timezone.utc))
         return outcome, self._act(key, snap.body, outcome)
 
@@ -347,6 +372,23 @@ def _ref(key: tuple) -> dict:
     text, `object` in JSON lines."""
     return {"k8s_ref": {"apiVersion": f"{GROUP}/{VERSION}", "kind": key[0],
                         "namespace": key[1], "name": key[2]}}
+
+
+def _confirm_class(snap: jobsync.JobSnapshot) -> None:
+    """A class the watch cache does not hold yet (an admin made it a moment before the job)
+    is read from the API server before a job still at the gate fails for naming it."""
+    name = (snap.body.get("spec") or {}).get("priorityClassName")
+    conds = (snap.body.get("status") or {}).get("conditions")
+    if not name or name in snap.classes.pod or name in snap.classes.workload or \
+            (snap.body.get("status") or {}).get("phase") in jobsync.TERMINAL or \
+            conditions.is_true(conds, "Admitted"):
+        return
+    found = apply.kube.get("scheduling.k8s.io/v1", "PriorityClass", name, None)
+    wpc = apply.kube.get(kueue.API_VERSION, "WorkloadPriorityClass", name, None) \
+        if snap.kueue else None
+    seen = priority.Classes.of([found] if found else [], [wpc] if wpc else [])
+    snap.classes = priority.Classes(pod=snap.classes.pod | seen.pod,
+                                    workload=snap.classes.workload | seen.workload)
 
 
 def _stage_ref(body: dict) -> str | None:

@@ -1,11 +1,12 @@
 """The admission gate between a job's reconcile and its first pod: it runs admission.plan() over
 every waiting job of a namespace at once, from the operator's watch caches, and keeps the decisions.
 
-    decision = gate.decide(job, body, cfg, view)   # jobsync (through JobSnapshot.admit)
+    decision = gate.decide(job, body, cfg, view, prio)  # jobsync (through JobSnapshot.admit)
     names = gate.wake(namespace)                  # room may have appeared: re-judge these jobs
     names = gate.drain_admitted(namespace)        # jobs an evaluation admitted for others
 
-`view()` returns the namespace's NamespaceView (pods, quotas, jobs, nodes, from kopf indexes);
+`view()` returns the namespace's NamespaceView (pods, quotas, jobs, nodes and the priority
+classes, from kopf indexes);
 it is called only when the queue must be judged again: a job asks for the first time, or
 `wake` marked the namespace dirty (a quota changed, a job ended or was deleted, a pod went away).
 
@@ -21,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import admission, conditions, kueue, metrics, phases
+from trainop import admission, conditions, kueue, metrics, phases, priority
 from trainop.admission import Decision
 from trainop.config import Config
 from trainop.render import common
@@ -37,6 +38,7 @@ class NamespaceView:
     quotas: list[dict]  # its ResourceQuotas
     jobs: list[dict]    # its DistributedTrainingJobs
     nodes: list[dict]
+    classes: priority.Classes = field(default_factory=priority.Classes)  # what orders the queue
 
 
 def unlimited(quotas: list[dict], cfg: Config) -> bool:
@@ -89,13 +91,15 @@ def _evaluate(namespace: str, space: _Namespace, cfg: Config, view: NamespaceVie
         if not admitted and not _asks(space, body):
             continue  # not at the gate yet (e.g. still waiting for its data)
         try:
-            job = parse_cached(body, cfg)
+            # bound to its class: the pods' priorityClassName decides PriorityClass-scoped quotas
+            job, prio = priority.for_job(parse_cached(body, cfg), view.classes, cfg, kueue=False,
+                                         strict=not admitted)
         except SpecError:
             continue  # jobsync fails it with the reason
         names.add(job.name)
         gpu_resources.add(job.placement.gpu_resource)
         candidates.append(admission.candidate(job, meta, live.get(job.name, []), admitted,
-                                              int(spec.get("priority") or 0)))
+                                              prio.value))
     ledgers = admission.ledgers(namespace, view.quotas, view.pods, cfg, gpu_resources)
     decisions = admission.plan(candidates, ledgers, view.nodes)
     for body in view.jobs:
@@ -110,10 +114,13 @@ def _evaluate(namespace: str, space: _Namespace, cfg: Config, view: NamespaceVie
     metrics.queue_totals(namespace, admission.gpu_totals(candidates, decisions))
 
 
-def decide(job: Job, body: dict, cfg: Config, view: Callable[[], NamespaceView]) -> Decision:
-    """May this job's gang be created now? Called for a job that is not yet Admitted."""
+def decide(job: Job, body: dict, cfg: Config, view: Callable[[], NamespaceView],
+           prio: priority.Priority = priority.NONE) -> Decision:
+    """May this job's gang be created now? Called for a job that is not yet Admitted, with
+    the priority jobsync resolved (Kueue's Workload carries it; the native queue resolves
+    every job's own from the view)."""
     if kueue.manages(body):
-        return kueue.decide(job, body)
+        return kueue.decide(job, body, prio)
     ns_view = view()
     if unlimited(ns_view.quotas, cfg):
         # Nothing limits the namespace: each job is judged alone, on whether its pool can ever

@@ -20,7 +20,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import conditions, phases
+from trainop import conditions, phases, priority
 from trainop.actions import Apply, Create, CreateSSHSecret, DropFinalizer, Outcome, Problem, Ref, delete
 from trainop.admission import Decision
 from trainop.config import Config
@@ -51,7 +51,9 @@ class JobSnapshot:
     endpoint_slices: list[dict] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
     stage: dict | None = None                             # the referenced DataStage
-    admit: Callable[[Job], Decision] | None = None        # the gate's answer (gate.py)
+    admit: Callable[[Job, priority.Priority], Decision] | None = None  # the gate (gate.py)
+    classes: priority.Classes = field(default_factory=priority.Classes)  # cluster-scoped
+    kueue: bool = False        # Kueue admits this job (spec.queue and Kueue is installed)
     problem: Problem | None = None                        # what the last apply met (apply.py)
 
 
@@ -236,6 +238,10 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
     try:
         job = parse_cached(body, cfg)
         logship.parse_output(job.output, job.logship)
+        # The class is judged until the job is admitted; after that, one deleted or capped
+        # since stops nothing.
+        job, prio = priority.for_job(job, plan.snap.classes, cfg, plan.snap.kueue, strict=(
+            st.data.get("phase") not in TERMINAL and not st.is_true("Admitted")))
     except SpecError as exc:
         if st.data.get("phase") not in TERMINAL:
             _finish(st, "Failed", "InvalidSpec", str(exc), now)
@@ -286,7 +292,7 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
             _finish(st, "Failed", "Unsatisfiable", str(problem), now)
             return plan.out
     if not st.is_true("Admitted"):  # the whole gang fits the quotas, or no child is made
-        decision = plan.snap.admit(job)
+        decision = plan.snap.admit(job, prio)
         if decision.outcome == "Unsatisfiable":
             _finish(st, "Failed", "Unsatisfiable", decision.message, now)
             return plan.out

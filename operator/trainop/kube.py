@@ -29,7 +29,8 @@ from kubernetes.client.exceptions import ApiException
 FIELD_MANAGER = "trainop"
 # Kinds whose plural is not kind.lower() + "s".
 _PLURALS = {"Endpoints": "endpoints", "NetworkPolicy": "networkpolicies",
-            "PriorityClass": "priorityclasses", "StorageClass": "storageclasses",
+            "PriorityClass": "priorityclasses",
+            "WorkloadPriorityClass": "workloadpriorityclasses", "StorageClass": "storageclasses",
             "IngressClass": "ingressclasses", "RuntimeClass": "runtimeclasses"}
 
 # (connect, read) seconds: a stalled connection becomes an error kopf retries, never a reconcile

@@ -3,12 +3,15 @@
 The operator does what Kueue's jobframework does for its built-in integrations, for a kind Kueue
 does not know: it creates one Workload per job (owned by the job) whose podSets are the gang's
 pods, waits, with no pod created, until Kueue admits it (condition QuotaReserved and Admitted),
-then starts the gang; when the job finishes it marks the Workload Finished and drops Kueue's
+then starts the gang. The Workload's priority is the class `spec.priorityClassName` names
+(priority.py): `spec.priorityClassRef` and its value in `spec.priority`, as jobframework writes
+them for Kueue's own kinds (the Workload's schema requires the value with the reference).
+When the job finishes it marks the Workload Finished and drops Kueue's
 finalizer so the quota is released at once.
 
     kueue.manages(body)                  # spec.queue set and the Workload API served
-    kueue.render_workload(job, priority) # pure: the Workload manifest
-    kueue.decide(job, body)              # Decision (creates the Workload if missing)
+    kueue.render_workload(job, queue, prio)  # pure: the Workload manifest
+    kueue.decide(job, body, prio)        # Decision (creates the Workload if missing)
     kueue.finish(namespace, job_name)    # the job Succeeded/Failed: release the quota
     kueue.release(namespace, job_name)   # the job was suspended: give the quota back
 
@@ -25,6 +28,7 @@ import time
 from kubernetes.client.exceptions import ApiException
 
 from trainop import conditions, kube
+from trainop import priority as priorities
 from trainop.admission import ADMITTED, QUEUED, Decision, gang_pods
 from trainop.render import common
 from trainop.spec import Job
@@ -63,8 +67,10 @@ def workload_name(job_name: str) -> str:
     return f"dtj-{job_name}"
 
 
-def render_workload(job: Job, queue: str, priority: int | None = None) -> dict:
-    """One podSet for the workers (count = workers) and one for the MPI launcher."""
+def render_workload(job: Job, queue: str,
+                    prio: priorities.Priority = priorities.NONE) -> dict:
+    """One podSet for the workers (count = workers) and one for the MPI launcher; `job` is
+    bound to `prio` (priority.bind), so a PriorityClass is also on the pod templates."""
     pods = gang_pods(job)
     sets = [("workers", job.workers, pods[0])]
     if job.launcher == "mpi":
@@ -74,18 +80,18 @@ def render_workload(job: Job, queue: str, priority: int | None = None) -> dict:
          "template": {"metadata": {"labels": dict(pod["metadata"].get("labels") or {})},
                       "spec": pod["spec"]}}
         for name, count, pod in sets]}
-    if priority is not None:
-        spec["priority"] = priority
+    if prio.ref is not None:
+        spec["priorityClassRef"] = prio.ref
+    spec["priority"] = prio.value
     return {"apiVersion": API_VERSION, "kind": "Workload",
             "metadata": common.metadata(workload_name(job.name), job.namespace,
                                         common.labels(job.name)),
             "spec": spec}
 
 
-def decide(job: Job, body: dict) -> Decision:
+def decide(job: Job, body: dict, prio: priorities.Priority = priorities.NONE) -> Decision:
     spec = body.get("spec") or {}
-    wl = kube.ensure(render_workload(job, spec["queue"], spec.get("priority")), owner=body,
-                     update=False)
+    wl = kube.ensure(render_workload(job, spec["queue"], prio), owner=body, update=False)
     conds = (wl.get("status") or {}).get("conditions")
     if conditions.is_true(conds, "Admitted"):
         cq = ((wl.get("status") or {}).get("admission") or {}).get("clusterQueue", "?")

@@ -92,6 +92,8 @@ class Job:
     launcher_resources: dict
     logship: dict  # the operator's `logship` configuration section (render/logship.py)
     security: SecurityContext
+    priority_class_name: str | None = None  # spec.priorityClassName (priority.py resolves it)
+    pod_priority_class: str | None = None   # the pods' priorityClassName, set by priority.bind
 
     @property
     def total_gpus(self) -> int:
@@ -195,6 +197,7 @@ def parse(body: dict, cfg: Config) -> Job:
         launcher_resources=cfg.launcher_resources, logship=cfg.section("logship"),
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),
+        priority_class_name=spec.get("priorityClassName"),
     )
 
 

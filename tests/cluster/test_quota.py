@@ -121,15 +121,17 @@ def metric(port: int, name: str, namespace: str) -> float | None:
     return None
 
 
-def test_priority_beats_arrival_order(cluster, namespace, api, operator_factory, pod_watch):
+def test_priority_beats_arrival_order(cluster, namespace, api, operator_factory, pod_watch,
+                                      priority_classes):
     port = _free_port()
     operator_factory(config=FAST, extra_args=[f"--metrics-port={port}"])
+    low, high = priority_classes("low", 0), priority_classes("high", 10)
     make_quota(api, 8)
     cluster.apply(manifest("blocker"), namespace)
     api.wait_running("blocker")
-    cluster.apply(manifest("low", priority=0), namespace)
+    cluster.apply(manifest("low", priorityClassName=low), namespace)
     api.wait_phase("low", "Queued")
-    cluster.apply(manifest("high", priority=10), namespace)
+    cluster.apply(manifest("high", priorityClassName=high), namespace)
     api.wait_phase("high", "Queued")
     wait_until(lambda: metric(port, "trainop_queued_jobs", namespace) == 2, timeout=20,
                what="trainop_queued_jobs 2")
@@ -142,6 +144,59 @@ def test_priority_beats_arrival_order(cluster, namespace, api, operator_factory,
         f"needs 8 nvidia.com/gpu; 0 of 8 free in ResourceQuota {namespace}/gpu"
     assert metric(port, "trainop_queued_jobs", namespace) == 1
     assert metric(port, "trainop_admitted_gpus", namespace) == 8
+    # The scheduler gets the same order: the API server resolved the class on every pod.
+    pods = api.pods("high")
+    assert len(pods) == 3 and {(p.spec.priority_class_name, p.spec.priority) for p in pods} == \
+        {(high, 10)}
+
+
+NOTHING = {"pods": [], "services": [], "secrets": [], "configmaps": [], "jobs": []}
+
+
+def failed_because(api: Api, name: str) -> str:
+    api.wait_phase(name, "Failed")
+    cond = api.condition(name, "Failed")
+    assert cond["reason"] == "InvalidSpec"
+    wait_until(lambda: "Warning/InvalidSpec" in api.event_reasons(name), timeout=10,
+               what=f"{name}'s InvalidSpec Event")
+    return cond["message"]
+
+
+def test_a_class_nobody_created_fails_the_job_and_nothing_is_created(
+        cluster, namespace, api, op, pod_watch, priority_classes):
+    """A namespace user cannot invent a priority: the class must exist, and by default
+    (limits.maxPriority 1e9) the system-critical classes every cluster has are off limits."""
+    normal = priority_classes("normal", 100)
+    cluster.apply(manifest("typo", priorityClassName=f"{namespace}-nomral"), namespace)
+    cluster.apply(manifest("sneaky", priorityClassName="system-cluster-critical"), namespace)
+    message = failed_because(api, "typo")
+    assert message.startswith(f"spec.priorityClassName: no PriorityClass '{namespace}-nomral' "
+                              f"exists; use one of ") and f"{normal} (100)" in message
+    assert failed_because(api, "sneaky").startswith(
+        "spec.priorityClassName: PriorityClass 'system-cluster-critical' (value 2000000000) is "
+        "above limits.maxPriority=1000000000, the highest priority the cluster admin allows jobs")
+    for name in ("typo", "sneaky"):
+        assert api.children(name) == NOTHING and not pod_watch.pods_of(name)
+    # The class named right runs, its pods at its priority.
+    cluster.apply(manifest("fixed", priorityClassName=normal), namespace)
+    api.wait_running("fixed")
+    pods = api.pods("fixed")  # the workers and the launcher Job's pod
+    assert len(pods) == 3 and {(p.spec.priority_class_name, p.spec.priority) for p in pods} == \
+        {(normal, 100)}
+
+
+def test_a_class_above_the_admins_cap_is_refused_naming_the_field_and_the_cap(
+        cluster, namespace, api, operator_factory, pod_watch, priority_classes):
+    operator_factory(config={**FAST, "limits": {"maxPriority": 1000}})
+    normal, vip = priority_classes("normal", 1000), priority_classes("vip", 1001)
+    cluster.apply(manifest("greedy", priorityClassName=vip), namespace)
+    message = failed_because(api, "greedy")
+    assert message.startswith(
+        f"spec.priorityClassName: PriorityClass '{vip}' (value 1001) is above "
+        f"limits.maxPriority=1000, the highest priority the cluster admin allows jobs; use one "
+        f"of ")
+    assert f"{normal} (1000)" in message and f"{vip} (" not in message.partition("use one")[2]
+    assert api.children("greedy") == NOTHING and not pod_watch.pods_of("greedy")
 
 
 def test_a_large_job_is_not_starved_by_small_ones(cluster, namespace, api, op, pod_watch):

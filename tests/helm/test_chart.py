@@ -22,6 +22,8 @@ IMAGE = "trainop/operator:0.1.0"
 CLUSTER_RULES = {
     ("", "nodes"): ["list", "watch"],
     ("", "persistentvolumes"): ["get", "create", "patch", "delete"],
+    ("scheduling.k8s.io", "priorityclasses"): ["get", "list", "watch"],
+    ("kueue.x-k8s.io", "workloadpriorityclasses"): ["get", "list", "watch"],
     ("apiextensions.k8s.io", "customresourcedefinitions"): ["list", "watch"],
     ("", "namespaces"): ["list", "watch"],
 }

@@ -235,14 +235,16 @@ def test_gpu_totals_for_metrics():
 
 
 def test_kueue_workload_has_a_pod_set_per_role():
-    wl = kueue.render_workload(job(workers=3, gpus=4), "team-a-queue", priority=5)
+    wl = kueue.render_workload(job(workers=3, gpus=4), "team-a-queue")
     assert wl["apiVersion"] == "kueue.x-k8s.io/v1beta2" and wl["kind"] == "Workload"
     assert wl["metadata"]["name"] == "dtj-a" and wl["metadata"]["namespace"] == "team-a"
-    assert wl["spec"]["queueName"] == "team-a-queue" and wl["spec"]["priority"] == 5
+    assert wl["spec"]["queueName"] == "team-a-queue"
     sets = {s["name"]: s for s in wl["spec"]["podSets"]}
     assert sets["workers"]["count"] == 3 and sets["launcher"]["count"] == 1
     worker = sets["workers"]["template"]["spec"]["containers"][0]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 4
-    assert "priority" not in kueue.render_workload(job(), "q")["spec"]
+    # no class at all (none named, no cluster default): priority 0, no reference (Kueue's own
+    # default); tests/unit/test_priority.py has the classes
+    assert wl["spec"]["priority"] == 0 and "priorityClassRef" not in wl["spec"]
     assert [s["name"] for s in kueue.render_workload(job(launcher="torchrun"), "q")["spec"]
             ["podSets"]] == ["workers"]

@@ -118,7 +118,7 @@ RUNNING = {"phase": "Running", "startTime": T0, "restarts": 0, "conditions": con
 
 def snap(b: dict, admit: Decision = FITS, **kw) -> JobSnapshot:
     kw.setdefault("nodes", NODES)
-    return JobSnapshot(body=b, admit=lambda job: admit, **kw)
+    return JobSnapshot(body=b, admit=lambda job, prio: admit, **kw)
 
 
 def summary(actions: list) -> list[str]:

@@ -21,6 +21,9 @@ children then fit in tens of MB.
     stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet, copy Jobs
     service_accounts     (ns, name)               every ServiceAccount's name (workload identity)
     claims               (ns, name)               every PersistentVolumeClaim's name (volumeClaim)
+    priority_classes     name                     PriorityClasses (value, globalDefault)
+    workload_priority_classes name                Kueue's WorkloadPriorityClasses (value; none
+                                                  without Kueue)
 
 Not watched: Secrets (the operator would hold every credential of the namespaces it serves;
 see apply.py and stagesync.py for how it does without). Watched without an index: Kueue's
@@ -56,12 +59,14 @@ def _quiet(record: logging.LogRecord) -> bool:
 
 
 def _optional_kueue(record: logging.LogRecord) -> bool:
-    """kopf warns once that it cannot watch Workloads when Kueue is not installed; that is a
-    supported set-up (jobs are admitted natively), not something to fix."""
+    """kopf warns once that it cannot watch Workloads and WorkloadPriorityClasses when Kueue is
+    not installed; that is a supported set-up (jobs are admitted natively), not something to
+    fix. A warning that names any other kind still shows."""
     msg = record.getMessage()
-    unresolved = msg.partition("): ")[2]  # "Selector(group='...', version=..., plural=...)"
-    return not (msg.startswith("Unresolved resources") and unresolved.count("Selector(") == 1
-                and f"group='{KUEUE_GROUP}'" in unresolved)
+    unresolved = msg.partition("): ")[2]  # "Selector(group='...', ...), Selector(...)"
+    selectors = unresolved.split("Selector(")[1:]
+    return not (msg.startswith("Unresolved resources") and selectors
+                and all(f"group='{KUEUE_GROUP}'" in s for s in selectors))
 
 
 logging.getLogger("kopf.objects").addFilter(_quiet)
@@ -214,9 +219,27 @@ async def claims(name, namespace, **_):
     return {(namespace, name): name}
 
 
+# ---- priority classes (cluster-scoped; only admins create them) -------------------------------
+
+def _priority_class(body, name) -> dict:
+    return {name: {"metadata": {"name": name}, "value": body.get("value"),
+                   "globalDefault": body.get("globalDefault")}}
+
+
+@kopf.index("scheduling.k8s.io", "v1", "priorityclasses")
+async def priority_classes(body, name, **_):
+    return _priority_class(body, name)
+
+
+@kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloadpriorityclasses")
+async def workload_priority_classes(body, name, **_):
+    return _priority_class(body, name)
+
+
 INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps", "dtj_netpols",
            "dtj_endpointslices", "nodes_by_pool", "quotas", "stage_bodies",
-           "stage_services", "stage_statefulsets", "stage_jobs", "service_accounts", "claims")
+           "stage_services", "stage_statefulsets", "stage_jobs", "service_accounts", "claims",
+           "priority_classes", "workload_priority_classes")
 
 
 # ---- routing: a change wakes the reconcile of whoever owns or reads it -----------------------
@@ -253,6 +276,13 @@ async def route_job_child(body, namespace, memo: kopf.Memo, **_) -> None:
 @kopf.on.event("v1", "resourcequotas")
 async def route_quota(namespace, memo: kopf.Memo, **_) -> None:
     memo.controller.wake_gate(namespace)
+
+
+@kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses")
+@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloadpriorityclasses")
+async def route_priority_class(type, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    if type in ("ADDED", "MODIFIED", "DELETED"):  # a value or the default changed: the order
+        memo.controller.wake_all_gates()
 
 
 @kopf.on.event("v1", "nodes")

@@ -278,9 +278,12 @@ def render_config_map(job: Job) -> dict:
 
 
 def _placement(job: Job) -> dict:
+    """Where and in which order the scheduler places the job's pods."""
     out: dict = {"nodeSelector": dict(job.placement.node_selector)}
     if job.placement.tolerations:
         out["tolerations"] = [dict(t) for t in job.placement.tolerations]
+    if job.pod_priority_class:  # the class the queue ordered the job by (priority.py)
+        out["priorityClassName"] = job.pod_priority_class
     return out
 
 
