@@ -43,6 +43,7 @@ NAMESPACED_RULES = {
     ("apps", "statefulsets"): ["get", "list", "watch", "create", "patch"],
     ("rbac.authorization.k8s.io", "roles"): ["get", "create", "patch"],
     ("rbac.authorization.k8s.io", "rolebindings"): ["get", "create", "patch"],
+    ("networking.k8s.io", "networkpolicies"): ["get", "create", "patch"],
     ("", "secrets"): ["get", "create"],
     ("discovery.k8s.io", "endpointslices"): ["list", "watch"],
 }
