@@ -259,7 +259,7 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
         st.cond("Suspended", False, "JobResumed", "the gang starts again")
         st.data.pop("startTime", None)
 
-    claim = _data_claim(plan.snap.stage, job, st)
+    claim = _data_claim(plan.snap.stage, job, st, plan.snap.pods)
     if claim is False:
         return plan.wait("waiting for data")
 
@@ -318,11 +318,26 @@ def _suspend(plan: _Plan, job: Job, st: _Status) -> Outcome:
     return plan.out
 
 
-def _data_claim(stage: dict | None, job: Job, st: _Status):
-    """The DataStage's claim name, None for synthetic data, False while waiting."""
+def _data_claim(stage: dict | None, job: Job, st: _Status, pods: list[dict]):
+    """The DataStage's claim name, None for synthetic data, False while waiting.
+
+    A job starts only on a Ready DataStage. Once it has started (DataReady was True), it keeps
+    the claim it started with whatever happens to the DataStage afterwards (its Secret deleted,
+    its spec edited and copying again, Failed, even deleted: the claim stays while pods use
+    it), so a running job is never frozen and a restart of its gang mounts the same claim. A job
+    that has not started yet waits for Ready again, so it never begins on a share being
+    rewritten."""
     if not job.data_stage:
         return None
     field_ = "spec.data.dataStageRef.name"
+    phase = ((stage or {}).get("status") or {}).get("phase") or ("Pending" if stage else "gone")
+    if st.is_true("DataReady") and phase != "Ready":
+        claim = ((stage or {}).get("status") or {}).get("claimName") or _mounted_claim(pods)
+        if claim:
+            st.cond("DataReady", True, "DataStageChanged",
+                    f"DataStage {job.data_stage} is {phase}; this job keeps claim {claim}, which "
+                    f"it started with (new jobs wait until the DataStage is Ready)")
+            return claim
     if stage is None:
         st.cond("DataReady", False, "DataStageNotFound",
                 f"{field_}: DataStage {job.data_stage!r} does not exist in namespace "
@@ -340,6 +355,15 @@ def _data_claim(stage: dict | None, job: Job, st: _Status):
                 f"DataStage {job.data_stage} is {phase}; the job starts when it is Ready")
     st.phase("Staging" if stage is not None else "Pending")
     return False
+
+
+def _mounted_claim(pods: list[dict]) -> str | None:
+    """The data claim a pod of this job mounts (when the DataStage no longer says it)."""
+    for pod in pods:
+        for volume in (pod.get("spec") or {}).get("volumes") or []:
+            if volume.get("name") == "data" and volume.get("persistentVolumeClaim"):
+                return volume["persistentVolumeClaim"].get("claimName")
+    return None
 
 
 def _controlled(obj: dict, body: dict) -> bool:

@@ -25,9 +25,8 @@ observedGeneration. The copy Job's stager writes the progress counters and lastE
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-
 import logging
+from dataclasses import dataclass, field
 
 from trainop import blob, conditions, kube
 from trainop.actions import Apply, Create, Outcome, delete
@@ -221,10 +220,9 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
     for obj in render.copy_objects(stage, server, cfg):
         if obj["kind"] != "Job":
             actions.append(Apply(obj, body, None))
-    for job in snap.copy_jobs:
-        if job["metadata"]["name"] != job_name:  # an earlier spec's copy
-            if not job["metadata"].get("deletionTimestamp"):
-                actions.append(delete(job))
+    for job in snap.copy_jobs:  # an earlier spec's copy goes
+        if job["metadata"]["name"] != job_name and not job["metadata"].get("deletionTimestamp"):
+            actions.append(delete(job))
     if current is None:  # a Job's template is immutable: created once per spec
         actions.append(Create(render.copy_job(stage, server, cfg), body))
     st.data["copyJobName"] = job_name

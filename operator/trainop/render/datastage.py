@@ -30,9 +30,7 @@ from trainop.spec import SpecError
 LABEL_STAGE = f"{GROUP}/datastage"
 LABEL_STAGE_NAMESPACE = f"{GROUP}/datastage-namespace"  # on the cluster-scoped PV
 LABEL_STAGE_UID = f"{GROUP}/datastage-uid"  # on the PV: the only thing the finalizer trusts
-# On a training job's pods that mount a DataStage's claim (not LABEL_STAGE: that one routes a
-# child to its DataStage); the provisioned server's NetworkPolicy admits these pods.
-LABEL_READS_STAGE = f"{GROUP}/reads-datastage"
+LABEL_READS_STAGE = common.LABEL_READS_STAGE  # on job pods that mount the claim
 LABEL_ROLE = common.LABEL_ROLE
 SHARE_MOUNT = "/share"
 NFS_PORT = 2049
