@@ -20,7 +20,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import conditions, phases
+from trainop import blob, conditions, phases
 from trainop.actions import Apply, Create, CreateSSHSecret, DropFinalizer, Outcome, Ref, delete
 from trainop.admission import Decision
 from trainop.config import Config
@@ -222,7 +222,13 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
 
     try:
         job = parse_cached(body, cfg)
-        logship.parse_output(job.output, job.logship)
+        output = logship.parse_output(job.output, job.logship)
+        if output is not None and output.account_url:  # the shipper's credential goes there
+            try:
+                blob.check_endpoint_allowed(output.account_url, "spec.output.blob.accountURL",
+                                            cfg.allowed_account_urls)
+            except blob.BlobConfigError as exc:
+                raise SpecError(*str(exc).split(": ", 1)) from None
     except SpecError as exc:
         if st.data.get("phase") not in TERMINAL:
             _finish(st, "Failed", "InvalidSpec", str(exc), now)

@@ -286,6 +286,11 @@ CASES = [
           stage={"metadata": {"name": "imagenet"},
                  "status": {"phase": "Copying", "claimName": "imagenet-data"}}),
      [], "Staging", {"DataReady": ("False", "WaitingForDataStage")}, ["WaitingForDataStage"]),
+    # issue 15 (8): the log shipper's credential goes only to Azure Storage or an allowed URL
+    ("an output accountURL on another host: Failed naming the field",
+     snap(body(output={"blob": {"accountURL": "https://collector.example.com/acct", "container": "c",
+                                "auth": {"sasSecretRef": {"name": "s", "key": "k"}}}})),
+     [], "Failed", {"Failed": ("True", "InvalidSpec")}, ["InvalidSpec"]),
     ("no node in its pool: Pending until a node appears",
      snap(body(nodePool={"nodeSelector": {"pool": "none"}})),
      [], "Pending", {"Created": ("False", "NoMatchingNodes")}, ["NoMatchingNodes"]),
