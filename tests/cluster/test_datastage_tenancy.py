@@ -47,10 +47,10 @@ def test_pv_names_cannot_collide_and_a_stage_deletes_only_its_own_pv(cluster, na
         assert pv.metadata.labels["trainop.io/datastage-uid"] == uid
         assert pv.spec.claim_ref.namespace == api.ns
     cluster.kubectl("delete", "dstage", "a-x", "-n", namespace, "--wait=false")
+    wait_until(lambda: a.pv_deleting(pv_a.metadata.name), timeout=30, what="a-x's PV deleted by its finalizer")
     wait_until(lambda: a.get("a-x") is None, timeout=30, what="DataStage a-x gone")
-    wait_until(lambda: not a.pv_exists(pv_a.metadata.name), timeout=60,
-               what=f"a-x's PV deleted ({a.core.read_persistent_volume(pv_a.metadata.name).metadata})")
-    assert b.pv_exists(pv_b.metadata.name) and b.status("x")["phase"] == "Copying"
+    other = b.core.read_persistent_volume(pv_b.metadata.name)
+    assert other.metadata.deletion_timestamp is None and b.status("x")["phase"] == "Copying"
 
 
 def test_a_foreign_pv_holding_the_name_is_never_changed_or_deleted(cluster, namespace, operator_factory):
