@@ -65,9 +65,13 @@ class Apply(_WithOwner):
     # The live object's resourceVersion as the cache saw it ("" when absent, None for kinds the
     # operator does not watch): apply skips the call when it is the version its last apply wrote.
     live_version: str | None = None
+    # For an ownerless (cluster-scoped) child: (label, value) the live object must carry before
+    # it is applied over; a name taken by an object without it is a conflict, never overwritten.
+    guard: tuple[str, str] | None = None
 
     def __eq__(self, other) -> bool:
-        return super().__eq__(other) and self.live_version == other.live_version
+        return super().__eq__(other) and self.live_version == other.live_version and \
+            self.guard == other.guard
 
     __hash__ = _WithOwner.__hash__
 

@@ -100,7 +100,7 @@ class Applier:
         if seen and seen[0] == digest and action.live_version in (None, seen[1]):
             return  # ours and unchanged since we applied it
         if action.live_version == "" or (action.live_version is None and seen is None):
-            live = _create(desired, action.owner, then_apply=True)
+            live = _create(desired, action.owner, then_apply=True, guard=action.guard)
         else:
             live = kube.apply(desired)
         with self._lock:
@@ -121,8 +121,10 @@ def _rejection(action, exc: ApiException) -> str:
             f"again")
 
 
-def _create(desired: dict, owner: dict | None, then_apply: bool = False) -> dict:
-    """POST; on 409 the existing object must be the owner's (then applied, if asked)."""
+def _create(desired: dict, owner: dict | None, then_apply: bool = False,
+            guard: tuple[str, str] | None = None) -> dict:
+    """POST; on 409 the existing object must be the owner's, or carry the `guard` label (then
+    applied, if asked)."""
     try:
         return kube.create(desired)
     except ApiException as exc:
@@ -136,6 +138,9 @@ def _create(desired: dict, owner: dict | None, then_apply: bool = False) -> dict
         raise kube.OwnershipError(f"{ref} already exists and is not controlled by "
                                   f"{owner['kind']} {owner['metadata']['name']}; delete or "
                                   f"rename it")
+    if guard is not None and (live["metadata"].get("labels") or {}).get(guard[0]) != guard[1]:
+        raise kube.OwnershipError(f"{ref} already exists without label {guard[0]}={guard[1]}; "
+                                  f"it is not ours to change")
     return kube.apply(desired) if then_apply else live
 
 

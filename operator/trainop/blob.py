@@ -43,6 +43,13 @@ WORKLOAD_IDENTITY_ENV = ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_FEDERATED_
 STORAGE_SCOPE = "https://storage.azure.com/.default"
 # Retries are for transient faults; a dead endpoint must fail within seconds, not the SDK's
 # default minutes (initial_backoff 15 s, base 3): with these, 3 retries wait ~17 s in all.
+# Where a spec's accountURL may point by default: https:// on Azure Storage's Blob host suffixes
+# (public, China, US Government clouds). Anything else must be listed by the admin in the
+# operator configuration (ALLOWED_KEY), or a workload-identity token, a SAS or a key would be
+# sent to a host the user picked.
+AZURE_BLOB_SUFFIXES = (".blob.core.windows.net", ".blob.core.chinacloudapi.cn",
+                       ".blob.core.usgovcloudapi.net")
+ALLOWED_KEY = "blob.allowedAccountURLs"
 RETRY = {"retry_total": 3, "initial_backoff": 1, "increment_base": 2}
 CONNECTION_TIMEOUT_S = 10
 
@@ -111,6 +118,42 @@ def check_account_url(url: str | None, field: str) -> str:
     if not account_name(url):
         raise BlobConfigError(f"{field}: cannot tell the storage account from {url!r}; use https://<account>.blob.core.windows.net")
     return url.rstrip("/")
+
+
+def check_endpoint_allowed(url: str, field: str, extra: tuple[str, ...] = ()) -> None:
+    """Refuse an account URL (already shape-checked) outside Azure Storage and the admin's list."""
+    if endpoint_allowed(url, extra):
+        return
+    host = urlsplit(url).hostname or ""
+    raise BlobConfigError(
+        f"{field}: {urlsplit(url).scheme}://{host} is not an allowed Blob endpoint; use "
+        f"https://<account>{AZURE_BLOB_SUFFIXES[0]} (or another Azure cloud's), or ask the cluster "
+        f"admin to add it to {ALLOWED_KEY} in the operator configuration")
+
+
+def endpoint_allowed(url: str, extra: tuple[str, ...] = ()) -> bool:
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if parts.scheme == "https" and host.endswith(AZURE_BLOB_SUFFIXES) and parts.port in (None, 443) \
+            and not parts.username:
+        return True
+    return any(_endpoint_matches(parts, entry) for entry in extra)
+
+
+def _endpoint_matches(parts, entry: str) -> bool:
+    want = urlsplit(entry)
+    host, want_host = (parts.hostname or "").lower(), (want.hostname or "").lower()
+    if parts.scheme != want.scheme or parts.username:
+        return False
+    if want_host.startswith("*."):
+        if not (host.endswith(want_host[1:]) and len(host) > len(want_host) - 1):
+            return False
+    elif host != want_host:
+        return False
+    if want.port is not None and parts.port != want.port:
+        return False
+    prefix = want.path.rstrip("/")
+    return not prefix or parts.path == prefix or parts.path.startswith(prefix + "/")
 
 
 def account_name(url: str) -> str | None:

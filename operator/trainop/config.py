@@ -29,14 +29,27 @@ Format (every key optional; camelCase like Helm values):
       namespaceGpus: 32              # GPUs a namespace without a ResourceQuota may use (admission.py)
       maxPriority: 1000000000        # highest class value spec.priorityClassName may name
                                      # (priority.py); null: no cap
+    blob:
+      # Endpoints an accountURL (DataStage source, job output) may name besides https:// on Azure
+      # Storage's own host suffixes (blob.AZURE_BLOB_SUFFIXES). scheme://host[:port][/path]: the
+      # scheme and host must match (a host "*.example.com" matches its subdomains), the port if
+      # given, the path as a prefix of whole segments. http:// only where listed here.
+      allowedAccountURLs: [https://*.blob.local.azurestack.external, http://127.0.0.1:10000]
+    datastage:                       # raw keys: render/datastage.py; checked here:
+      allowedNfsExports:             # existing exports destination.nfs may name (none by default)
+        - {server: 10.240.0.4, path: /export}   # path: a prefix of whole segments
+      nfsClientCIDRs: [10.224.0.0/16]  # where kubelets mount a provisioned server from (the
+                                       # node subnets); admitted by its NetworkPolicy
 """
 
 from __future__ import annotations
 
 import copy
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -64,6 +77,8 @@ DEFAULTS: dict = {
     # 1e9 is the highest value Kubernetes lets a user-defined PriorityClass have: larger ones
     # are system-cluster-critical and system-node-critical, which no training job may borrow.
     "limits": {"maxGpusPerJob": None, "maxPriority": 1_000_000_000},
+    "blob": {"allowedAccountURLs": []},
+    "datastage": {"allowedNfsExports": [], "nfsClientCIDRs": []},
 }
 
 
@@ -92,6 +107,9 @@ class Config:
     max_gpus_per_job: int | None
     max_priority: int | None
     raw: dict
+    allowed_account_urls: tuple[str, ...] = ()       # blob.allowedAccountURLs
+    allowed_nfs_exports: tuple[tuple[str, str], ...] = ()  # datastage.allowedNfsExports
+    nfs_client_cidrs: tuple[str, ...] = ()           # datastage.nfsClientCIDRs
 
     def section(self, name: str) -> dict:
         return copy.deepcopy(self.raw.get(name) or {})
@@ -149,7 +167,50 @@ def from_dict(data: dict | None) -> Config:
                   node_pools=pools,
                   default_node_pools=dict(raw["defaultNodePools"]), images=dict(raw["images"]),
                   launcher_resources=raw["launcherResources"], max_gpus_per_job=max_gpus,
-                  max_priority=max_priority, raw=raw)
+                  max_priority=max_priority, raw=raw,
+                  allowed_account_urls=_account_urls(raw), allowed_nfs_exports=_nfs_exports(raw),
+                  nfs_client_cidrs=_cidrs(raw))
+
+
+def _list(raw: dict, section: str, key: str) -> list:
+    value = (raw.get(section) or {}).get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{section}.{key}: must be a list")
+    return value
+
+
+def _account_urls(raw: dict) -> tuple[str, ...]:
+    out = []
+    for i, entry in enumerate(_list(raw, "blob", "allowedAccountURLs")):
+        parts = urlsplit(entry) if isinstance(entry, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname \
+                or parts.query or parts.fragment or parts.username:
+            raise ConfigError(f"blob.allowedAccountURLs[{i}]: {entry!r} is not scheme://host[:port][/path] "
+                              f"(http or https, no query)")
+        out.append(entry.rstrip("/"))
+    return tuple(out)
+
+
+def _nfs_exports(raw: dict) -> tuple[tuple[str, str], ...]:
+    out = []
+    for i, entry in enumerate(_list(raw, "datastage", "allowedNfsExports")):
+        if not isinstance(entry, dict) or not entry.get("server") or \
+                not str(entry.get("path", "")).startswith("/"):
+            raise ConfigError(f"datastage.allowedNfsExports[{i}]: must be {{server: ADDRESS, path: /PREFIX}}")
+        out.append((str(entry["server"]), str(entry["path"])))
+    return tuple(out)
+
+
+def _cidrs(raw: dict) -> tuple[str, ...]:
+    out = []
+    for i, entry in enumerate(_list(raw, "datastage", "nfsClientCIDRs")):
+        try:
+            out.append(str(ipaddress.ip_network(entry)))
+        except (TypeError, ValueError):
+            raise ConfigError(f"datastage.nfsClientCIDRs[{i}]: {entry!r} is not a CIDR such as 10.224.0.0/16") from None
+    return tuple(out)
 
 
 def load(path: str | os.PathLike | None = None) -> Config:

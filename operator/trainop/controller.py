@@ -319,6 +319,10 @@ class Controller:
             secret = apply.kube.get("v1", "Secret", name, key[1])
             if secret is not None:
                 snap.secret_keys[name] = tuple(sorted(secret.get("data") or {}))  # names only
+        if not ((snap.body.get("spec") or {}).get("destination") or {}).get("volumeClaim"):
+            # its PV, read by name (cluster-scoped, not watched): is the name ours?
+            snap.volume = apply.kube.get("v1", "PersistentVolume",
+                                         stagesync.render.volume_name(snap.body["metadata"]["uid"]))
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         outcome = stagesync.decide(snap, self.cfg, now)
         return outcome, self._act(key, snap.body, outcome)

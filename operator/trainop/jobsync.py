@@ -20,7 +20,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import conditions, phases, priority
+from trainop import blob, conditions, phases, priority
 from trainop.actions import Apply, Create, CreateSSHSecret, DropFinalizer, Outcome, Problem, Ref, delete
 from trainop.admission import Decision
 from trainop.config import Config
@@ -237,7 +237,13 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
 
     try:
         job = parse_cached(body, cfg)
-        logship.parse_output(job.output, job.logship)
+        output = logship.parse_output(job.output, job.logship)
+        if output is not None and output.account_url:  # the shipper's credential goes there
+            try:
+                blob.check_endpoint_allowed(output.account_url, "spec.output.blob.accountURL",
+                                            cfg.allowed_account_urls)
+            except blob.BlobConfigError as exc:
+                raise SpecError(*str(exc).split(": ", 1)) from None
         # The class is judged until the job is admitted; after that, one deleted or capped
         # since stops nothing.
         job, prio = priority.for_job(job, plan.snap.classes, cfg, plan.snap.kueue, strict=(
@@ -278,7 +284,7 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
         st.cond("Suspended", False, "JobResumed", "the gang starts again")
         st.data.pop("startTime", None)
 
-    claim = _data_claim(plan.snap.stage, job, st)
+    claim = _data_claim(plan.snap.stage, job, st, plan.snap.pods)
     if claim is False:
         return plan.wait("waiting for data")
 
@@ -343,11 +349,26 @@ def _suspend(plan: _Plan, job: Job, st: _Status) -> Outcome:
     return plan.out
 
 
-def _data_claim(stage: dict | None, job: Job, st: _Status):
-    """The DataStage's claim name, None for synthetic data, False while waiting."""
+def _data_claim(stage: dict | None, job: Job, st: _Status, pods: list[dict]):
+    """The DataStage's claim name, None for synthetic data, False while waiting.
+
+    A job starts only on a Ready DataStage. Once it has started (DataReady was True), it keeps
+    the claim it started with whatever happens to the DataStage afterwards (its Secret deleted,
+    its spec edited and copying again, Failed, even deleted: the claim stays while pods use
+    it), so a running job is never frozen and a restart of its gang mounts the same claim. A job
+    that has not started yet waits for Ready again, so it never begins on a share being
+    rewritten."""
     if not job.data_stage:
         return None
     field_ = "spec.data.dataStageRef.name"
+    phase = ((stage or {}).get("status") or {}).get("phase") or ("Pending" if stage else "gone")
+    if st.is_true("DataReady") and phase != "Ready":
+        claim = ((stage or {}).get("status") or {}).get("claimName") or _mounted_claim(pods)
+        if claim:
+            st.cond("DataReady", True, "DataStageChanged",
+                    f"DataStage {job.data_stage} is {phase}; this job keeps claim {claim}, which "
+                    f"it started with (new jobs wait until the DataStage is Ready)")
+            return claim
     if stage is None:
         st.cond("DataReady", False, "DataStageNotFound",
                 f"{field_}: DataStage {job.data_stage!r} does not exist in namespace "
@@ -365,6 +386,15 @@ def _data_claim(stage: dict | None, job: Job, st: _Status):
                 f"DataStage {job.data_stage} is {phase}; the job starts when it is Ready")
     st.phase("Staging" if stage is not None else "Pending")
     return False
+
+
+def _mounted_claim(pods: list[dict]) -> str | None:
+    """The data claim a pod of this job mounts (when the DataStage no longer says it)."""
+    for pod in pods:
+        for volume in (pod.get("spec") or {}).get("volumes") or []:
+            if volume.get("name") == "data" and volume.get("persistentVolumeClaim"):
+                return volume["persistentVolumeClaim"].get("claimName")
+    return None
 
 
 def _controlled(obj: dict, body: dict) -> bool:

@@ -12,6 +12,12 @@ Layout on the share, under `--dest`:
                                 into place, so a SIGKILL loses at most the files in flight
   .trainop/tmp/                 downloads in progress (same filesystem, so rename is atomic)
 
+Blobs that cannot become files are skipped, each with a WARNING line naming it, and counted
+(`skippedBlobs`, the first SKIPPED_LISTED in `skipped`): a name that escapes the destination, a
+path part longer than NAME_MAX (255 bytes), a name that is also another blob's folder (`a` next
+to `a/b`: `a` is skipped), or one that maps to the same file as an earlier name (`a//b`, `a/b`).
+One odd blob never fails the whole copy.
+
 A re-run skips a blob whose journal entry matches its current ETag and size and whose local file
 still has the recorded size and mtime (with `--verify`, also the recorded MD5, recomputed): what
 is missing, changed in Blob Storage or changed on the share is copied again.
@@ -56,6 +62,9 @@ EXTRACT_SUFFIX = ".d"
 FIRST_GET = 8 << 20
 CHUNK_GET = 8 << 20
 HASH_BLOCK = 1 << 20
+NAME_MAX = 255         # bytes of one path part (Linux, NFS)
+PATH_MAX = 4095        # bytes of the whole path below --dest
+SKIPPED_LISTED = 20    # names written to status.skipped (all are logged)
 EXIT_CONFIG, EXIT_NETWORK, EXIT_OTHER = 2, 3, 1
 
 
@@ -132,12 +141,15 @@ class Progress:
         self.sink, self.interval = sink, interval
         self.bytes_total = self.files_total = self.bytes_copied = self.files_copied = 0
         self.files_downloaded = self.bytes_downloaded = 0
+        self.skipped: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._last = 0.0
 
     def snapshot(self) -> dict:
         return {"bytesCopied": self.bytes_copied, "bytesTotal": self.bytes_total,
-                "filesCopied": self.files_copied, "filesTotal": self.files_total}
+                "filesCopied": self.files_copied, "filesTotal": self.files_total,
+                "skippedBlobs": len(self.skipped),
+                "skipped": [f"{name}: {why}" for name, why in self.skipped[:SKIPPED_LISTED]]}
 
     def add(self, nbytes: int = 0, files: int = 0, downloaded: bool = False) -> None:
         with self._lock:
@@ -174,6 +186,33 @@ def local_path(dest: Path, name: str) -> Path:
     if not parts or name.startswith("/") or ".." in parts or parts[0] == STATE_DIR:
         raise StageError(f"blob name {name!r} cannot be stored safely under the destination; rename the blob")
     return dest.joinpath(*parts)
+
+
+def storable(items: list[Item], extract: bool) -> tuple[list[Item], list[tuple[str, str]]]:
+    """The items that can become files, and (name, why) for those that cannot. Pure."""
+    kept: dict[tuple[str, ...], Item] = {}
+    skipped: list[tuple[str, str]] = []
+    # a name already in normal form (ok/1.jpg) wins over its variants (ok//1.jpg, ok/./1.jpg)
+    for item in sorted(items, key=lambda i: ("/".join(PurePosixPath(i.name).parts) != i.name, i.name)):
+        parts = PurePosixPath(item.name).parts
+        if not parts or item.name.startswith("/") or ".." in parts or parts[0] == STATE_DIR:
+            skipped.append((item.name, "cannot be stored safely under the destination"))
+        elif any(len(part.encode()) > NAME_MAX for part in parts):
+            skipped.append((item.name, f"a path part is longer than {NAME_MAX} bytes"))
+        elif len("/".join(parts).encode()) > PATH_MAX:
+            skipped.append((item.name, f"the path is longer than {PATH_MAX} bytes"))
+        elif parts in kept:
+            skipped.append((item.name, f"maps to the same file as blob {kept[parts].name!r}"))
+        else:
+            kept[parts] = item
+    # folders the kept files need (and the .d folders extraction makes): a file there must go
+    folders = {parts[:i]: item.name for parts, item in kept.items() for i in range(1, len(parts))}
+    if extract:
+        folders |= {parts[:-1] + (parts[-1] + EXTRACT_SUFFIX,): item.name
+                    for parts, item in kept.items() if item.name.endswith(ARCHIVE_SUFFIXES)}
+    for parts in [p for p in kept if p in folders]:
+        skipped.append((kept.pop(parts).name, f"is also a folder (blob {folders[parts]!r})"))
+    return sorted(kept.values(), key=lambda i: i.name), skipped
 
 
 def list_items(container, prefixes: Iterable[str]) -> list[Item]:
@@ -214,10 +253,15 @@ class Stager:
 
     def run(self, prefixes: list[str]) -> dict:
         items = list_items(self.container, prefixes)  # fails before anything is written
+        items, skipped = storable(items, self.extract)
+        for name, why in skipped:
+            log.warning("skipped blob %r: %s", name, why)
         (self.dest / STATE_DIR).mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.tmp, ignore_errors=True)  # leftovers of a killed run
         self.tmp.mkdir()
         self.manifest.load()
+        self._clear_old_files_in_the_way(items)
+        self.progress.skipped = skipped
         self.progress.files_total = len(items)
         self.progress.bytes_total = sum(i.size for i in items)
         todo = []
@@ -236,6 +280,15 @@ class Stager:
         self.progress.report()
         return {**self.progress.snapshot(), "filesDownloaded": self.progress.files_downloaded,
                 "bytesDownloaded": self.progress.bytes_downloaded, "filesSkipped": len(items) - len(todo)}
+
+    def _clear_old_files_in_the_way(self, items: list[Item]) -> None:
+        """A file an earlier run copied (journalled) where a folder is now needed: `a` was
+        copied, then `a/b` appeared and `a` is now skipped."""
+        for name in {str(PurePosixPath(*PurePosixPath(i.name).parts[:n]))
+                     for i in items for n in range(1, len(PurePosixPath(i.name).parts))}:
+            path = self.dest / name
+            if self.manifest.get(name) is not None and path.is_file() and not path.is_symlink():
+                path.unlink()
 
     def _parallel(self, fn, items: list[Item]) -> None:
         """Run fn over items; the first failure cancels what has not started and is raised."""
@@ -348,7 +401,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # The SDK logs retries and headers; the stager reports failures itself, in one line.
     logging.getLogger("azure").setLevel(logging.CRITICAL)
     secret = None

@@ -1,7 +1,9 @@
-"""The decisions of a DataStage's reconcile: parse -> referenced Secret / ServiceAccount exist ->
-(provision) NFS server Service + StatefulSet, wait until it serves -> PV + claim -> stager
-identity + copy Job -> phase from the Job. `cleanup()` is the finalizer's work: the
-cluster-scoped PV (the one child owner references cannot remove).
+"""The decisions of a DataStage's reconcile: parse -> what the admin allows (account endpoint,
+NFS export) -> referenced Secret / ServiceAccount exist (until the copy of this spec is done) ->
+(provision) NetworkPolicy, NFS server Service + StatefulSet, wait until it serves -> PV (only
+ours: labelled with this DataStage's uid) + claim -> stager identity + copy Job -> phase from
+the Job. `cleanup()` is the finalizer's work: the cluster-scoped PV (the one child owner
+references cannot remove), deleted only if its label carries this DataStage's uid.
 
     outcome = stagesync.decide(StageSnapshot(body, ...), cfg)
 
@@ -10,7 +12,10 @@ Bad input (a spec the schema could not reject, a missing Secret or key) sets Fai
 field, posts a Warning Event, and creates nothing. ServiceAccounts and claims are watched, so
 creating one wakes the DataStage; Secrets are not (the operator must not hold every credential
 of a namespace), so a DataStage whose Secret or key is missing looks again every
-SECRET_RECHECK_SECONDS, reading that one Secret.
+SECRET_RECHECK_SECONDS, reading that one Secret. Once the copy of the current spec has
+completed, the Secret is no longer needed: deleting it leaves a Ready stage Ready (a job that
+mounts the claim needs no credential), and only a new copy (an edited spec, a deleted copy Job)
+asks for it again.
 
 Status keys written here: phase, conditions, claimName, volumeName, server, copyJobName,
 observedGeneration. The copy Job's stager writes the progress counters and lastError itself
@@ -20,6 +25,7 @@ observedGeneration. The copy Job's stager writes the progress counters and lastE
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import dataclass, field
 
 from trainop import blob, conditions, kube
@@ -29,8 +35,10 @@ from trainop.render import datastage as render
 from trainop.spec import SpecError
 
 _METHOD_REFS = {method: ref for ref, method in blob.SECRET_REFS.items()}
+log = logging.getLogger("trainop.stagesync")
 AUTH_FIELD = "spec.source.blob.auth"
-SECRET_RECHECK_SECONDS = 10.0
+NFS_FIELD = "spec.destination.nfs"
+SECRET_RECHECK_SECONDS = 10.0  # also how often a PV name held by a foreign PV is looked at again
 OWNED_KEYS = ("phase", "conditions", "claimName", "volumeName", "server", "copyJobName",
               "observedGeneration")
 
@@ -45,6 +53,7 @@ class StageSnapshot:
     service: dict | None = None      # the provisioned NFS server's Service
     statefulset: dict | None = None  # ... and StatefulSet
     copy_jobs: list[dict] = field(default_factory=list)  # label trainop.io/datastage=<name>
+    volume: dict | None = None  # the PV named render.volume_name(uid), read by name (not watched)
 
 
 class _Status:
@@ -99,6 +108,53 @@ def check_references(stage: render.Stage, snap: StageSnapshot) -> None:
         raise MissingSecret(f"{where}.key", f"Secret {auth.secret_name!r} has no key {auth.secret_key!r}; add it or fix the key")
 
 
+def check_allowed(stage: render.Stage, cfg: Config) -> None:
+    """What only the cluster admin may open up: the account endpoint credentials are sent to, and
+    the existing NFS exports a namespace may mount (a PV is cluster-wide: without this, any
+    namespace could mount any export the nodes reach). A provisioned server is always allowed."""
+    try:
+        blob.check_endpoint_allowed(stage.account_url, "spec.source.blob.accountURL",
+                                    cfg.allowed_account_urls)
+    except blob.BlobConfigError as exc:
+        raise SpecError(*str(exc).split(": ", 1)) from None
+    if stage.nfs_server is None:
+        return
+    servers = [path for server, path in cfg.allowed_nfs_exports if server == stage.nfs_server]
+    ask = ("ask the cluster admin to add it to datastage.allowedNfsExports in the operator "
+           "configuration, or use destination.provision or destination.volumeClaim")
+    if not servers:
+        raise SpecError(f"{NFS_FIELD}.server", f"NFS server {stage.nfs_server!r} is not an allowed "
+                                               f"export server; {ask}")
+    if not any(_under(stage.nfs_path, prefix) for prefix in servers):
+        raise SpecError(f"{NFS_FIELD}.path", f"{stage.nfs_path!r} on {stage.nfs_server} is not under an "
+                                             f"allowed export path ({', '.join(servers)}); {ask}")
+
+
+def _under(path: str, prefix: str) -> bool:
+    """`path` is `prefix` or below it, by whole segments, after removing . and .. segments."""
+    parts: list[str] = []
+    for part in path.split("/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part not in ("", "."):
+            parts.append(part)
+    clean, want = "/" + "/".join(parts), prefix.rstrip("/") or "/"
+    return want == "/" or clean == want or clean.startswith(want + "/")
+
+
+def foreign_volume(stage: render.Stage, volume: dict | None) -> str | None:
+    """A PV of our name that does not carry our uid: never patched, never deleted."""
+    if volume is None:
+        return None
+    got = (volume["metadata"].get("labels") or {}).get(render.LABEL_STAGE_UID)
+    if got == stage.uid:
+        return None
+    return (f"PersistentVolume {volume['metadata']['name']} exists and its label "
+            f"{render.LABEL_STAGE_UID} is {got!r}, not this DataStage's uid; it is not touched. "
+            f"A cluster admin must delete or rename it")
+
+
 def _version(obj: dict | None) -> str:
     return (obj or {}).get("metadata", {}).get("resourceVersion", "")
 
@@ -112,17 +168,29 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
         return Outcome()
     try:
         stage = render.parse(body)
-        check_references(stage, snap)
+        check_allowed(stage, cfg)
+        job_name = render.copy_job_name(stage)
+        current = next((j for j in snap.copy_jobs if j["metadata"]["name"] == job_name
+                        and kube.controlled_by(j, body)), None)
+        if not _succeeded(current):  # the credential matters only while there is copying to do
+            check_references(stage, snap)
     except SpecError as exc:
         st.phase("Failed", "InvalidSpec", str(exc), warning=True)
         out = st.outcome([])
         if isinstance(exc, MissingSecret):
             out.requeue_after = SECRET_RECHECK_SECONDS
         return out
+    if not stage.existing_claim and (taken := foreign_volume(stage, snap.volume)):
+        st.phase("Failed", "VolumeConflict", taken, warning=True)
+        out = st.outcome([])
+        out.requeue_after = SECRET_RECHECK_SECONDS  # PVs are not watched: look again
+        return out
 
     actions: list = []
     server = stage.nfs_server
     if stage.provisioned:
+        # the policy first, so the server never serves unprotected
+        actions.append(Apply(render.network_policy(stage, cfg), body, None))
         service, statefulset = render.server_objects(stage, cfg)
         actions += [Apply(service, body, _version(snap.service)),
                     Apply(statefulset, body, _version(snap.statefulset))]
@@ -143,34 +211,43 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
     else:
         st.data["server"] = server
         pv, pvc = render.volume_objects(stage, server)
-        actions += [Apply(pv, None, None),  # cluster-scoped: no owner reference; the finalizer deletes it
+        # cluster-scoped: no owner reference; the finalizer deletes it. The guard: a name taken
+        # meanwhile by a PV without our uid is a conflict, not something to apply over.
+        actions += [Apply(pv, None, _version(snap.volume), guard=(render.LABEL_STAGE_UID, stage.uid)),
                     Apply(pvc, body, None)]
         st.data |= {"volumeName": pv["metadata"]["name"], "claimName": pvc["metadata"]["name"]}
 
-    job_name = render.copy_job_name(stage)
-    current = None
     for obj in render.copy_objects(stage, server, cfg):
         if obj["kind"] != "Job":
             actions.append(Apply(obj, body, None))
-    for job in snap.copy_jobs:
-        if job["metadata"]["name"] != job_name:  # an earlier spec's copy
-            if not job["metadata"].get("deletionTimestamp"):
-                actions.append(delete(job))
-        elif kube.controlled_by(job, body):
-            current = job
+    for job in snap.copy_jobs:  # an earlier spec's copy goes
+        if job["metadata"]["name"] != job_name and not job["metadata"].get("deletionTimestamp"):
+            actions.append(delete(job))
     if current is None:  # a Job's template is immutable: created once per spec
         actions.append(Create(render.copy_job(stage, server, cfg), body))
     st.data["copyJobName"] = job_name
     return _copy_phase(st, current, body, actions)
 
 
-def _copy_phase(st: _Status, job: dict | None, body: dict, actions: list) -> Outcome:
+def _finished(job: dict | None) -> dict:
     status = (job or {}).get("status") or {}
-    finished = {c["type"]: c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    return {c["type"]: c for c in status.get("conditions") or [] if c.get("status") == "True"}
+
+
+def _succeeded(job: dict | None) -> bool:
+    return job is not None and ("Complete" in _finished(job) or
+                                ((job.get("status") or {}).get("succeeded") or 0) >= 1)
+
+
+def _copy_phase(st: _Status, job: dict | None, body: dict, actions: list) -> Outcome:
+    finished = _finished(job)
     name = (job or {}).get("metadata", {}).get("name") or st.data["copyJobName"]
-    if "Complete" in finished or (status.get("succeeded") or 0) >= 1:
+    if _succeeded(job):
         st.cond("Copied", True, "CopyComplete", f"copy Job {name} succeeded")
-        st.phase("Ready", "CopyComplete", f"data staged; claim {st.data['claimName']} is ready to mount read-only")
+        skipped = (body.get("status") or {}).get("skippedBlobs") or 0
+        note = f"; {skipped} blob(s) skipped, see status.skipped" if skipped else ""
+        st.phase("Ready", "CopyComplete", f"data staged; claim {st.data['claimName']} is ready to "
+                                          f"mount read-only{note}")
         return st.outcome(actions)
     if "Failed" in finished:
         why = (body.get("status") or {}).get("lastError") or finished["Failed"].get("message") or "failed"
@@ -184,7 +261,16 @@ def _copy_phase(st: _Status, job: dict | None, body: dict, actions: list) -> Out
 
 
 def cleanup(body: dict) -> None:
-    """Finalizer: the PV (cluster-scoped, so owner references cannot remove it). Namespaced
+    """Finalizer: the PV (cluster-scoped, so owner references cannot remove it), only if its
+    label carries this DataStage's uid, and only that incarnation (uid precondition). Namespaced
     children go with the DataStage through their owner references."""
     meta = body["metadata"]
-    kube.delete("v1", "PersistentVolume", render.volume_name(meta["namespace"], meta["name"]))
+    name = render.volume_name(meta["uid"])
+    pv = kube.get("v1", "PersistentVolume", name)
+    if pv is None:
+        return
+    if (pv["metadata"].get("labels") or {}).get(render.LABEL_STAGE_UID) != meta["uid"]:
+        log.warning("PersistentVolume %s does not carry %s=%s: left alone", name,
+                    render.LABEL_STAGE_UID, meta["uid"])
+        return
+    kube.delete("v1", "PersistentVolume", name, uid=pv["metadata"]["uid"])

@@ -124,7 +124,7 @@ def test_copies_every_blob_with_identical_md5(creds, tmp_path, mode):
     total = sum(len(b) for b in DATASET.values())
     assert done == {"event": "done", "filesTotal": len(DATASET), "filesCopied": len(DATASET),
                     "filesDownloaded": len(DATASET), "filesSkipped": 0, "bytesTotal": total,
-                    "bytesCopied": total, "bytesDownloaded": total}
+                    "bytesCopied": total, "bytesDownloaded": total, "skippedBlobs": 0, "skipped": []}
     for secret in secret_values(env):
         assert secret not in proc.stdout + proc.stderr
     # A second run finds everything in place and copies nothing.
@@ -283,7 +283,39 @@ def test_prefixes_select_blobs_and_progress_is_rate_bounded(creds, tmp_path):
     progress = [json.loads(line) for line in proc.stdout.splitlines() if '"event": "progress"' in line]
     assert progress[0]["filesTotal"] == len(chosen) and progress[0]["bytesCopied"] == 0
     assert progress[-1] == {"event": "progress", "bytesCopied": done["bytesTotal"], "bytesTotal": done["bytesTotal"],
-                            "filesCopied": len(chosen), "filesTotal": len(chosen)}
+                            "filesCopied": len(chosen), "filesTotal": len(chosen), "skippedBlobs": 0, "skipped": []}
     assert [p["bytesCopied"] for p in progress] == sorted(p["bytesCopied"] for p in progress)
     # the first, the last, and at most one per interval in between: not one per chunk or file
     assert len(progress) <= 2 + elapsed / 0.2
+
+
+def test_blobs_that_cannot_be_files_are_skipped_by_name_and_the_rest_is_copied(azurite, tmp_path):
+    """issue 15 (13c): `a` next to `a/b`, a path part over 255 bytes, and two names of one file
+    used to fail the whole copy. Real Azurite, real azure-storage-blob."""
+    container = azurite.new_container(prefix="odd")
+    long_part = "x" * 256
+    upload(container, {"a": b"file a", "a/b": b"file a/b", f"d/{long_part}.jpg": b"long", "ok/1.jpg": b"one",
+                       "ok//1.jpg": b"dup"})
+    env = {**os.environ, blob.METHOD_ENV: "AccountKey", blob.SECRET_ENV: azurite.account_key}
+    dest = tmp_path / "share"
+    proc = run_stager(azurite.http_url, container.container_name, dest, env)
+    done = summary(proc)
+    assert local_md5s(dest) == expected_md5s({"a/b": b"file a/b", "ok/1.jpg": b"one"})
+    assert (done["filesCopied"], done["filesTotal"], done["skippedBlobs"]) == (2, 2, 3)
+    assert sorted(done["skipped"]) == sorted([
+        "a: is also a folder (blob 'a/b')",
+        f"d/{long_part}.jpg: a path part is longer than 255 bytes",
+        "ok//1.jpg: maps to the same file as blob 'ok/1.jpg'"])
+    for name in ("'a'", f"'d/{long_part}.jpg'", "'ok//1.jpg'"):
+        assert f"WARNING trainop.stager skipped blob {name}" in proc.stdout
+
+
+def test_a_file_from_an_earlier_run_makes_way_for_a_folder(azurite, tmp_path):
+    container = azurite.new_container(prefix="grow")
+    upload(container, {"a": b"first"})
+    env = {**os.environ, blob.METHOD_ENV: "AccountKey", blob.SECRET_ENV: azurite.account_key}
+    dest = tmp_path / "share"
+    summary(run_stager(azurite.http_url, container.container_name, dest, env))
+    upload(container, {"a/b": b"later"})
+    done = summary(run_stager(azurite.http_url, container.container_name, dest, env))
+    assert local_md5s(dest) == expected_md5s({"a/b": b"later"}) and done["skippedBlobs"] == 1

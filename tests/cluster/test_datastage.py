@@ -26,7 +26,9 @@ from trainop import blob
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 GROUP, VERSION, PLURAL = "trainop.io", "v1alpha1", "datastages"
-FAST = {"resyncSeconds": 0.5}
+# The admin allows the exports these tests and examples/datastage-nfs-sas.yaml name.
+FAST = {"resyncSeconds": 0.5, "datastage": {"allowedNfsExports": [{"server": "10.240.0.4", "path": "/export"},
+                                                                   {"server": "10.240.0.4", "path": "/datasets"}]}}
 BLOBS = {f"train/n{i:02d}/img{i}.JPEG": os.urandom(1000 + 37 * i) for i in range(12)}
 
 
@@ -69,11 +71,33 @@ class Api:
                           timeout=timeout, what=f"{name} phase {phase} (status: {self.status(name)})")
 
     def pv(self, name: str):
+        """The DataStage's PV (named from its uid), None when it or the PV is gone."""
+        obj = self.get(name)
+        if obj is None:
+            return None
         try:
-            return self.core.read_persistent_volume(f"trainop-{self.ns}-{name}")
+            return self.core.read_persistent_volume(f"trainop-{obj['metadata']['uid']}")
         except ApiException as exc:
             if exc.status == 404:
                 return None
+            raise
+
+    def pv_exists(self, pv_name: str) -> bool:
+        try:
+            self.core.read_persistent_volume(pv_name)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+    def pv_deleting(self, pv_name: str) -> bool:
+        """Gone, or deleted and waiting for its claim to go (kubernetes.io/pv-protection)."""
+        try:
+            return self.core.read_persistent_volume(pv_name).metadata.deletion_timestamp is not None
+        except ApiException as exc:
+            if exc.status == 404:
+                return True
             raise
 
     def copy_jobs(self, name: str) -> list:
@@ -197,10 +221,13 @@ def test_copy_reports_progress_then_ready_and_deletion_removes_the_pv(cluster, n
     assert sas not in str(api.get("imagenet")) and sas not in op.logs()
 
     cluster.kubectl("delete", "dstage", "imagenet", "-n", namespace, "--wait=false")
-    wait_until(lambda: api.pv("imagenet") is None, timeout=20, what="the PV removed by the finalizer")
+    # the finalizer deletes the PV; Kubernetes removes it once the claim (garbage-collected after
+    # the DataStage) no longer binds it (pv-protection)
+    wait_until(lambda: api.pv_deleting(pv.metadata.name), timeout=20, what="the PV deleted by the finalizer")
     wait_until(lambda: api.get("imagenet") is None, timeout=30, what="the DataStage gone")
     wait_until(lambda: not any(api.children("imagenet").values()), timeout=60,
                what=f"every child garbage-collected ({api.children('imagenet')})")
+    wait_until(lambda: not api.pv_exists(pv.metadata.name), timeout=60, what="the PV gone")
 
 
 def test_training_job_waits_then_mounts_the_claim_read_only(cluster, namespace, api, op, azurite, source):
@@ -342,12 +369,16 @@ def test_provisioned_nfs_server_backs_the_volume_with_its_cluster_ip(cluster, na
         assert api.pv("served").spec.nfs.server == svc.spec.cluster_ip
         assert api.pv("served").spec.nfs.path == "/"
         (job,) = api.copy_jobs("served")
-        assert job.spec.template.spec.volumes[0].nfs.server == svc.spec.cluster_ip
+        # the server exports read-only; the copy writes its disk (claim) on its node
+        assert job.spec.template.spec.volumes[0].persistent_volume_claim.claim_name == "export-served-nfs-0"
         sts = api.apps.read_namespaced_stateful_set("served-nfs", namespace)
         assert sts.status.ready_replicas == 1
+        env = {e.name: e.value for e in sts.spec.template.spec.containers[0].env}
+        assert env["EXPORT_OPTIONS"].split(",")[0] == "ro" and "insecure" not in env["EXPORT_OPTIONS"]
         assert api.condition("served", "ServerReady")["status"] == "True"
+        pv_name = api.pv("served").metadata.name
         cluster.kubectl("delete", "dstage", "served", "-n", namespace, "--wait=false")
-        wait_until(lambda: api.pv("served") is None, timeout=60, what="the NFS PV removed")
+        wait_until(lambda: api.pv_deleting(pv_name), timeout=60, what="the NFS PV deleted by the finalizer")
         wait_until(lambda: not api.core.list_namespaced_persistent_volume_claim(
             namespace, label_selector="trainop.io/datastage=served").items, timeout=60,
             what="the server's disk claim deleted with the StatefulSet")

@@ -193,8 +193,8 @@ def test_log_shipper_identity_created_with_only_the_chart_service_account(cluste
 
 
 def test_datastage_end_to_end_with_only_the_chart_service_account(cluster, install, sa_operator):
-    """The DataStage side of the RBAC: a provisioned NFS server (Service, StatefulSet), the
-    cluster-scoped PV and its claim, the stager's ServiceAccount/Role/RoleBinding (which the
+    """The DataStage side of the RBAC: a provisioned NFS server (NetworkPolicy, Service,
+    StatefulSet), the cluster-scoped PV and its claim, the stager's ServiceAccount/Role/RoleBinding (which the
     API server lets the operator create only if it holds the Role's rights itself), the copy
     Job, and the finalizer that deletes the PV."""
     ns, port = install.jobs, sa_operator.metrics_port
@@ -217,8 +217,11 @@ def test_datastage_end_to_end_with_only_the_chart_service_account(cluster, insta
             return next((p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"), None)
 
         pod = wait_until(copy_pod, timeout=90, what="the copy pod Running")
-        pv = f"trainop-{ns}-data"
+        pv = f"trainop-{cluster.get('dstage', 'data', '-n', ns)['metadata']['uid']}"
         assert cluster.kubectl("get", "pv", pv, check=False).returncode == 0
+        # the server's NetworkPolicy, created with the chart's rights only
+        assert cluster.get("networkpolicy", "data-nfs", "-n", ns)["spec"]["podSelector"]["matchLabels"] == \
+            {"trainop.io/datastage": "data", "trainop.io/role": "nfs-server"}
         cluster.end_pod(ns, pod, 0)
         wait_until(lambda: cluster.get("dstage", "data", "-n", ns).get("status", {}).get("phase") == "Ready",
                    timeout=60, what="DataStage data Ready")

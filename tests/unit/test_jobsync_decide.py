@@ -115,6 +115,13 @@ RUNNING = {"phase": "Running", "startTime": T0, "restarts": 0, "conditions": con
     ("Created", True, "ChildrenCreated"), ("Admitted", True, "QuotaReserved"),
     ("WorkersReady", True, "AllWorkersReady"), ("Running", True, "LauncherCreated"))}
 
+RUNNING_ON_DATA = {**RUNNING, "conditions": RUNNING["conditions"] + cond(("DataReady", True, "DataStageReady"))}
+
+
+def mounting(worker: dict, claim: str = "imagenet-data") -> dict:
+    worker["spec"]["volumes"] = [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]
+    return worker
+
 
 def snap(b: dict, admit: Decision = FITS, **kw) -> JobSnapshot:
     kw.setdefault("nodes", NODES)
@@ -256,6 +263,34 @@ CASES = [
       "create Pod j-worker-0", "create Pod j-worker-1"],
      "Starting", {"DataReady": ("True", "DataStageReady")},
      ["DataStageReady", "ChildrenCreated", "QuotaReserved"]),
+    # issue 15 (11b): what happens to the DataStage later never freezes a started job
+    ("running on a DataStage that is copying again (spec edited): keeps running on its claim",
+     snap(body(copy.deepcopy(RUNNING_ON_DATA), data={"dataStageRef": {"name": "imagenet"}}),
+          stage={"metadata": {"name": "imagenet"},
+                 "status": {"phase": "Copying", "claimName": "imagenet-data"}},
+          pods=workers(), launcher=launcher(), **shared()),
+     ["apply NetworkPolicy j"], "Running", {"DataReady": ("True", "DataStageChanged"), "Running": ("True", "LauncherCreated")},
+     ["DataStageChanged"]),
+    ("running on a DataStage that Failed (its Secret deleted, a bad edit): keeps running",
+     snap(body(copy.deepcopy(RUNNING_ON_DATA), data={"dataStageRef": {"name": "imagenet"}}),
+          stage={"metadata": {"name": "imagenet"},
+                 "status": {"phase": "Failed", "claimName": "imagenet-data"}},
+          pods=workers(), launcher=launcher(), **shared()),
+     ["apply NetworkPolicy j"], "Running", {"DataReady": ("True", "DataStageChanged")}, ["DataStageChanged"]),
+    ("running, its DataStage deleted: keeps the claim its pods mount",
+     snap(body(copy.deepcopy(RUNNING_ON_DATA), data={"dataStageRef": {"name": "imagenet"}}),
+          pods=[mounting(w) for w in workers()], launcher=launcher(), **shared()),
+     ["apply NetworkPolicy j"], "Running", {"DataReady": ("True", "DataStageChanged")}, ["DataStageChanged"]),
+    ("a new job on a DataStage that is copying again waits for Ready",
+     snap(body(data={"dataStageRef": {"name": "imagenet"}}),
+          stage={"metadata": {"name": "imagenet"},
+                 "status": {"phase": "Copying", "claimName": "imagenet-data"}}),
+     [], "Staging", {"DataReady": ("False", "WaitingForDataStage")}, ["WaitingForDataStage"]),
+    # issue 15 (8): the log shipper's credential goes only to Azure Storage or an allowed URL
+    ("an output accountURL on another host: Failed naming the field",
+     snap(body(output={"blob": {"accountURL": "https://collector.example.com/acct", "container": "c",
+                                "auth": {"sasSecretRef": {"name": "s", "key": "k"}}}})),
+     [], "Failed", {"Failed": ("True", "InvalidSpec")}, ["InvalidSpec"]),
     ("no node in its pool: Pending until a node appears",
      snap(body(nodePool={"nodeSelector": {"pool": "none"}})),
      [], "Pending", {"Created": ("False", "NoMatchingNodes")}, ["NoMatchingNodes"]),

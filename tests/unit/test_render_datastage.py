@@ -14,6 +14,7 @@ ACCOUNT = "https://acct.blob.core.windows.net"
 CFG = config.from_dict(None)
 SAS = {"sasSecretRef": {"name": "storage", "key": "sas"}}
 WI = {"workloadIdentity": True, "serviceAccountName": "reader-wi"}
+UID = "0b6c3a1e-2f0d-4c55-9a43-6f1f2d7c9e10"
 SYSTEM_POOL = {"nodeSelector": {"kubernetes.azure.com/agentpool": "system"}}
 
 
@@ -22,7 +23,7 @@ def body(destination: dict | None = None, auth: dict | None = SAS, **spec) -> di
     if auth is not None:
         source["auth"] = auth
     return {"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage",
-            "metadata": {"name": "imagenet", "namespace": "team-a"},
+            "metadata": {"name": "imagenet", "namespace": "team-a", "uid": UID},
             "spec": {"source": {"blob": source},
                      "destination": destination or {"nfs": {"server": "10.1.2.3", "path": "/export/data"}},
                      **spec}}
@@ -80,9 +81,10 @@ def test_existing_export_volume_is_read_only_and_prebound():
     pv, pvc = render.volume_objects(render.parse(body()), "10.1.2.3")
     assert pv == {
         "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": "trainop-team-a-imagenet",
+        # named from the uid: team-a/x and team/a-x can no longer share a PV name
+        "metadata": {"name": f"trainop-{UID}",
                      "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "volume",
-                                "trainop.io/datastage-namespace": "team-a"}},
+                                "trainop.io/datastage-namespace": "team-a", "trainop.io/datastage-uid": UID}},
         "spec": {"capacity": {"storage": "1Ti"}, "accessModes": ["ReadOnlyMany"],
                  "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
                  "nfs": {"server": "10.1.2.3", "path": "/export/data", "readOnly": True},
@@ -94,7 +96,7 @@ def test_existing_export_volume_is_read_only_and_prebound():
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": "imagenet-data", "namespace": "team-a",
                      "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "volume"}},
-        "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": "trainop-team-a-imagenet",
+        "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "", "volumeName": f"trainop-{UID}",
                  "resources": {"requests": {"storage": "1Ti"}}},
     }
 
@@ -172,7 +174,8 @@ def test_provisioned_server_statefulset_service_and_volume_on_cluster_ip():
     assert container["image"] == "trainop/nfs-server:0.1.0"
     assert container["volumeMounts"] == [{"name": "export", "mountPath": "/exports"}]
     assert container["securityContext"] == {"privileged": True}
-    assert container["env"] == [{"name": "EXPORT_OWNER", "value": "10001:10001"}]  # the copy's user
+    assert container["env"] == [{"name": "EXPORT_OWNER", "value": "10001:10001"},  # the copy's user
+                                {"name": "EXPORT_OPTIONS", "value": "ro,fsid=0,sync,no_subtree_check,root_squash"}]
     assert render.server_address(stage, {"spec": {"clusterIP": "10.96.0.77"}}) == "10.96.0.77"
     assert render.server_address(stage, {"spec": {}}) is None
     pv, _ = render.volume_objects(stage, "10.96.0.77")
@@ -188,7 +191,7 @@ def test_operator_configuration_overrides_images():
     sts = render.server_objects(stage, cfg)[1]
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/nfs:9"
     assert "storageClassName" not in sts["spec"]["volumeClaimTemplates"][0]["spec"]
-    assert sts["spec"]["template"]["spec"]["containers"][0]["env"] == [{"name": "EXPORT_OWNER", "value": "2000:2000"}]
+    assert sts["spec"]["template"]["spec"]["containers"][0]["env"][0] == {"name": "EXPORT_OWNER", "value": "2000:2000"}
 
 
 def test_render_is_pure():
@@ -197,3 +200,30 @@ def test_render_is_pure():
     stage = render.parse(obj)
     assert render.copy_objects(stage, "10.1.2.3", CFG) == render.copy_objects(render.parse(obj), "10.1.2.3", CFG)
     assert obj == before
+
+
+def test_provisioned_copy_writes_the_servers_disk_on_its_node():
+    """The server exports read-only; the copy pod mounts the server's own disk claim (RWO: so it
+    runs where the server runs), which also keeps it inside the `restricted` profile."""
+    stage = render.parse(body({"provision": {"size": "1Gi"}}))
+    pod = render.copy_job(stage, "10.96.0.77", CFG)["spec"]["template"]["spec"]
+    assert pod["volumes"] == [{"name": "share", "persistentVolumeClaim": {"claimName": "export-imagenet-nfs-0"}}]
+    assert pod["affinity"] == {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "nfs-server"}},
+        "topologyKey": "kubernetes.io/hostname"}]}}
+    assert "affinity" not in render.copy_job(render.parse(body()), "10.1.2.3", CFG)["spec"]["template"]["spec"]
+
+
+def test_network_policy_admits_the_stages_job_pods_and_the_configured_node_subnets():
+    stage = render.parse(body({"provision": {"size": "1Gi"}}))
+    assert render.network_policy(render.parse(body()), CFG) is None  # an existing export: not ours
+    cfg = config.from_dict({"datastage": {"nfsClientCIDRs": ["10.224.0.0/16"]}})
+    policy = render.network_policy(stage, cfg)
+    assert policy["metadata"] == {"name": "imagenet-nfs", "namespace": "team-a",
+                                  "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "nfs-server"}}
+    assert policy["spec"] == {
+        "podSelector": {"matchLabels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "nfs-server"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": {"matchLabels": {"trainop.io/reads-datastage": "imagenet"}}},
+                              {"ipBlock": {"cidr": "10.224.0.0/16"}}],
+                     "ports": [{"protocol": "TCP", "port": 2049}]}]}

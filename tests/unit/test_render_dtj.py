@@ -73,7 +73,7 @@ def test_gpu_worker_pod():
                             1, attempt=2, claim_name="imagenet-data")
     assert pod["metadata"] == {"name": "j1-worker-1", "namespace": "team-a", "labels": {
         "trainop.io/job-name": "j1", "trainop.io/role": "worker", "trainop.io/replica-index": "1",
-        "trainop.io/attempt": "2"}}
+        "trainop.io/attempt": "2", "trainop.io/reads-datastage": "imagenet"}}  # the NFS server's policy admits it
     spec = pod["spec"]
     assert (spec["hostname"], spec["subdomain"], spec["restartPolicy"]) == ("j1-worker-1", "j1", "Never")
     assert spec["nodeSelector"] == {"kubernetes.azure.com/agentpool": "gpu"}

@@ -10,7 +10,7 @@ from trainop import config
 from trainop.actions import Apply, Create, Delete
 from trainop.stagesync import SECRET_RECHECK_SECONDS, StageSnapshot, decide
 
-CFG = config.from_dict(None)
+CFG = config.from_dict({"datastage": {"allowedNfsExports": [{"server": "10.1.2.3", "path": "/export"}]}})
 NOW = "2026-05-01T12:00:00Z"
 UID = "stage-uid"
 SAS = {"sasSecretRef": {"name": "storage", "key": "sas"}}
@@ -19,12 +19,13 @@ EXISTING = {"nfs": {"server": "10.1.2.3", "path": "/export/data"}}
 PROVISION = {"provision": {"size": "100Gi"}}
 
 
-def body(destination=None, auth=SAS, status=None, deleting=False) -> dict:
+def body(destination=None, auth=SAS, status=None, deleting=False,
+         url="https://acct.blob.core.windows.net") -> dict:
     meta = {"name": "imagenet", "namespace": "team-a", "uid": UID, "generation": 1}
     if deleting:
         meta["deletionTimestamp"] = NOW
     out = {"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": meta,
-           "spec": {"source": {"blob": {"accountURL": "https://acct.blob.core.windows.net",
+           "spec": {"source": {"blob": {"accountURL": url,
                                         "container": "imagenet", "prefix": "train/",
                                         "auth": auth}},
                     "destination": destination or EXISTING}}
@@ -77,9 +78,32 @@ CASES = [
     ("workload identity: the user's ServiceAccount, not ours",
      snap(body(auth=WI), secrets={}, service_accounts={"reader-wi"}),
      [a for a in COPY if a != "apply ServiceAccount"] + ["create Job"], "Copying", "Copying", ""),
-    ("provisioned: the server first, waiting until it serves",
-     snap(body(PROVISION)), ["apply Service", "apply StatefulSet"], "Provisioning",
+    ("provisioned: its NetworkPolicy, then the server, waiting until it serves",
+     snap(body(PROVISION)), ["apply NetworkPolicy", "apply Service", "apply StatefulSet"], "Provisioning",
      "ServerStarting", "waiting for NFS server imagenet-nfs"),
+    # issue 15 (5): an existing export must be one the admin allows
+    ("an NFS server the admin did not allow is refused naming the field and the config key",
+     snap(body({"nfs": {"server": "10.9.9.9", "path": "/export/data"}})), [], "Failed", "InvalidSpec",
+     "spec.destination.nfs.server: NFS server '10.9.9.9' is not an allowed export server; ask the "
+     "cluster admin to add it to datastage.allowedNfsExports"),
+    ("a path outside the allowed prefix is refused naming the path",
+     snap(body({"nfs": {"server": "10.1.2.3", "path": "/exports-of-others/x"}})), [], "Failed", "InvalidSpec",
+     "spec.destination.nfs.path: '/exports-of-others/x' on 10.1.2.3 is not under an allowed export path (/export)"),
+    (".. cannot climb out of the allowed prefix",
+     snap(body({"nfs": {"server": "10.1.2.3", "path": "/export/../etc"}})), [], "Failed", "InvalidSpec",
+     "spec.destination.nfs.path"),
+    # issue 15 (8): credentials only to Azure Storage or what the admin lists
+    ("a plain http:// account URL is refused",
+     snap(body(url="http://acct.blob.core.windows.net")), [], "Failed", "InvalidSpec",
+     "spec.source.blob.accountURL: http://acct.blob.core.windows.net is not an allowed Blob endpoint"),
+    ("a host that merely contains an Azure suffix is refused",
+     snap(body(url="https://acct.blob.core.windows.net.evil.example")), [], "Failed", "InvalidSpec",
+     "ask the cluster admin to add it to blob.allowedAccountURLs"),
+    # issue 15 (1): a PV of our name that is not ours is never applied over
+    ("a foreign PV holding the name is a conflict, nothing is created",
+     snap(body(), volume={"metadata": {"name": f"trainop-{UID}", "resourceVersion": "7",
+                                       "labels": {"trainop.io/datastage-uid": "someone-else"}}}),
+     [], "Failed", "VolumeConflict", "its label trainop.io/datastage-uid is 'someone-else'"),
 ]
 
 
@@ -93,8 +117,10 @@ def test_decide(case):
     assert ready["reason"] == reason and words in ready["message"]
     assert [r for _, r, _ in out.events] == [reason]  # the phase changed: one Event
     assert [t for t, _, _ in out.events] == ["Warning" if phase == "Failed" else "Normal"]
-    # Secrets are not watched: only a missing Secret (or key) makes it look again by itself
-    assert out.requeue_after == (SECRET_RECHECK_SECONDS if "Secret '" in words else None)
+    # Secrets and PVs are not watched: a missing Secret (or key) or a foreign PV makes it look
+    # again by itself
+    assert out.requeue_after == (SECRET_RECHECK_SECONDS if "Secret '" in words or "PersistentVolume" in words
+                                 or reason == "VolumeConflict" else None)
 
 
 def test_provisioned_server_ready_gives_its_address_to_the_volume():
@@ -104,8 +130,8 @@ def test_provisioned_server_ready_gives_its_address_to_the_volume():
     sts = {"metadata": {"name": "imagenet-nfs", "resourceVersion": "4"},
            "status": {"readyReplicas": 1}}
     out = decide(snap(b, service=svc, statefulset=sts), CFG, NOW)
-    assert summary(out.actions) == ["apply Service", "apply StatefulSet"] + COPY + ["create Job"]
-    assert [a.live_version for a in out.actions[:2]] == ["3", "4"]
+    assert summary(out.actions) == ["apply NetworkPolicy", "apply Service", "apply StatefulSet"] + COPY + ["create Job"]
+    assert [a.live_version for a in out.actions[1:3]] == ["3", "4"]
     assert out.status["server"] == "10.96.0.9"
     pv = next(a.obj for a in out.actions if a.obj.get("kind") == "PersistentVolume")
     assert pv["spec"]["nfs"]["server"] == "10.96.0.9"
@@ -149,3 +175,40 @@ def test_an_existing_claim_is_waited_for_then_copied_into():
     assert summary(out.actions) == ["apply ServiceAccount", "apply Role", "apply RoleBinding",
                                     "create Job"]  # no NFS, no PV: the user's claim
     assert out.status["claimName"] == "team-data" and "volumeName" not in out.status
+
+
+def test_the_pv_is_applied_only_with_our_uid_label_as_guard():
+    out = decide(snap(body()), CFG, NOW)
+    pv = next(a for a in out.actions if a.obj["kind"] == "PersistentVolume")
+    assert pv.obj["metadata"]["name"] == f"trainop-{UID}" and pv.live_version == ""  # absent: POST
+    assert pv.guard == ("trainop.io/datastage-uid", UID)
+    ours = {"metadata": {"name": f"trainop-{UID}", "resourceVersion": "9",
+                         "labels": {"trainop.io/datastage-uid": UID}}}
+    again = decide(snap(body(), volume=ours), CFG, NOW)
+    assert next(a for a in again.actions if a.obj["kind"] == "PersistentVolume").live_version == "9"
+    assert again.status["phase"] == "Copying"
+
+
+def test_admin_lists_open_other_endpoints_and_exports():
+    cfg = config.from_dict({"blob": {"allowedAccountURLs": ["http://127.0.0.1:10000"]},
+                            "datastage": {"allowedNfsExports": [{"server": "10.9.9.9", "path": "/"}]}})
+    b = body({"nfs": {"server": "10.9.9.9", "path": "/anything"}}, url="http://127.0.0.1:10000/devstoreaccount1")
+    assert decide(snap(b), cfg, NOW).status["phase"] == "Copying"
+    b = body(url="http://127.0.0.1:10001/devstoreaccount1")  # another port is another endpoint
+    assert decide(snap(b), cfg, NOW).status["phase"] == "Failed"
+    assert decide(snap(body(PROVISION)), cfg, NOW).status["phase"] == "Provisioning"  # always allowed
+
+
+# issue 15 (11b): the Secret is needed only while there is copying to do
+@pytest.mark.parametrize("secrets", [{}, {"storage": ("other",)}], ids=["Secret deleted", "key removed"])
+def test_a_copied_stage_stays_ready_without_its_secret(secrets):
+    out = decide(snap(body(), secrets=secrets, copy_jobs=[copy_job(_job_name(), "Complete")]), CFG, NOW)
+    assert out.status["phase"] == "Ready" and out.requeue_after is None
+    # ... but a new copy (the Job deleted to retry) needs it again
+    out = decide(snap(body(), secrets=secrets), CFG, NOW)
+    assert out.status["phase"] == "Failed" and out.actions == []
+
+
+def test_ready_says_how_many_blobs_were_skipped():
+    out = decide(snap(body(status={"skippedBlobs": 2}), copy_jobs=[copy_job(_job_name(), "Complete")]), CFG, NOW)
+    assert out.status["phase"] == "Ready" and "2 blob(s) skipped, see status.skipped" in out.events[0][2]

@@ -5,13 +5,15 @@ set -eu
 
 EXPORT_DIR="${EXPORT_DIR:-/exports}"
 THREADS="${NFS_THREADS:-16}"
-# rw for the copy Job (training pods mount read-only); fsid=0 makes the directory the NFSv4
-# pseudo-root (clients mount "<server>:/"); sync: a write is on disk when the client's close()
-# returns; root is squashed (nothing needs root on the share).
-OPTIONS="${EXPORT_OPTIONS:-rw,fsid=0,sync,no_subtree_check,root_squash,insecure}"
+# Read-only to every client: the DataStage copy Job writes the disk itself (it mounts the
+# server's claim on this node), so no NFS client can change the data. fsid=0 makes the directory
+# the NFSv4 pseudo-root (clients mount "<server>:/"); root is squashed; no "insecure": clients
+# must use privileged source ports, as kubelets' kernel mounts do. The operator sets the same
+# options (render/datastage.py EXPORT_OPTIONS).
+OPTIONS="${EXPORT_OPTIONS:-ro,fsid=0,sync,no_subtree_check,root_squash}"
 
 mkdir -p "$EXPORT_DIR"
-# The DataStage copy Job writes as a non-root user (the operator sets EXPORT_OWNER to its
+# The DataStage copy Job writes the disk as a non-root user (the operator sets EXPORT_OWNER to its
 # uid:gid); readers get the files through their default 0644/0755 modes.
 if [ -n "${EXPORT_OWNER:-}" ]; then
     chown "$EXPORT_OWNER" "$EXPORT_DIR"

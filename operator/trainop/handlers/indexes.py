@@ -112,6 +112,11 @@ def slim_pod(body) -> dict:
     for key in ("activeDeadlineSeconds", "priorityClassName"):
         if spec.get(key) is not None:
             out_spec[key] = spec[key]
+    # the DataStage claim it mounts: a started job keeps it even if the DataStage goes (jobsync)
+    data = [v for v in spec.get("volumes") or [] if v.get("name") == "data" and v.get("persistentVolumeClaim")]
+    if data:
+        out_spec["volumes"] = [{"name": "data", "persistentVolumeClaim": {
+            "claimName": data[0]["persistentVolumeClaim"].get("claimName")}}]
     out_status = {k: st[k] for k in ("phase", "reason") if k in st}
     out_status["conditions"] = [{"type": c.get("type"), "status": c.get("status")}
                                 for c in st.get("conditions") or []]

@@ -17,6 +17,10 @@ LABEL_JOB = f"{GROUP}/job-name"
 LABEL_ROLE = f"{GROUP}/role"
 LABEL_INDEX = f"{GROUP}/replica-index"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
+# On a training job's pods that mount a DataStage's claim: the DataStage's name. Not
+# trainop.io/datastage, which routes a child to its DataStage. A provisioned NFS server's
+# NetworkPolicy admits these pods (render/datastage.py).
+LABEL_READS_STAGE = f"{GROUP}/reads-datastage"
 
 # Everything the operator mounts into a pod lives under this folder (SSH key, hostfile, sshd
 # config); the MPI-over-sshd test maps it onto a temporary folder.

@@ -2,15 +2,18 @@
 
     stage = datastage.parse(obj, cfg)                 # SpecError naming the field
     datastage.server_objects(stage, cfg)              # provision only: Service + StatefulSet
+    datastage.network_policy(stage, cfg)              # provision only: who may reach the server
     datastage.volume_objects(stage, server)           # the NFS PV (cluster-scoped) + ROX claim
     datastage.copy_objects(stage, server, cfg)        # stager identity (SA/Role/Binding) + copy Job
 
 Children are named after the DataStage (see the *_name functions). Namespaced children get the
-DataStage as owner (kube.ensure); the PersistentVolume is cluster-scoped and cannot, so it carries
-labels naming its DataStage and is deleted by the DataStage's finalizer.
+DataStage as owner (kube.ensure); the PersistentVolume is cluster-scoped and cannot, so it is
+named after the DataStage's uid (two namespaces can never share a name), carries a label with
+that uid, and is deleted by the DataStage's finalizer only while the label says it is its own.
 
-The copy Job mounts the export itself, read-write, as an inline nfs volume; the PV and claim are
-read-only (ReadOnlyMany, nfs.readOnly) because only training jobs use them.
+The PV and claim are read-only (ReadOnlyMany, nfs.readOnly) because only training jobs use them.
+The copy Job writes: into an existing export as an inline nfs volume, into a provisioned
+server's disk directly (its claim, on the server's node), since that server exports read-only.
 """
 
 from __future__ import annotations
@@ -26,10 +29,16 @@ from trainop.spec import SpecError
 
 LABEL_STAGE = f"{GROUP}/datastage"
 LABEL_STAGE_NAMESPACE = f"{GROUP}/datastage-namespace"  # on the cluster-scoped PV
+LABEL_STAGE_UID = f"{GROUP}/datastage-uid"  # on the PV: the only thing the finalizer trusts
+LABEL_READS_STAGE = common.LABEL_READS_STAGE  # on job pods that mount the claim
 LABEL_ROLE = common.LABEL_ROLE
 SHARE_MOUNT = "/share"
 NFS_PORT = 2049
 EXPORT_DIR = "/exports"  # inside the NFS server image (trainer_images/nfs-server)
+# Read-only to every client: the copy Job writes the server's disk directly, so no NFS client
+# can change the data. fsid=0: the NFSv4 root (clients mount "<server>:/"); no "insecure": only
+# privileged source ports (kubelets' kernel mounts), not a user's NFS library in a pod.
+EXPORT_OPTIONS = "ro,fsid=0,sync,no_subtree_check,root_squash"
 DEFAULTS = {
     "image": "trainop/operator:0.1.0",  # the stager is part of the operator's package
     "nfsServerImage": "trainop/nfs-server:0.1.0",
@@ -47,6 +56,7 @@ class Stage:
     """A DataStage's spec, defaulted and checked."""
     name: str
     namespace: str
+    uid: str | None  # metadata.uid (None only in renderer tests of a body never stored)
     account_url: str
     container: str
     prefixes: tuple[str, ...]
@@ -71,7 +81,8 @@ class Stage:
 
 def parse(obj: dict) -> Stage:
     """The DataStage as a Stage. The CRD schema already rejected what it can; this checks the
-    rest (URL shape, auth block) and fills defaults from the same schema."""
+    rest (URL shape, auth block) and fills defaults from the same schema. What the admin allows
+    (endpoints, exports) is stagesync's to judge, with the configuration."""
     obj = crds.default(obj)
     meta, spec = obj["metadata"], obj.get("spec") or {}
     src = (spec.get("source") or {}).get("blob") or {}
@@ -91,7 +102,7 @@ def parse(obj: dict) -> Stage:
                                             "(an in-cluster NFS server) or volumeClaim (an existing claim)")
     copy = spec.get("copy") or {}
     return Stage(
-        name=meta["name"], namespace=meta["namespace"], account_url=url, container=src["container"],
+        name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid"), account_url=url, container=src["container"],
         prefixes=prefixes, auth=auth,
         nfs_server=nfs["server"] if nfs else None, nfs_path=nfs["path"] if nfs else "/",
         capacity=nfs["capacity"] if nfs else (provision or {}).get("size", ""),
@@ -105,10 +116,11 @@ def parse(obj: dict) -> Stage:
 
 # ---- names ----------------------------------------------------------------------------------
 
-def volume_name(namespace: str, name: str) -> str:
-    """Cluster-scoped, so the namespace is part of it (and the finalizer, which may face an
-    unparsable spec, needs only the metadata)."""
-    return f"trainop-{namespace}-{name}"
+def volume_name(uid: str) -> str:
+    """Cluster-scoped: from the DataStage's uid, which no other object shares (a name made of
+    namespace and name let `team-a/x` and `team/a-x` collide). The finalizer, which may face an
+    unparsable spec, needs only the metadata."""
+    return f"trainop-{uid}"
 
 
 def claim_name(stage: Stage) -> str:
@@ -117,6 +129,11 @@ def claim_name(stage: Stage) -> str:
 
 def server_name(stage: Stage) -> str:
     return f"{stage.name}-nfs"
+
+
+def server_disk_claim(stage: Stage) -> str:
+    """The StatefulSet's claim from its volumeClaimTemplate "export" (replica 0)."""
+    return f"export-{server_name(stage)}-0"
 
 
 def copy_job_name(stage: Stage) -> str:
@@ -181,7 +198,8 @@ def server_objects(stage: Stage, cfg: Config) -> list[dict]:
                         "securityContext": {"privileged": True},
                         "ports": [{"name": "nfs", "containerPort": NFS_PORT, "protocol": "TCP"}],
                         "readinessProbe": {"tcpSocket": {"port": NFS_PORT}, "periodSeconds": 5},
-                        "env": [{"name": "EXPORT_OWNER", "value": _owner(settings)}],
+                        "env": [{"name": "EXPORT_OWNER", "value": _owner(settings)},
+                                {"name": "EXPORT_OPTIONS", "value": EXPORT_OPTIONS}],
                         "volumeMounts": [{"name": "export", "mountPath": EXPORT_DIR}],
                         "resources": settings["nfsServerResources"],
                     }],
@@ -191,6 +209,25 @@ def server_objects(stage: Stage, cfg: Config) -> list[dict]:
         },
     }
     return [service, statefulset]
+
+
+def network_policy(stage: Stage, cfg: Config) -> dict | None:
+    """Who may reach a provisioned server's NFS port: pods of this namespace that mount this
+    DataStage's claim (LABEL_READS_STAGE, put on job pods by render/dtj.py) and the node subnets
+    in `datastage.nfsClientCIDRs`. The kubelet mounts NFS volumes from its node's address, not
+    the pod's, so under a CNI that applies policy to other nodes' traffic those subnets must be
+    listed. The copy pod needs no entry: it writes the server's disk, not over NFS."""
+    if not stage.provisioned:
+        return None
+    sources: list[dict] = [{"podSelector": {"matchLabels": {LABEL_READS_STAGE: stage.name}}}]
+    sources += [{"ipBlock": {"cidr": cidr}} for cidr in cfg.nfs_client_cidrs]
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": common.metadata(server_name(stage), stage.namespace, labels(stage, "nfs-server")),
+        "spec": {"podSelector": {"matchLabels": labels(stage, "nfs-server")},
+                 "policyTypes": ["Ingress"],
+                 "ingress": [{"from": sources, "ports": [{"protocol": "TCP", "port": NFS_PORT}]}]},
+    }
 
 
 def _owner(settings: dict) -> str:
@@ -215,8 +252,9 @@ def volume_objects(stage: Stage, server: str | None) -> list[dict]:
     existing claim: the user's volume is used as it is."""
     if stage.existing_claim:
         return []
-    pv_name, pvc_name = volume_name(stage.namespace, stage.name), claim_name(stage)
-    pv_labels = {**labels(stage, "volume"), LABEL_STAGE_NAMESPACE: stage.namespace}
+    pv_name, pvc_name = volume_name(stage.uid), claim_name(stage)
+    pv_labels = {**labels(stage, "volume"), LABEL_STAGE_NAMESPACE: stage.namespace,
+                 LABEL_STAGE_UID: stage.uid}
     pv_spec: dict = {
         "capacity": {"storage": stage.capacity},
         "accessModes": ["ReadOnlyMany"],
@@ -270,6 +308,8 @@ def stager_args(stage: Stage, progress_interval: float) -> list[str]:
 def _share_volume(stage: Stage, server: str | None) -> dict:
     if stage.existing_claim:
         return {"name": "share", "persistentVolumeClaim": {"claimName": stage.existing_claim}}
+    if stage.provisioned:  # the server's own disk (it exports read-only); see _with_server
+        return {"name": "share", "persistentVolumeClaim": {"claimName": server_disk_claim(stage)}}
     # An inline nfs volume: the one thing that keeps this pod out of the `restricted` profile,
     # which allows claims but not nfs (docs/security.md).
     return {"name": "share", "nfs": {"server": server, "path": stage.nfs_path}}
@@ -303,10 +343,20 @@ def copy_job(stage: Stage, server: str | None, cfg: Config) -> dict:
                         "securityContext": common.container_security_context(),
                     }],
                     "volumes": [_share_volume(stage, server)],
+                    **_with_server(stage),
                 },
             },
         },
     }
+
+
+def _with_server(stage: Stage) -> dict:
+    """A provisioned server's disk is ReadWriteOnce: the copy pod runs on the server pod's node."""
+    if not stage.provisioned:
+        return {}
+    return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": labels(stage, "nfs-server")},
+        "topologyKey": "kubernetes.io/hostname"}]}}}
 
 
 def copy_objects(stage: Stage, server: str, cfg: Config) -> list[dict]:

@@ -396,6 +396,7 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
     mounts = [{"name": "shm", "mountPath": "/dev/shm"},
               {"name": "output", "mountPath": OUTPUT_DIR}]
     if claim_name:
+        labels[common.LABEL_READS_STAGE] = job.data_stage
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim_name,
                                                                   "readOnly": True}})
         mounts.append({"name": "data", "mountPath": job.data_mount_path, "readOnly": True})
