@@ -20,7 +20,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import blob, conditions, phases, priority
+from trainop import conditions, phases, priority
 from trainop.actions import Apply, Create, CreateSSHSecret, DropFinalizer, Outcome, Problem, Ref, delete
 from trainop.admission import Decision
 from trainop.config import Config
@@ -237,13 +237,6 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
 
     try:
         job = parse_cached(body, cfg)
-        output = logship.parse_output(job.output, job.logship)
-        if output is not None and output.account_url:  # the shipper's credential goes there
-            try:
-                blob.check_endpoint_allowed(output.account_url, "spec.output.blob.accountURL",
-                                            cfg.allowed_account_urls)
-            except blob.BlobConfigError as exc:
-                raise SpecError(*str(exc).split(": ", 1)) from None
         # The class is judged until the job is admitted; after that, one deleted or capped
         # since stops nothing.
         job, prio = priority.for_job(job, plan.snap.classes, cfg, plan.snap.kueue, strict=(

@@ -10,10 +10,11 @@ Pure: no API calls. Checks against live nodes take the node list as an argument
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 
-from trainop import crds
+from trainop import blob, crds
 from trainop.config import Config, NodePool
 
 KIND = "DistributedTrainingJob"
@@ -65,6 +66,43 @@ class SecurityContext:
 
 
 @dataclass(frozen=True)
+class Output:
+    """`spec.output`, checked. `blob` xor `claim`."""
+    account_url: str | None = None
+    container: str | None = None
+    prefix: str = ""
+    auth: blob.BlobAuth | None = None
+    claim: str | None = None
+
+
+def parse_output(output: dict | None, wi_account: str | None,
+                 field_: str = "spec.output") -> Output | None:
+    """The CRD's output block as an Output; SpecError naming the field for what the schema
+    cannot reject. `wi_account`: the configuration's default workload-identity ServiceAccount
+    (logship.workloadIdentityServiceAccount)."""
+    if not output:
+        return None
+    if "pvc" in output:
+        return Output(claim=output["pvc"]["claimName"])
+    spec = output["blob"]
+    where = f"{field_}.blob"
+    try:
+        url = blob.check_account_url(spec.get("accountURL"), f"{where}.accountURL")
+        auth = blob.parse_auth(spec.get("auth"), f"{where}.auth")
+    except blob.BlobConfigError as exc:
+        raise SpecError(*str(exc).split(": ", 1)) from None
+    if auth.method == "WorkloadIdentity" and not auth.service_account_name:
+        account = wi_account
+        if not account:
+            raise SpecError(f"{where}.auth.serviceAccountName",
+                            "required with workloadIdentity: name the ServiceAccount federated with the "
+                            "managed identity that may write the container (or set "
+                            "logship.workloadIdentityServiceAccount in the operator's configuration)")
+        auth = blob.BlobAuth("WorkloadIdentity", service_account_name=account)
+    return Output(account_url=url, container=spec["container"], prefix=spec.get("prefix", "").strip("/"), auth=auth)
+
+
+@dataclass(frozen=True)
 class Job:
     name: str
     namespace: str
@@ -87,7 +125,7 @@ class Job:
     synthetic: bool
     data_mount_path: str
     training: Training
-    output: dict | None
+    output: Output | None  # spec.output, parsed
     run_policy: RunPolicy
     launcher_resources: dict
     logship: dict  # the operator's `logship` configuration section (render/logship.py)
@@ -148,6 +186,17 @@ def _check_resources(resources: dict) -> None:
                                 f"{', '.join(WORKER_RESOURCES)} and hugepages-<size> may be set")
 
 
+def _output(output: dict | None, cfg: Config) -> Output | None:
+    out = parse_output(output, cfg.section("logship").get("workloadIdentityServiceAccount"))
+    if out is not None and out.account_url:  # the shipper's credential goes there
+        try:
+            blob.check_endpoint_allowed(out.account_url, "spec.output.blob.accountURL",
+                                        cfg.allowed_account_urls)
+        except blob.BlobConfigError as exc:
+            raise SpecError(*str(exc).split(": ", 1)) from None
+    return out
+
+
 def parse(body: dict, cfg: Config) -> Job:
     """The job as a typed value; SpecError for input only the operator can judge."""
     obj = crds.default({"apiVersion": body.get("apiVersion", "trainop.io/v1alpha1"),
@@ -189,7 +238,7 @@ def parse(body: dict, cfg: Config) -> Job:
                           steps_per_epoch=train.get("stepsPerEpoch"),
                           image_size=train.get("imageSize"), precision=train["precision"],
                           channels_last=train["channelsLast"], compile=train["compile"]),
-        output=output,
+        output=_output(output, cfg),
         run_policy=RunPolicy(backoff_limit=run["backoffLimit"],
                              active_deadline_seconds=run.get("activeDeadlineSeconds"),
                              ttl_seconds_after_finished=run.get("ttlSecondsAfterFinished"),
@@ -250,3 +299,68 @@ def capacity_error(job: Job, nodes: list[dict]) -> SpecError | None:
         return SpecError("spec.infiniband", f"no node of {where} has {pool.rdma_resource}; "
                                             f"choose an InfiniBand pool or set infiniband: false")
     return None
+
+
+# ---- DataStage ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Stage:
+    """A DataStage's spec, defaulted and checked."""
+    name: str
+    namespace: str
+    uid: str | None  # metadata.uid (None only in renderer tests of a body never stored)
+    account_url: str
+    container: str
+    prefixes: tuple[str, ...]
+    auth: blob.BlobAuth
+    nfs_server: str | None  # None: provisioned, or an existing claim
+    nfs_path: str
+    capacity: str
+    storage_class: str | None
+    mount_options: tuple[str, ...]
+    extract: bool
+    verify: bool
+    concurrency: int
+    range_concurrency: int
+    backoff_limit: int
+    spec_digest: str
+    existing_claim: str | None = None  # destination.volumeClaim: the user's claim, no NFS at all
+
+    @property
+    def provisioned(self) -> bool:
+        return self.nfs_server is None and self.existing_claim is None
+
+
+def parse_stage(obj: dict) -> Stage:
+    """The DataStage as a Stage. The CRD schema already rejected what it can; this checks the
+    rest (URL shape, auth block) and fills defaults from the same schema. What the admin allows
+    (endpoints, exports) is stagesync's to judge, with the configuration."""
+    obj = crds.default(obj)
+    meta, spec = obj["metadata"], obj.get("spec") or {}
+    src = (spec.get("source") or {}).get("blob") or {}
+    try:
+        url = blob.check_account_url(src.get("accountURL"), "spec.source.blob.accountURL")
+        auth = blob.parse_auth(src.get("auth"), "spec.source.blob.auth")
+    except blob.BlobConfigError as exc:
+        field, message = str(exc).split(": ", 1)
+        raise SpecError(field, message) from None
+    if not src.get("container"):
+        raise SpecError("spec.source.blob.container", "required: the container to copy")
+    prefixes = tuple(src.get("prefixes") or [src.get("prefix", "")])
+    dest = spec.get("destination") or {}
+    nfs, provision, claim = dest.get("nfs"), dest.get("provision"), dest.get("volumeClaim")
+    if [bool(nfs), bool(provision), bool(claim)].count(True) != 1:
+        raise SpecError("spec.destination", "set exactly one of nfs (an existing export), provision "
+                                            "(an in-cluster NFS server) or volumeClaim (an existing claim)")
+    copy = spec.get("copy") or {}
+    return Stage(
+        name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid"), account_url=url, container=src["container"],
+        prefixes=prefixes, auth=auth,
+        nfs_server=nfs["server"] if nfs else None, nfs_path=nfs["path"] if nfs else "/",
+        capacity=nfs["capacity"] if nfs else (provision or {}).get("size", ""),
+        storage_class=(provision or {}).get("storageClassName"),
+        mount_options=tuple(dest.get("mountOptions") or ()),
+        extract=bool(spec.get("extract")), verify=bool(spec.get("verify")),
+        concurrency=copy["concurrency"], range_concurrency=copy["rangeConcurrency"],
+        backoff_limit=copy["backoffLimit"], existing_claim=(claim or {}).get("claimName"),
+        spec_digest=hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8])

@@ -32,7 +32,7 @@ from trainop import blob, conditions, kube
 from trainop.actions import Apply, Create, Outcome, delete
 from trainop.config import Config
 from trainop.render import datastage as render
-from trainop.spec import SpecError
+from trainop.spec import SpecError, Stage, parse_stage
 
 _METHOD_REFS = {method: ref for ref, method in blob.SECRET_REFS.items()}
 log = logging.getLogger("trainop.stagesync")
@@ -91,7 +91,7 @@ def secret_refs(body: dict) -> set[str]:
             if key.endswith("SecretRef") and isinstance(ref, dict) and ref.get("name")}
 
 
-def check_references(stage: render.Stage, snap: StageSnapshot) -> None:
+def check_references(stage: Stage, snap: StageSnapshot) -> None:
     """The Secret (and key) or the federated ServiceAccount the copy pod will need."""
     auth = stage.auth
     if auth.method == "WorkloadIdentity":
@@ -108,7 +108,7 @@ def check_references(stage: render.Stage, snap: StageSnapshot) -> None:
         raise MissingSecret(f"{where}.key", f"Secret {auth.secret_name!r} has no key {auth.secret_key!r}; add it or fix the key")
 
 
-def check_allowed(stage: render.Stage, cfg: Config) -> None:
+def check_allowed(stage: Stage, cfg: Config) -> None:
     """What only the cluster admin may open up: the account endpoint credentials are sent to, and
     the existing NFS exports a namespace may mount (a PV is cluster-wide: without this, any
     namespace could mount any export the nodes reach). A provisioned server is always allowed."""
@@ -143,7 +143,7 @@ def _under(path: str, prefix: str) -> bool:
     return want == "/" or clean == want or clean.startswith(want + "/")
 
 
-def foreign_volume(stage: render.Stage, volume: dict | None) -> str | None:
+def foreign_volume(stage: Stage, volume: dict | None) -> str | None:
     """A PV of our name that does not carry our uid: never patched, never deleted."""
     if volume is None:
         return None
@@ -167,7 +167,7 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
     if meta.get("deletionTimestamp"):  # the finalizer's turn: creating anything now would leak it
         return Outcome()
     try:
-        stage = render.parse(body)
+        stage = parse_stage(body)
         check_allowed(stage, cfg)
         job_name = render.copy_job_name(stage)
         current = next((j for j in snap.copy_jobs if j["metadata"]["name"] == job_name

@@ -15,6 +15,7 @@ import yaml
 from tests.helm.helm import CHART, find
 from trainop import config
 from trainop.paths import CRDS_DIR, REPO_ROOT
+from trainop.spec import parse_stage
 
 IMAGE = "trainop/operator:0.1.0"
 
@@ -109,7 +110,7 @@ def helper_roles() -> list[dict]:
             "auth": {"sasSecretRef": {"name": "s", "key": "sas"}}}
     job = spec.parse({"metadata": {"name": "j", "namespace": "ns"},
                       "spec": {"workers": 1, "output": {"blob": blob}}}, config.from_dict(None))
-    stage = datastage.parse({"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage",
+    stage = parse_stage({"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage",
                              "metadata": {"name": "d", "namespace": "ns"},
                              "spec": {"source": {"blob": blob}, "destination": {"volumeClaim": {"claimName": "c"}}}})
     roles = [o for o in logship.rbac(job, {}) + datastage.rbac_objects(stage) if o["kind"] == "Role"]

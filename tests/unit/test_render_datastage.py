@@ -8,7 +8,7 @@ import pytest
 
 from trainop import blob, config, crds
 from trainop.render import datastage as render
-from trainop.spec import SpecError
+from trainop.spec import SpecError, parse_stage
 
 ACCOUNT = "https://acct.blob.core.windows.net"
 CFG = config.from_dict(None)
@@ -30,7 +30,7 @@ def body(destination: dict | None = None, auth: dict | None = SAS, **spec) -> di
 
 
 def test_parse_fills_schema_defaults():
-    stage = render.parse(body())
+    stage = parse_stage(body())
     assert (stage.prefixes, stage.capacity, stage.mount_options) == (("train/",), "1Ti", ("nfsvers=4.1", "hard"))
     assert (stage.verify, stage.extract, stage.concurrency, stage.range_concurrency, stage.backoff_limit) == \
         (True, False, 16, 4, 2)
@@ -47,7 +47,7 @@ def test_bad_account_url_names_the_field(url, field, words):
     obj = body()
     obj["spec"]["source"]["blob"]["accountURL"] = url
     with pytest.raises(SpecError) as err:
-        render.parse(obj)
+        parse_stage(obj)
     assert err.value.field == field and words in str(err.value)
     assert "abc" not in str(err.value)  # a pasted SAS signature is not echoed back
 
@@ -59,12 +59,12 @@ def test_bad_account_url_names_the_field(url, field, words):
 ])
 def test_bad_auth_names_the_field(auth, field):
     with pytest.raises(SpecError) as err:
-        render.parse(body(auth=auth))
+        parse_stage(body(auth=auth))
     assert err.value.field == field
 
 
 def test_auth_defaults_to_workload_identity_and_env_never_holds_a_value():
-    assert render.parse(body(auth=None)).auth == blob.BlobAuth("WorkloadIdentity")
+    assert parse_stage(body(auth=None)).auth == blob.BlobAuth("WorkloadIdentity")
     assert blob.BlobAuth("WorkloadIdentity", service_account_name="x").container_env() == \
         [{"name": "TRAINOP_BLOB_AUTH_METHOD", "value": "WorkloadIdentity"}]
     env = blob.parse_auth({"connectionStringSecretRef": {"name": "cs", "key": "conn"}}, "a").container_env()
@@ -78,7 +78,7 @@ def test_redact_removes_signatures_and_secret_values():
 
 
 def test_existing_export_volume_is_read_only_and_prebound():
-    pv, pvc = render.volume_objects(render.parse(body()), "10.1.2.3")
+    pv, pvc = render.volume_objects(parse_stage(body()), "10.1.2.3")
     assert pv == {
         "apiVersion": "v1", "kind": "PersistentVolume",
         # named from the uid: team-a/x and team/a-x can no longer share a PV name
@@ -102,7 +102,7 @@ def test_existing_export_volume_is_read_only_and_prebound():
 
 
 def test_copy_job_mounts_the_export_read_write_and_gets_the_secret_by_reference():
-    stage = render.parse(body(extract=True))
+    stage = parse_stage(body(extract=True))
     job = render.copy_job(stage, "10.1.2.3", CFG)
     assert job["metadata"]["name"] == f"imagenet-copy-{stage.spec_digest}"
     pod = job["spec"]["template"]["spec"]
@@ -127,15 +127,15 @@ def test_copy_job_mounts_the_export_read_write_and_gets_the_secret_by_reference(
 
 
 def test_a_spec_change_renames_the_copy_job_and_metadata_does_not():
-    first = render.parse(body())
+    first = parse_stage(body())
     relabelled = body()
     relabelled["metadata"]["labels"] = {"team": "vision"}
-    assert render.copy_job_name(render.parse(relabelled)) == render.copy_job_name(first)
-    assert render.copy_job_name(render.parse(body(verify=False))) != render.copy_job_name(first)
+    assert render.copy_job_name(parse_stage(relabelled)) == render.copy_job_name(first)
+    assert render.copy_job_name(parse_stage(body(verify=False))) != render.copy_job_name(first)
 
 
 def test_stager_identity_may_patch_only_its_own_status():
-    sa, role, binding = render.rbac_objects(render.parse(body()))
+    sa, role, binding = render.rbac_objects(parse_stage(body()))
     assert sa == {"apiVersion": "v1", "kind": "ServiceAccount",
                   "metadata": {"name": "imagenet-stager", "namespace": "team-a",
                                "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "copy"}}}
@@ -145,7 +145,7 @@ def test_stager_identity_may_patch_only_its_own_status():
 
 
 def test_workload_identity_uses_the_federated_account_and_label():
-    stage = render.parse(body(auth=WI))
+    stage = parse_stage(body(auth=WI))
     objs = render.rbac_objects(stage)
     assert [o["kind"] for o in objs] == ["Role", "RoleBinding"]  # the user owns the ServiceAccount
     assert objs[1]["subjects"][0]["name"] == "reader-wi"
@@ -156,8 +156,8 @@ def test_workload_identity_uses_the_federated_account_and_label():
 
 
 def test_provisioned_server_statefulset_service_and_volume_on_cluster_ip():
-    stage = render.parse(body({"provision": {"size": "512Gi", "storageClassName": "managed-csi-premium"}}))
-    assert render.server_objects(render.parse(body()), CFG) == []
+    stage = parse_stage(body({"provision": {"size": "512Gi", "storageClassName": "managed-csi-premium"}}))
+    assert render.server_objects(parse_stage(body()), CFG) == []
     service, sts = render.server_objects(stage, CFG)
     lbl = {"trainop.io/datastage": "imagenet", "trainop.io/role": "nfs-server"}
     assert service["metadata"]["name"] == "imagenet-nfs"
@@ -186,7 +186,7 @@ def test_provisioned_server_statefulset_service_and_volume_on_cluster_ip():
 def test_operator_configuration_overrides_images():
     cfg = config.from_dict({"datastage": {"image": "registry.example/trainop:9", "nfsServerImage": "registry.example/nfs:9",
                                           "securityContext": {"runAsUser": 2000}}})
-    stage = render.parse(body({"provision": {"size": "1Gi"}}))
+    stage = parse_stage(body({"provision": {"size": "1Gi"}}))
     assert render.copy_job(stage, "10.0.0.1", cfg)["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/trainop:9"
     sts = render.server_objects(stage, cfg)[1]
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/nfs:9"
@@ -197,26 +197,26 @@ def test_operator_configuration_overrides_images():
 def test_render_is_pure():
     obj = body()
     before = copy.deepcopy(obj)
-    stage = render.parse(obj)
-    assert render.copy_objects(stage, "10.1.2.3", CFG) == render.copy_objects(render.parse(obj), "10.1.2.3", CFG)
+    stage = parse_stage(obj)
+    assert render.copy_objects(stage, "10.1.2.3", CFG) == render.copy_objects(parse_stage(obj), "10.1.2.3", CFG)
     assert obj == before
 
 
 def test_provisioned_copy_writes_the_servers_disk_on_its_node():
     """The server exports read-only; the copy pod mounts the server's own disk claim (RWO: so it
     runs where the server runs), which also keeps it inside the `restricted` profile."""
-    stage = render.parse(body({"provision": {"size": "1Gi"}}))
+    stage = parse_stage(body({"provision": {"size": "1Gi"}}))
     pod = render.copy_job(stage, "10.96.0.77", CFG)["spec"]["template"]["spec"]
     assert pod["volumes"] == [{"name": "share", "persistentVolumeClaim": {"claimName": "export-imagenet-nfs-0"}}]
     assert pod["affinity"] == {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
         "labelSelector": {"matchLabels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "nfs-server"}},
         "topologyKey": "kubernetes.io/hostname"}]}}
-    assert "affinity" not in render.copy_job(render.parse(body()), "10.1.2.3", CFG)["spec"]["template"]["spec"]
+    assert "affinity" not in render.copy_job(parse_stage(body()), "10.1.2.3", CFG)["spec"]["template"]["spec"]
 
 
 def test_network_policy_admits_the_stages_job_pods_and_the_configured_node_subnets():
-    stage = render.parse(body({"provision": {"size": "1Gi"}}))
-    assert render.network_policy(render.parse(body()), CFG) is None  # an existing export: not ours
+    stage = parse_stage(body({"provision": {"size": "1Gi"}}))
+    assert render.network_policy(parse_stage(body()), CFG) is None  # an existing export: not ours
     cfg = config.from_dict({"datastage": {"nfsClientCIDRs": ["10.224.0.0/16"]}})
     policy = render.network_policy(stage, cfg)
     assert policy["metadata"] == {"name": "imagenet-nfs", "namespace": "team-a",

@@ -8,13 +8,13 @@ import pytest
 from tests.unit.test_render_datastage import CFG, body
 from trainop import crds
 from trainop.render import datastage as render
-from trainop.spec import SpecError
+from trainop.spec import SpecError, parse_stage
 
 CLAIM = {"volumeClaim": {"claimName": "shared-files"}}
 
 
 def test_existing_claim_is_used_as_it_is():
-    stage = render.parse(body(CLAIM))
+    stage = parse_stage(body(CLAIM))
     assert (stage.existing_claim, stage.provisioned, stage.nfs_server) == ("shared-files", False, None)
     assert render.claim_name(stage) == "shared-files"
     assert render.volume_objects(stage, None) == []
@@ -30,4 +30,4 @@ def test_existing_claim_is_used_as_it_is():
 ])
 def test_two_destinations_are_refused_naming_the_field(destination):
     with pytest.raises(SpecError, match=r"spec\.destination: set exactly one of nfs .* or volumeClaim"):
-        render.parse(body(destination))
+        parse_stage(body(destination))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from trainop import config, spec
 from trainop.render import datastage, identity, logship
 from trainop.render.identity import objects, rule
+from trainop.spec import parse_stage
 
 LABELS = {"trainop.io/job-name": "j1"}
 RULE = rule("", "configmaps", "j1-progress", ["patch"])
@@ -38,7 +39,7 @@ def test_someone_elses_account_is_bound_not_created():
 
 def test_stager_and_shipper_both_come_from_here():
     """Same shape for both helpers (the only differences: the rule and the token policy)."""
-    stage = datastage.parse({"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": {"name": "data", "namespace": "team-a"}, "spec": {
+    stage = parse_stage({"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": {"name": "data", "namespace": "team-a"}, "spec": {
         "source": {"blob": {"accountURL": "https://a.blob.core.windows.net", "container": "results",
                             "auth": {"sasSecretRef": {"name": "s", "key": "sas"}}}},
         "destination": {"volumeClaim": {"claimName": "mine"}}}})

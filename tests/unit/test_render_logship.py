@@ -124,16 +124,18 @@ def test_workload_identity_uses_the_federated_account_and_label():
 
 def test_workload_identity_without_an_account_names_the_field():
     with pytest.raises(spec.SpecError) as err:
-        logship.pod_parts(job(blob_output()), "launcher", None, 0, ["mpirun"], {})
+        job(blob_output())  # parsed once, in the model: the error comes at parse time
     assert err.value.field == "spec.output.blob.auth.serviceAccountName"
-    parts = logship.pod_parts(job(blob_output()), "launcher", None, 0, ["mpirun"],
-                              {"workloadIdentityServiceAccount": "platform-wi"})
+    cfg = config.from_dict({"logship": {"workloadIdentityServiceAccount": "platform-wi"}})
+    parsed = spec.parse({"metadata": {"name": "j1", "namespace": "team-a"},
+                         "spec": {"workers": 2, "gpusPerWorker": 1, "output": blob_output()}}, cfg)
+    parts = logship.pod_parts(parsed, "launcher", None, 0, ["mpirun"], cfg.section("logship"))
     assert parts.service_account_name == "platform-wi"
 
 
 def test_account_url_with_a_sas_is_refused():
     with pytest.raises(spec.SpecError) as err:
-        logship.parse_output({"blob": {"accountURL": f"{ACCOUNT}?sv=1&sig=abc", "container": "c"}}, {})
+        spec.parse_output({"blob": {"accountURL": f"{ACCOUNT}?sv=1&sig=abc", "container": "c"}}, None)
     assert err.value.field == "spec.output.blob.accountURL"
     assert "sig=abc" not in str(err.value)
 

@@ -14,7 +14,7 @@ import pytest
 
 from trainop import config
 from trainop.render import datastage, dtj
-from trainop.spec import parse
+from trainop.spec import parse, parse_stage
 
 CFG = config.from_dict({"logship": {"shipWorkerLogs": True}})  # every worker gets the sidecar
 
@@ -125,7 +125,7 @@ def test_every_job_pod_passes_restricted(name):
 
 
 def stage(destination: dict):
-    return datastage.parse({
+    return parse_stage({
         "apiVersion": "trainop.io/v1alpha1", "kind": "DataStage",
         "metadata": {"name": "imagenet", "namespace": "team-a"},
         "spec": {"source": {"blob": {"accountURL": "https://a.blob.core.windows.net",

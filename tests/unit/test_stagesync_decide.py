@@ -8,6 +8,7 @@ import pytest
 
 from trainop import config
 from trainop.actions import Apply, Create, Delete
+from trainop.spec import parse_stage
 from trainop.stagesync import SECRET_RECHECK_SECONDS, StageSnapshot, decide
 
 CFG = config.from_dict({"datastage": {"allowedNfsExports": [{"server": "10.1.2.3", "path": "/export"}]}})
@@ -60,7 +61,7 @@ COPY = ["apply PersistentVolume", "apply PersistentVolumeClaim", "apply ServiceA
 
 def _job_name() -> str:
     from trainop.render import datastage
-    return datastage.copy_job_name(datastage.parse(body()))
+    return datastage.copy_job_name(parse_stage(body()))
 
 
 CASES = [

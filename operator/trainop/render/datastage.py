@@ -1,6 +1,6 @@
 """DataStage: spec -> manifests. Pure: no I/O, no clock, no randomness.
 
-    stage = datastage.parse(obj, cfg)                 # SpecError naming the field
+    stage = spec.parse_stage(obj)                     # the model (spec.py): SpecError naming the field
     datastage.server_objects(stage, cfg)              # provision only: Service + StatefulSet
     datastage.network_policy(stage, cfg)              # provision only: who may reach the server
     datastage.volume_objects(stage, server)           # the NFS PV (cluster-scoped) + ROX claim
@@ -18,14 +18,10 @@ server's disk directly (its claim, on the server's node), since that server expo
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass
-
-from trainop import GROUP, blob, crds
+from trainop import GROUP
 from trainop.config import Config
 from trainop.render import common, identity
-from trainop.spec import SpecError
+from trainop.spec import Stage
 
 LABEL_STAGE = f"{GROUP}/datastage"
 LABEL_STAGE_NAMESPACE = f"{GROUP}/datastage-namespace"  # on the cluster-scoped PV
@@ -49,69 +45,6 @@ DEFAULTS = {
     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
     "nfsServerResources": {"requests": {"cpu": "1", "memory": "2Gi"}},
 }
-
-
-@dataclass(frozen=True)
-class Stage:
-    """A DataStage's spec, defaulted and checked."""
-    name: str
-    namespace: str
-    uid: str | None  # metadata.uid (None only in renderer tests of a body never stored)
-    account_url: str
-    container: str
-    prefixes: tuple[str, ...]
-    auth: blob.BlobAuth
-    nfs_server: str | None  # None: provisioned, or an existing claim
-    nfs_path: str
-    capacity: str
-    storage_class: str | None
-    mount_options: tuple[str, ...]
-    extract: bool
-    verify: bool
-    concurrency: int
-    range_concurrency: int
-    backoff_limit: int
-    spec_digest: str
-    existing_claim: str | None = None  # destination.volumeClaim: the user's claim, no NFS at all
-
-    @property
-    def provisioned(self) -> bool:
-        return self.nfs_server is None and self.existing_claim is None
-
-
-def parse(obj: dict) -> Stage:
-    """The DataStage as a Stage. The CRD schema already rejected what it can; this checks the
-    rest (URL shape, auth block) and fills defaults from the same schema. What the admin allows
-    (endpoints, exports) is stagesync's to judge, with the configuration."""
-    obj = crds.default(obj)
-    meta, spec = obj["metadata"], obj.get("spec") or {}
-    src = (spec.get("source") or {}).get("blob") or {}
-    try:
-        url = blob.check_account_url(src.get("accountURL"), "spec.source.blob.accountURL")
-        auth = blob.parse_auth(src.get("auth"), "spec.source.blob.auth")
-    except blob.BlobConfigError as exc:
-        field, message = str(exc).split(": ", 1)
-        raise SpecError(field, message) from None
-    if not src.get("container"):
-        raise SpecError("spec.source.blob.container", "required: the container to copy")
-    prefixes = tuple(src.get("prefixes") or [src.get("prefix", "")])
-    dest = spec.get("destination") or {}
-    nfs, provision, claim = dest.get("nfs"), dest.get("provision"), dest.get("volumeClaim")
-    if [bool(nfs), bool(provision), bool(claim)].count(True) != 1:
-        raise SpecError("spec.destination", "set exactly one of nfs (an existing export), provision "
-                                            "(an in-cluster NFS server) or volumeClaim (an existing claim)")
-    copy = spec.get("copy") or {}
-    return Stage(
-        name=meta["name"], namespace=meta["namespace"], uid=meta.get("uid"), account_url=url, container=src["container"],
-        prefixes=prefixes, auth=auth,
-        nfs_server=nfs["server"] if nfs else None, nfs_path=nfs["path"] if nfs else "/",
-        capacity=nfs["capacity"] if nfs else (provision or {}).get("size", ""),
-        storage_class=(provision or {}).get("storageClassName"),
-        mount_options=tuple(dest.get("mountOptions") or ()),
-        extract=bool(spec.get("extract")), verify=bool(spec.get("verify")),
-        concurrency=copy["concurrency"], range_concurrency=copy["rangeConcurrency"],
-        backoff_limit=copy["backoffLimit"], existing_claim=(claim or {}).get("claimName"),
-        spec_digest=hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:8])
 
 
 # ---- names ----------------------------------------------------------------------------------

@@ -321,9 +321,8 @@ NO_TOKEN = {"automountServiceAccountToken": False}
 
 
 def _output_volume(job: Job) -> dict:
-    pvc = (job.output or {}).get("pvc")
-    if pvc:
-        return {"name": "output", "persistentVolumeClaim": {"claimName": pvc["claimName"]}}
+    if job.output and job.output.claim:
+        return {"name": "output", "persistentVolumeClaim": {"claimName": job.output.claim}}
     return {"name": "output", "emptyDir": {}}
 
 

@@ -29,9 +29,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from trainop import blob
 from trainop.render import common, identity
-from trainop.spec import Job, SpecError
+from trainop.spec import Job, Output
 
 SIDECAR = "logship"
 VOLUME = "trainop-run"  # the log folder: an emptyDir shared with the sidecar, or the output claim
@@ -79,41 +78,6 @@ exit "$rc"
 """
 
 
-@dataclass(frozen=True)
-class Output:
-    """`spec.output`, checked. `blob` xor `claim`."""
-    account_url: str | None = None
-    container: str | None = None
-    prefix: str = ""
-    auth: blob.BlobAuth | None = None
-    claim: str | None = None
-
-
-def parse_output(output: dict | None, cfg: dict, field_: str = "spec.output") -> Output | None:
-    """The CRD's output block as an Output; SpecError naming the field for what the schema
-    cannot reject."""
-    if not output:
-        return None
-    if "pvc" in output:
-        return Output(claim=output["pvc"]["claimName"])
-    spec = output["blob"]
-    where = f"{field_}.blob"
-    try:
-        url = blob.check_account_url(spec.get("accountURL"), f"{where}.accountURL")
-        auth = blob.parse_auth(spec.get("auth"), f"{where}.auth")
-    except blob.BlobConfigError as exc:
-        raise SpecError(*str(exc).split(": ", 1)) from None
-    if auth.method == "WorkloadIdentity" and not auth.service_account_name:
-        account = {**DEFAULTS, **cfg}.get("workloadIdentityServiceAccount")
-        if not account:
-            raise SpecError(f"{where}.auth.serviceAccountName",
-                            "required with workloadIdentity: name the ServiceAccount federated with the "
-                            "managed identity that may write the container (or set "
-                            "logship.workloadIdentityServiceAccount in the operator's configuration)")
-        auth = blob.BlobAuth("WorkloadIdentity", service_account_name=account)
-    return Output(account_url=url, container=spec["container"], prefix=spec.get("prefix", "").strip("/"), auth=auth)
-
-
 def run_path(prefix: str, job_name: str, attempt: int) -> str:
     """`<prefix>/<job>/<attempt>`: the blob folder of one attempt (also what `trainop logs` reads)."""
     return "/".join(p for p in (prefix.strip("/"), job_name, str(attempt)) if p)
@@ -122,7 +86,7 @@ def run_path(prefix: str, job_name: str, attempt: int) -> str:
 def status_urls(job: Job, attempt: int, cfg: dict) -> dict[str, str]:
     """`logsURL` and `outputURL` for the job's status (empty without output). No credential:
     the URL is the account endpoint, never a SAS."""
-    out = parse_output(job.output, cfg)
+    out = job.output
     if out is None:
         return {}
     if out.claim is not None:
@@ -151,7 +115,7 @@ def progress_config_map(job: Job, cfg: dict) -> dict | None:
     write `phase`, `cleanedUp` or `restarts`, which the operator acts on. The operator reads
     this ConfigMap only to copy its metrics into `status.metrics` for display
     (`progress_metrics`), never to decide anything."""
-    out = parse_output(job.output, {**DEFAULTS, **cfg})
+    out = job.output
     if out is None or out.claim is not None:
         return None
     return {"apiVersion": "v1", "kind": "ConfigMap",
@@ -213,7 +177,7 @@ def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: lis
     The training container is named `role` (render/dtj.py): with workload identity it is kept
     out of the webhook's token injection, so only the sidecar can act as the identity."""
     cfg = {**DEFAULTS, **cfg}
-    out = parse_output(job.output, cfg)
+    out = job.output
     primary = role == "worker" and index == 0
     if out is None or (role == "worker" and not primary and not cfg["shipWorkerLogs"]):
         return None
@@ -294,7 +258,7 @@ def rbac(job: Job, cfg: dict) -> list[dict]:
     operator needs no access to the job's storage account (which, with workload identity, it
     could not get without holding a broad identity of its own), and the credential cannot read
     or change the job, its status, any pod or any other object."""
-    out = parse_output(job.output, {**DEFAULTS, **cfg})
+    out = job.output
     if out is None or out.claim is not None:
         return []
     return identity.objects(
