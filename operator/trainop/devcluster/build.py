@@ -148,6 +148,11 @@ ADDONS = {
             "github.com/containernetworking/plugins/plugins/meta/portmap"],
     # Cluster DNS: `<pod>.<service>.<ns>.svc` names, served from the API.
     "coredns": ["github.com/coredns/coredns"],
+    # NetworkPolicy enforcement: kube-router, of which only the network policy controller runs
+    # (iptables + ipset). Chosen over kube-network-policies (sigs.k8s.io, nftables): that one sends
+    # each new connection to user space with nftables' `queue` statement, and this kernel is built
+    # without CONFIG_NFT_QUEUE, while ip_set, xt_set, physdev and NFLOG are all built in.
+    "kube-router": ["github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"],
 }
 
 
