@@ -103,6 +103,15 @@ class DropFinalizer:
 Action = Apply | Create | CreateSSHSecret | Delete | DropFinalizer
 
 
+@dataclass(frozen=True)
+class Problem:
+    """Why the apply layer could not make a child, for the next decide():
+    NameConflict   the name is taken by an object the owner does not control (waits)
+    ChildRejected  the API server refused the child as invalid (422): waiting cannot fix it"""
+    reason: str
+    message: str
+
+
 @dataclass
 class Outcome:
     """decide()'s answer: what to do, the status keys to write (None: leave the status alone),

@@ -2,7 +2,7 @@
 the Events. The only place where a decision becomes API calls (through kube.py).
 
     applier = apply.Applier()
-    conflicts = applier.run(outcome.actions)          # [] or the names a child could not take
+    problems = applier.run(outcome.actions)           # [] or Problem(reason, message)s
     written = apply.write_status(body, changes)       # the object as the API server returned it
     apply.post_event(body, "Warning", "GangRestart", "pod x died")
 
@@ -30,7 +30,7 @@ import threading
 from kubernetes.client.exceptions import ApiException
 
 from trainop import kube, sshkeys
-from trainop.actions import Apply, Create, CreateSSHSecret, Delete, DropFinalizer, Ref
+from trainop.actions import Apply, Create, CreateSSHSecret, Delete, DropFinalizer, Problem, Ref
 from trainop.render import dtj as render_dtj
 
 log = logging.getLogger("trainop.apply")
@@ -46,9 +46,10 @@ class Applier:
         self._applied: dict[tuple, tuple[str, str]] = {}
         self._ssh_secrets: set[str] = set()  # uids of the jobs whose SSH Secret exists
 
-    def run(self, actions: list) -> list[str]:
-        """Execute `actions` in order; returns the ownership conflicts met (messages)."""
-        conflicts = []
+    def run(self, actions: list) -> list[Problem]:
+        """Execute `actions` in order; returns the problems met: a name another owner holds,
+        a child the API server refused as invalid. Other API errors raise (retried)."""
+        problems = []
         for action in actions:
             try:
                 if isinstance(action, Apply):
@@ -64,8 +65,13 @@ class Applier:
                 else:
                     raise TypeError(f"unknown action {action!r}")
             except kube.OwnershipError as exc:
-                conflicts.append(str(exc))
-        return conflicts
+                problems.append(Problem("NameConflict", str(exc)))
+            except ApiException as exc:
+                if exc.status != 422:
+                    raise
+                problems.append(Problem("ChildRejected", _rejection(action, exc)))
+                break  # the children after it depend on it (e.g. pods on their Service)
+        return problems
 
     def forget(self, owner_uid: str) -> None:
         """The owner is gone: drop what was remembered about its children."""
@@ -99,6 +105,20 @@ class Applier:
             live = kube.apply(desired)
         with self._lock:
             self._applied[key] = (digest, live["metadata"].get("resourceVersion", ""))
+
+
+def _rejection(action, exc: ApiException) -> str:
+    """The API server's own words (they name the child's field), and the owner's field that
+    most likely produced it."""
+    try:
+        said = json.loads(exc.body or "{}").get("message") or exc.reason
+    except ValueError:
+        said = exc.reason
+    field = "spec.resources" if "resources" in str(said) else "spec"
+    obj = getattr(action, "obj", None) or {}
+    what = f"{obj.get('kind', 'a child')} {obj.get('metadata', {}).get('name', '')}".strip()
+    return (f"{field}: the API server refused {what}: {said}; fix the spec and create the job "
+            f"again")
 
 
 def _create(desired: dict, owner: dict | None, then_apply: bool = False) -> dict:

@@ -37,6 +37,8 @@ SECRET_ENV = "TRAINOP_BLOB_SECRET"
 # AKS workload identity: the mutating webhook injects AZURE_CLIENT_ID, AZURE_TENANT_ID,
 # AZURE_FEDERATED_TOKEN_FILE and AZURE_AUTHORITY_HOST into pods that carry this label.
 WORKLOAD_IDENTITY_LABEL = "azure.workload.identity/use"
+# ... into every container but those this pod annotation lists (semicolon-separated names).
+WORKLOAD_IDENTITY_SKIP = "azure.workload.identity/skip-containers"
 WORKLOAD_IDENTITY_ENV = ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_FEDERATED_TOKEN_FILE")
 STORAGE_SCOPE = "https://storage.azure.com/.default"
 # Retries are for transient faults; a dead endpoint must fail within seconds, not the SDK's
@@ -70,6 +72,13 @@ class BlobAuth:
     def pod_labels(self) -> dict[str, str]:
         """Labels the pod needs so the AKS workload-identity webhook injects the token file."""
         return {WORKLOAD_IDENTITY_LABEL: "true"} if self.method == "WorkloadIdentity" else {}
+
+    def pod_annotations(self, without: list[str]) -> dict[str, str]:
+        """Annotations that keep the workload-identity token out of the containers `without`
+        (the ones that run user code): only the container that talks to Blob Storage gets it."""
+        if self.method != "WorkloadIdentity" or not without:
+            return {}
+        return {WORKLOAD_IDENTITY_SKIP: ";".join(without)}
 
 
 def parse_auth(auth: Mapping[str, Any] | None, field: str) -> BlobAuth:

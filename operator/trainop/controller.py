@@ -25,7 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from kubernetes.client.exceptions import ApiException
 
 from trainop import GROUP, VERSION, apply, conditions, gate, jobsync, metrics, stagesync
+from trainop.actions import Problem
 from trainop.config import Config
+from trainop.render import common
+from trainop.render import logship as render_logship
 from trainop.workqueue import WorkQueue
 
 log = logging.getLogger("trainop.controller")
@@ -54,7 +57,7 @@ class Controller:
         self.applier = apply.Applier()
         self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="trainop-apply")
         self.written: dict[tuple, dict] = {}   # key -> the object our last status write returned
-        self.conflicts: dict[tuple, str] = {}  # key -> a child name conflict (for decide)
+        self.problems: dict[tuple, Problem] = {}  # key -> what the last apply met (for decide)
         self.failures: dict[tuple, int] = {}   # key -> consecutive failed reconciles
         self.said: dict[tuple, tuple] = {}     # key -> (phase, waiting) last logged
         self.tasks: list[asyncio.Task] = []
@@ -85,7 +88,7 @@ class Controller:
     def job_gone(self, namespace: str, name: str, uid: str | None) -> None:
         key = (JOB, namespace, name)
         self.queue.forget(key)
-        for memo in (self.written, self.conflicts, self.failures, self.said):
+        for memo in (self.written, self.problems, self.failures, self.said):
             memo.pop(key, None)
         if uid:
             self.applier.forget(uid)
@@ -93,7 +96,7 @@ class Controller:
     def stage_gone(self, namespace: str, name: str) -> None:
         key = (STAGE, namespace, name)
         self.queue.forget(key)
-        for memo in (self.written, self.conflicts, self.failures, self.said):
+        for memo in (self.written, self.problems, self.failures, self.said):
             memo.pop(key, None)
 
     def wake_gate(self, namespace: str) -> None:
@@ -218,18 +221,20 @@ class Controller:
         # thread; only a job still at the gate needs the namespace's view.
         view = None if conditions.is_true(conds, "Admitted") else self.namespace_view(ns)
         stage = _stage_ref(body)
+        config_maps = {_is_progress(c): c for c in self._all("dtj_configmaps", ck)}
         return jobsync.JobSnapshot(
             body=body,
             pods=[p for p in self._all("dtj_pods", ck)
                   if any(_controlled(p, owner) for owner in owners if owner)],
             launcher=launcher,
-            service=self._one("dtj_services", ck), config_map=self._one("dtj_configmaps", ck),
+            service=self._one("dtj_services", ck), config_map=config_maps.get(False),
+            progress=config_maps.get(True), network_policy=self._one("dtj_netpols", ck),
             ssh_secret=self.applier.has_ssh_secret(uid),
             endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
             admit=lambda job: gate.decide(job, body, self.cfg, lambda: view),
-            conflict=self.conflicts.pop(key, None))
+            problem=self.problems.pop(key, None))
 
     async def _reconcile_job(self, key: tuple) -> None:
         snap = self.job_snapshot(key)
@@ -238,9 +243,9 @@ class Controller:
         loop = asyncio.get_running_loop()
         # decide() in the pool too: the gate may judge a whole namespace, and a Kueue-queued
         # job's admission reads its Workload from the API
-        outcome, conflict = await loop.run_in_executor(self.pool, self._decide_and_act, key, snap)
-        if conflict:  # decide again at once, knowing the name is taken
-            self.conflicts[key] = conflict
+        outcome, problem = await loop.run_in_executor(self.pool, self._decide_and_act, key, snap)
+        if problem:  # decide again at once, knowing it
+            self.problems[key] = problem
             self.queue.add(key)
             return
         for name in gate.drain_admitted(key[1]):
@@ -270,10 +275,10 @@ class Controller:
         if snap is None:
             return
         loop = asyncio.get_running_loop()
-        outcome, conflict = await loop.run_in_executor(self.pool, self._decide_and_act_stage,
-                                                       key, snap)
-        if conflict:
-            log.warning("%s", conflict, extra=_ref(key))  # a user's object in the way
+        outcome, problem = await loop.run_in_executor(self.pool, self._decide_and_act_stage,
+                                                      key, snap)
+        if problem:
+            log.warning("%s", problem.message, extra=_ref(key))  # a user's object in the way
         if outcome.requeue_after is not None:
             self.queue.add_after(key, outcome.requeue_after)
         self._say(key, (outcome.status or {}).get("phase"), outcome.waiting)
@@ -293,15 +298,14 @@ class Controller:
         outcome = stagesync.decide(snap, self.cfg, now)
         return outcome, self._act(key, snap.body, outcome)
 
-    def _act(self, key: tuple, body: dict, outcome) -> str | None:
-        conflicts = self.applier.run(outcome.actions)
-        if conflicts:
-            return conflicts[0]
+    def _act(self, key: tuple, body: dict, outcome) -> Problem | None:
+        problems = self.applier.run(outcome.actions)
+        if problems:
+            return problems[0]
         old = body.get("status") or {}
         if outcome.status is not None:
-            changes = {k: outcome.status.get(k) for k in set(old) | set(outcome.status)
-                       if old.get(k) != outcome.status.get(k) and
-                       (k in outcome.status or key[0] == JOB)}  # a stage owns only its keys
+            new = outcome.status if key[0] == JOB else {**old, **outcome.status}  # a stage owns only its keys
+            changes = merge_patch(old, new)
             if changes:
                 try:
                     self.written[key] = apply.write_status(body, changes)
@@ -317,6 +321,25 @@ class Controller:
             apply.kube.delete(body["apiVersion"], body["kind"], meta["name"], meta["namespace"],
                               uid=meta["uid"])
         return None
+
+
+def merge_patch(old: dict, new: dict) -> dict:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: changed keys, None for
+    removed ones, recursing into maps (a map sent whole would keep the old map's other keys:
+    a stale `metrics.loss` or `lastFailure.exitCode`). Lists are replaced whole."""
+    out = {}
+    for k in set(old) | set(new):
+        if k not in new:
+            out[k] = None
+        elif old.get(k) != new[k]:
+            both_maps = isinstance(old.get(k), dict) and isinstance(new[k], dict)
+            out[k] = merge_patch(old[k], new[k]) if both_maps else new[k]
+    return out
+
+
+def _is_progress(config_map: dict) -> bool:
+    labels = config_map["metadata"].get("labels") or {}
+    return labels.get(common.LABEL_ROLE) == render_logship.PROGRESS_ROLE
 
 
 def _ref(key: tuple) -> dict:

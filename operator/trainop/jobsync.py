@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainop import conditions, phases
-from trainop.actions import Apply, Create, CreateSSHSecret, DropFinalizer, Outcome, Ref, delete
+from trainop.actions import Apply, Create, CreateSSHSecret, DropFinalizer, Outcome, Problem, Ref, delete
 from trainop.admission import Decision
 from trainop.config import Config
 from trainop.render import common, logship
@@ -44,13 +44,15 @@ class JobSnapshot:
     pods: list[dict] = field(default_factory=list)        # label trainop.io/job-name=<job>
     launcher: dict | None = None                          # the launcher batch/v1 Job
     service: dict | None = None
-    config_map: dict | None = None
+    config_map: dict | None = None                        # the MPI hostfile ConfigMap
+    progress: dict | None = None                          # the log shipper's ConfigMap (display only)
+    network_policy: dict | None = None                    # the job's pods' isolation
     ssh_secret: bool = False   # this process made or found the job's SSH Secret (apply.py)
     endpoint_slices: list[dict] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
     stage: dict | None = None                             # the referenced DataStage
     admit: Callable[[Job], Decision] | None = None        # the gate's answer (gate.py)
-    conflict: str | None = None                           # a child's name is taken (apply.py)
+    problem: Problem | None = None                        # what the last apply met (apply.py)
 
 
 @dataclass
@@ -201,11 +203,22 @@ def decide(snap: JobSnapshot, cfg: Config, now: dt.datetime) -> Outcome:
         plan.out.actions.append(DropFinalizer(Ref.of(snap.body), finalizers, LEGACY_FINALIZER,
                                               meta.get("resourceVersion", "")))
     _decide(plan, st)
+    _show_metrics(snap, st)
     st.data["observedGeneration"] = meta.get("generation")
     out = plan.out
     out.status = st.data
     out.events = _events(old.get("conditions"), st.data.get("conditions")) + out.events
     return out
+
+
+def _show_metrics(snap: JobSnapshot, st: _Status) -> None:
+    """The log shipper's latest report into `status.metrics`, for people and `trainop jobs`.
+    Display only: the shipper writes its own ConfigMap, never this job's status, and nothing
+    decided here reads `metrics` (docs/security.md). Copied also once the job is over, since
+    the final report may land after the launcher completed."""
+    metrics = logship.progress_metrics(snap.progress)
+    if metrics is not None:
+        st.data["metrics"] = metrics
 
 
 def _decide(plan: _Plan, st: _Status) -> Outcome:
@@ -284,13 +297,19 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
         if not decision.admitted:
             st.phase("Queued")
             return plan.wait(decision.message)
-    conflict = plan.snap.conflict or _foreign_child(plan)
+    problem = plan.snap.problem
+    if problem and problem.reason == "ChildRejected":  # fails, so the gate frees its quota
+        _finish(st, "Failed", "ChildRejected", problem.message, now)
+        return plan.out
+    conflict = (problem.message if problem else None) or _foreign_child(plan)
     if conflict:
         st.cond("Created", False, "NameConflict", conflict)
         st.phase("Pending")
         return plan.wait(conflict)
-    # While the gang runs, mpirun has read these already: keep them in shape only when a
-    # (re)start needs them.
+    # The pods' isolation is kept in shape always (free while unchanged: see apply.py) ...
+    plan.out.actions.append(Apply(render.render_network_policy(job), plan.body,
+                                  _version(plan.snap.network_policy)))
+    # ... the rest only when a (re)start needs it: while the gang runs, mpirun has read it.
     if not st.is_true("Running"):
         _shared_children(plan, job)
     st.cond("Created", True, "ChildrenCreated",
@@ -351,7 +370,7 @@ def _controlled(obj: dict, body: dict) -> bool:
 def _foreign_child(plan: _Plan) -> str | None:
     """A child's name taken by an object this job does not control (never adopted)."""
     snap = plan.snap
-    for obj in (snap.service, snap.config_map):
+    for obj in (snap.service, snap.config_map, snap.network_policy):
         if obj is not None and not _controlled(obj, snap.body):
             meta = obj["metadata"]
             return (f"{obj.get('kind', 'object')} {meta.get('namespace')}/{meta['name']} already "
@@ -368,6 +387,9 @@ def _shared_children(plan: _Plan, job: Job) -> None:
     acts.append(Apply(render.render_service(job), body, _version(snap.service)))
     for obj in logship.rbac(job, job.logship):
         acts.append(Apply(obj, body, None))  # kinds the operator does not watch
+    progress = logship.progress_config_map(job, job.logship)
+    if progress is not None and snap.progress is None:
+        acts.append(Create(progress, body))  # created once: its data is the shipper's
     if job.launcher != "mpi":
         return
     acts.append(Apply(render.render_config_map(job), body, _version(snap.config_map)))

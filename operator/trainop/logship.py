@@ -1,6 +1,7 @@
 """`python -m trainop.logship`: the log sidecar. Ships a pod's log (and the trainer's metrics file)
 to Append Blobs while the job runs, flushes everything on SIGTERM, uploads the job's output
-directory at the end, and reports the trainer's latest metrics into the job's status.
+directory at the end, and reports the trainer's latest metrics into the job's progress ConfigMap
+(which the operator copies into the job's status for display).
 
 The training container tees its stdout/stderr into a file on an emptyDir shared with this
 sidecar. The sidecar runs as a native sidecar (an init container with restartPolicy Always), so
@@ -36,13 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from trainop import blob
+from trainop.render.logship import PROGRESS_KEY, safe_metrics
 
 log = logging.getLogger("trainop.logship")
 
 # Largest Append Block every service version accepts; also the most the shipper holds in memory.
 CHUNK = 4 * 1024 * 1024
-# The keys of the trainer's metrics contract (docs/DEVELOPING.md); nothing else reaches the status.
-METRIC_KEYS = ("epoch", "step", "loss", "imagesPerSec", "imagesPerSecPerGPU", "stepTime", "worldSize", "final")
 # How much of the metrics file's tail is read to find its last complete line.
 METRICS_TAIL = 64 * 1024
 # An Append Blob takes at most 50,000 blocks. Shipping every 2 s would use them up in 28 hours of
@@ -54,6 +54,7 @@ DRAIN_RESERVE = 1_000
 POD_UID_META = "trainoppoduid"
 BASE_META = "trainopbase"
 SOURCE_META = "trainopsource"  # an uploaded output file's "<size>:<mtime_ns>"
+LINK = "symlink"  # upload_dir's `seen` value for a link it skipped
 
 
 class AppendShipper:
@@ -143,7 +144,8 @@ class AppendShipper:
 
 def last_metrics(path: Path) -> dict[str, Any] | None:
     """The last complete JSON line of the trainer's metrics file, reduced to the contract's keys
-    (reads only the file's tail)."""
+    (reads only the file's tail); NaN and infinities (Python's json writes them as bare NaN,
+    Infinity) become strings, so the report stays valid JSON."""
     try:
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
@@ -157,24 +159,24 @@ def last_metrics(path: Path) -> dict[str, Any] | None:
         except ValueError:
             continue
         if isinstance(obj, dict):
-            metrics = {k: obj[k] for k in METRIC_KEYS if isinstance(obj.get(k), (int, float, bool))}
+            metrics = safe_metrics(obj)
             if metrics:
                 return metrics
     return None
 
 
-class StatusReporter:
-    """Puts the trainer's latest metrics into `status.metrics` of this pod's own job, at most once
-    per `interval` seconds and only when they changed.
+class ProgressReporter:
+    """Puts the trainer's latest metrics into this job's progress ConfigMap, at most once per
+    `interval` seconds and only when they changed.
 
-    Least privilege: the operator gives each job a Role that allows only `get`/`patch` on the
-    status subresource of that one job (resourceNames), bound to the pod's ServiceAccount (see
-    render/logship.py). The pod can neither read nor change the spec, nor any other job, and the
-    operator needs no access to the job's storage account to learn its progress."""
+    Least privilege: the operator gives each job a Role that allows only `patch` on that
+    one ConfigMap (resourceNames), bound to the pod's ServiceAccount, whose token is projected
+    into this container alone (render/logship.py). The sidecar can change neither the job nor
+    its status: the operator copies the metrics into `status.metrics` for display and never
+    acts on them."""
 
-    def __init__(self, path: Path, job: str, namespace: str, interval: float, patch: Callable[[dict], Any]):
-        self.path, self.job, self.namespace, self.interval = Path(path), job, namespace, interval
-        self.patch = patch
+    def __init__(self, path: Path, interval: float, patch: Callable[[dict], Any]):
+        self.path, self.interval, self.patch = Path(path), interval, patch
         self.sent: dict[str, Any] | None = None
         self.last_try = float("-inf")
 
@@ -186,40 +188,44 @@ class StatusReporter:
         metrics = last_metrics(self.path)
         if metrics is None or metrics == self.sent:
             return
-        # A merge patch merges maps: the contract's keys this report lacks are set to null
-        # (deleted), so status.metrics is the latest report, not a blend of old ones.
-        self.patch({"status": {"metrics": {**dict.fromkeys(METRIC_KEYS), **metrics}}})
+        # the whole report as one string value: the latest report, never a blend of old ones
+        self.patch({"data": {PROGRESS_KEY: json.dumps(metrics, allow_nan=False, sort_keys=True)}})
         self.sent = metrics
 
 
-def kube_status_patcher(job: str, namespace: str) -> Callable[[dict], Any]:
-    """A function that merge-patches the status subresource of DistributedTrainingJob `job`."""
+def kube_progress_patcher(name: str, namespace: str) -> Callable[[dict], Any]:
+    """A function that merge-patches ConfigMap `name` (the job's progress ConfigMap)."""
     import kubernetes
 
-    from trainop import GROUP, VERSION, kube
+    from trainop import kube
 
-    # the pod's ServiceAccount in a cluster; $KUBECONFIG outside one (local runs, tests)
-    api = kubernetes.client.CustomObjectsApi(kube.connect()[0])
+    # the token projected into this container in a cluster; $KUBECONFIG outside one (tests)
+    api = kubernetes.client.CoreV1Api(kube.connect()[0])
 
     def patch(body: dict) -> Any:
-        return api.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, "distributedtrainingjobs", job, body,
-            _content_type="application/merge-patch+json")
+        return api.patch_namespaced_config_map(name, namespace, body)
     return patch
 
 
 def upload_dir(container, src: Path, dest: str, seen: dict[str, str] | None = None) -> int:
     """Upload every file under `src` to block blobs under `dest/`; returns how many were uploaded.
-    Each blob records its file's size and mtime (metadata SOURCE_META): a file whose blob already
+    Symbolic links are skipped, with a warning naming them, and never followed: training code
+    could otherwise point one at any file the sidecar can read (its projected API token, say)
+    and have it uploaded. Each blob records its file's size and mtime (metadata SOURCE_META): a file whose blob already
     says the same is skipped, so a restarted sidecar uploads only what changed; `seen` remembers
     the same locally between passes, so an unchanged file costs no request at all."""
     from azure.core.exceptions import ResourceNotFoundError
 
     seen = {} if seen is None else seen
     uploaded = 0
-    for path in sorted(p for p in Path(src).rglob("*") if p.is_file()):
+    for path, link in _walk(Path(src)):
         name = f"{dest}/{path.relative_to(src).as_posix()}"
-        stat = path.stat()
+        if link:
+            if seen.get(name) != LINK:  # once per link, not on every pass
+                log.warning("not uploading %s: a symbolic link (links are never followed)", path)
+                seen[name] = LINK
+            continue
+        stat = path.stat(follow_symlinks=False)
         source = f"{stat.st_size}:{stat.st_mtime_ns}"
         if seen.get(name) == source:
             continue
@@ -229,12 +235,38 @@ def upload_dir(container, src: Path, dest: str, seen: dict[str, str] | None = No
         except ResourceNotFoundError:
             stored = None
         if stored != source:
-            with open(path, "rb") as f:
+            with _open_inside(path, Path(src)) as f:
                 client.upload_blob(f, length=stat.st_size, overwrite=True, max_concurrency=1,
                                    metadata={SOURCE_META: source})
             uploaded += 1
         seen[name] = source
     return uploaded
+
+
+def _open_inside(path: Path, src: Path):
+    """`path` opened for reading, refusing a link swapped in since the walk: O_NOFOLLOW for the
+    file itself, and the opened file's real path must still lie under `src` (a parent folder
+    replaced by a link)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    real = os.path.realpath(f"/proc/self/fd/{fd}")
+    if not real.startswith(os.path.realpath(src) + os.sep):
+        os.close(fd)
+        raise OSError(f"{path}: resolves to {real}, outside {src}; not uploaded")
+    return os.fdopen(fd, "rb")
+
+
+def _walk(src: Path) -> list[tuple[Path, bool]]:
+    """(path, is a symbolic link) of every regular file and every link under `src`, sorted;
+    links, to files or folders, are neither followed nor entered."""
+    found = []
+    for root, dirs, files in os.walk(src, followlinks=False):
+        for name in dirs + files:
+            path = Path(root) / name
+            if path.is_symlink():
+                found.append((path, True))
+            elif name in files and path.is_file():  # not a fifo or socket
+                found.append((path, False))
+    return sorted(found)
 
 
 class Stop:
@@ -256,7 +288,7 @@ class Shipper:
     interval: float
     output: tuple[Any, Path, str] | None = None  # (container client, local dir, blob prefix)
     metrics_file: Path | None = None
-    reporter: StatusReporter | None = None
+    reporter: ProgressReporter | None = None
     output_live: bool = False  # the trainer reported final: keep the output dir uploaded
     uploaded: dict[str, str] = field(default_factory=dict)  # upload_dir's `seen`
 
@@ -326,9 +358,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="append PATH to the Append Blob <dest>/BLOB (repeatable)")
     p.add_argument("--output-dir", type=Path, help="uploaded to <dest>/output/ when the sidecar stops")
     p.add_argument("--metrics-file", type=Path,
-                   help="the trainer's JSON-lines metrics: reported to the job's status (with --job); "
-                        "a report with final: true uploads --output-dir right away")
-    p.add_argument("--job", help="the DistributedTrainingJob whose status.metrics is updated (needs --metrics-file)")
+                   help="the trainer's JSON-lines metrics: reported to the job's progress ConfigMap "
+                        "(with --progress); a report with final: true uploads --output-dir right away")
+    p.add_argument("--progress", metavar="CONFIGMAP",
+                   help="the job's progress ConfigMap, patched with the latest metrics (needs --metrics-file)")
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE"))
     p.add_argument("--pod-uid", default=os.environ.get("POD_UID", ""),
                    help="this pod's UID (downward API); tells a recreated pod from a restarted sidecar")
@@ -340,8 +373,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for spec in args.file:
         if "=" not in spec or not spec.split("=", 1)[1]:
             p.error(f"--file {spec!r}: expected PATH=BLOB, e.g. /var/log/trainop/train.log=launcher.log")
-    if args.job and not (args.metrics_file and args.namespace):
-        p.error("--job: needs --metrics-file and --namespace (or $POD_NAMESPACE)")
+    if args.progress and not (args.metrics_file and args.namespace):
+        p.error("--progress: needs --metrics-file and --namespace (or $POD_NAMESPACE)")
     return args
 
 
@@ -367,9 +400,9 @@ def main(argv: list[str] | None = None) -> int:
         path, name = spec.split("=", 1)
         appenders.append(AppendShipper(container.get_blob_client(f"{dest}/{name}"), Path(path), args.pod_uid))
     reporter = None
-    if args.job:
-        reporter = StatusReporter(args.metrics_file, args.job, args.namespace, args.metrics_interval,
-                                  kube_status_patcher(args.job, args.namespace))
+    if args.progress:
+        reporter = ProgressReporter(args.metrics_file, args.metrics_interval,
+                                    kube_progress_patcher(args.progress, args.namespace))
     output = (container, args.output_dir, f"{dest}/output") if args.output_dir else None
     log.info("shipping %d file(s) to %s/%s every %ss", len(appenders), args.container, dest, args.interval)
     return Shipper(appenders, args.interval, output, args.metrics_file, reporter).run(stop, args.drain_timeout)

@@ -130,6 +130,22 @@ def _placement(spec: dict, cfg: Config) -> Placement:
                      rdma_resource=pool.rdma_resource)
 
 
+# What spec.resources may set (the CRD's CEL rule says the same; repeated here because the GPU
+# count of a job, which admission and maxGpusPerJob judge, relies on it, and --local has no API
+# server). A GPU limit set here would give pods GPUs that status.gpus and quotas never see.
+WORKER_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+
+
+def _check_resources(resources: dict) -> None:
+    for which in ("requests", "limits"):
+        for key in resources.get(which) or {}:
+            if key not in WORKER_RESOURCES and not key.startswith("hugepages-"):
+                raise SpecError(f"spec.resources.{which}", f"{key!r} cannot be set here: GPUs come "
+                                f"from spec.gpusPerWorker and the RDMA device from spec.infiniband "
+                                f"(which quotas and maxGpusPerJob count); only "
+                                f"{', '.join(WORKER_RESOURCES)} and hugepages-<size> may be set")
+
+
 def parse(body: dict, cfg: Config) -> Job:
     """The job as a typed value; SpecError for input only the operator can judge."""
     obj = crds.default({"apiVersion": body.get("apiVersion", "trainop.io/v1alpha1"),
@@ -145,6 +161,7 @@ def parse(body: dict, cfg: Config) -> Job:
     if not image:
         raise SpecError("spec.image", f"the operator has no default image for "
                                       f"{spec['framework']}; set spec.image")
+    _check_resources(spec.get("resources") or {})
     gpus = spec["gpusPerWorker"]
     total = spec["workers"] * gpus
     if cfg.max_gpus_per_job is not None and total > cfg.max_gpus_per_job:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -248,19 +249,54 @@ def test_last_metrics_reads_the_last_complete_line(tmp_path):
     assert logship.last_metrics(path) == {"epoch": 1, "step": 20, "loss": 5.1, "final": False}
 
 
-def test_status_reporter_patches_at_a_bounded_rate_and_only_changes(tmp_path):
+def test_last_metrics_writes_nan_and_infinities_as_strings(tmp_path):
+    """Python's json (the trainer's) writes a diverged loss as a bare NaN, which is not JSON:
+    reported as is, it made the whole status patch invalid and no later metrics ever landed."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 5, "loss": NaN, "imagesPerSec": Infinity, "stepTime": -Infinity}\n')
+    metrics = logship.last_metrics(path)
+    assert metrics == {"step": 5, "loss": "NaN", "imagesPerSec": "Infinity", "stepTime": "-Infinity"}
+    json.loads(json.dumps(metrics, allow_nan=False))  # valid JSON
+
+
+def test_progress_reporter_patches_at_a_bounded_rate_and_only_changes(tmp_path):
     path = tmp_path / "metrics.jsonl"
     patches = []
-    reporter = logship.StatusReporter(path, "job-a", "ns", interval=3600, patch=patches.append)
+    reporter = logship.ProgressReporter(path, interval=3600, patch=patches.append)
     path.write_bytes(b'{"step": 1, "loss": 3.0}\n')
     reporter.tick()
-    path.write_bytes(b'{"step": 2, "loss": 2.0}\n')
+    path.write_bytes(b'{"step": 2, "loss": NaN}\n')
     reporter.tick()  # within the interval: nothing sent
     reporter.tick(force=True)
     reporter.tick(force=True)  # unchanged: nothing sent
-    unset = dict.fromkeys(logship.METRIC_KEYS)
-    assert patches == [{"status": {"metrics": {**unset, "step": 1, "loss": 3.0}}},
-                       {"status": {"metrics": {**unset, "step": 2, "loss": 2.0}}}]
+    assert patches == [{"data": {"metrics": '{"loss": 3.0, "step": 1}'}},
+                       {"data": {"metrics": '{"loss": "NaN", "step": 2}'}}]
+
+
+def test_output_upload_does_not_follow_symlinks(azurite, container, tmp_path):
+    """Training code controls /output: a link there to a file outside it (the sidecar's API
+    token, a Secret) or to a folder outside must not be uploaded; the sidecar names what it
+    skipped and uploads the rest."""
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "token").write_bytes(b"secret-token")
+    (outside / "dir" / "data").write_bytes(b"secret-data")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.pt").write_bytes(b"weights")
+    (out / "stolen").symlink_to(outside / "token")
+    (out / "stolen-dir").symlink_to(outside / "dir", target_is_directory=True)
+    (out / "inner").symlink_to(out / "model.pt")  # even one that stays inside: a copy is no link
+    log = tmp_path / "train.log"
+    log.write_bytes(b"done\n")
+    sidecar = Sidecar(azurite, container.container_name, tmp_path, {"pod.log": log}, args=("--output-dir", str(out)))
+    assert sidecar.stop() == 0, sidecar.output()
+    names = sorted(b.name for b in container.list_blobs(name_starts_with="runs/job-a/0/output/"))
+    assert names == ["runs/job-a/0/output/model.pt"]
+    for link in ("stolen", "stolen-dir", "inner"):
+        assert f"not uploading {out / link}: a symbolic link" in sidecar.output()
+    stored = b"".join(blob_bytes(container, b.name) for b in container.list_blobs())
+    assert b"secret-token" not in stored and b"secret-data" not in stored
 
 
 def test_memory_stays_bounded_whatever_the_log_size(azurite, container, tmp_path):

@@ -38,3 +38,13 @@ def test_describe_names_data_output_failure_and_lists_children():
     assert "BackoffLimitExceeded" in text.split("Conditions:")[1]
     assert text.split("Pods:")[1].split("Events:")[0].strip() == "<none>"
     assert "sasSecretRef" not in text  # the auth block is never printed
+
+
+def test_row_shows_a_non_finite_rate_as_reported():
+    job = {"metadata": {"name": "j", "namespace": "team", "creationTimestamp": "2026-11-26T11:00:00Z"},
+           "spec": {"workers": 1}, "status": {"metrics": {"imagesPerSec": "NaN"}}}
+    assert jobs.row(job, wide=False, with_namespace=False)[5] == "NaN"
+    job["status"]["metrics"] = {"imagesPerSec": 812.54}
+    assert jobs.row(job, wide=False, with_namespace=False)[5] == "812.5"
+    job["status"]["metrics"] = {}
+    assert jobs.row(job, wide=False, with_namespace=False)[5] == "-"

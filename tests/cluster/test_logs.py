@@ -14,11 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import kubernetes.client as k8s
 import pytest
 import yaml
 
 from tests.fixtures.waiting import wait_until
-from trainop import blob
+from trainop import blob, kube
 from trainop.render import logship
 
 pytestmark = [pytest.mark.cluster, pytest.mark.azurite]
@@ -122,12 +123,14 @@ def test_launcher_pod_has_the_sidecar_the_shared_volume_and_the_identity(cluster
     assert spec["containers"][0]["command"][:2] == ["/bin/sh", "-c"]
     assert spec["serviceAccountName"] == "ship-logship"
     assert {"name": blob.SECRET_ENV, "valueFrom": {"secretKeyRef": {"name": SECRET, "key": "sas"}}} in sidecar["env"]
-    # The identity may get/patch this job's status and nothing else.
+    # The identity may get/patch the job's progress ConfigMap and nothing else: not the job,
+    # not its status (which the operator acts on).
     who = f"system:serviceaccount:{namespace}:ship-logship"
     def can(*what: str) -> bool:
         return cluster.kubectl("auth", "can-i", "-n", namespace, f"--as={who}", *what, check=False).stdout.strip() == "yes"
-    assert can("patch", "distributedtrainingjobs.trainop.io/ship", "--subresource=status")
-    assert not can("patch", "distributedtrainingjobs.trainop.io/other", "--subresource=status")
+    assert can("patch", "configmaps/ship-progress")
+    assert not can("patch", "configmaps/ship-mpi")
+    assert not can("patch", "distributedtrainingjobs.trainop.io/ship", "--subresource=status")
     assert not can("patch", "distributedtrainingjobs.trainop.io/ship")
     assert not can("get", "pods")
     assert not can("get", "secrets")
@@ -153,13 +156,20 @@ def test_metrics_reach_the_status_and_logs_outlive_the_pods(cluster, namespace, 
     launcher = launcher_pod(cluster, namespace, "arch")
     worker0 = cluster.get("pod", "arch-worker-0", "-n", namespace)
 
-    # Worker 0's sidecar (where rank 0 writes its metrics) reports them with its pod's own token.
+    # Worker 0's sidecar (where rank 0 writes its metrics) reports them with its pod's own token,
+    # into the progress ConfigMap; the operator shows them in status.metrics.
     rank0 = RenderedSidecar(cluster, worker0, tmp_path / "worker-0")
     metrics = rank0.output_dir / "metrics.jsonl"
     metrics.write_text(json.dumps({"epoch": 0, "step": 10, "loss": 6.5, "imagesPerSec": 812.5, "worldSize": 2}) + "\n")
     expected = {"epoch": 0, "step": 10, "loss": 6.5, "imagesPerSec": 812.5, "worldSize": 2}
     wait_until(lambda: (cluster.get("dtj", "arch", "-n", namespace).get("status") or {}).get("metrics") == expected,
                timeout=60, what="status.metrics from the sidecar")
+    # A diverged loss: Python's json writes a bare NaN, which once made every later patch invalid.
+    with open(metrics, "a") as f:
+        f.write(json.dumps({"epoch": 0, "step": 15, "loss": float("nan"), "worldSize": 2}) + "\n")
+    wait_until(lambda: (cluster.get("dtj", "arch", "-n", namespace).get("status") or {}).get("metrics")
+               == {"epoch": 0, "step": 15, "loss": "NaN", "worldSize": 2},
+               timeout=60, what="a NaN loss in status.metrics")
 
     # The launcher's sidecar archives the tee'd log; `trainop logs -f` follows it. KWOK runs no
     # kubelet to serve the live pod's log, so -f shows the archive (the fallback for a pod whose
@@ -182,8 +192,8 @@ def test_metrics_reach_the_status_and_logs_outlive_the_pods(cluster, namespace, 
     # Native sidecars stop after the training container: the test stops them the same way.
     assert shipper.stop() == 0, shipper.output()
     assert rank0.stop() == 0, rank0.output()
-    status = cluster.get("dtj", "arch", "-n", namespace)["status"]
-    assert status["metrics"] == {"epoch": 1, "step": 20, "loss": 5.0, "final": True}
+    wait_until(lambda: cluster.get("dtj", "arch", "-n", namespace)["status"].get("metrics")
+               == {"epoch": 1, "step": 20, "loss": 5.0, "final": True}, timeout=60, what="the final metrics")
 
     cluster.end_pod(namespace, launcher["metadata"]["name"], exit_code=0)
     wait_until(lambda: cluster.get("dtj", "arch", "-n", namespace).get("status", {}).get("phase") == "Succeeded",
@@ -208,3 +218,106 @@ def test_metrics_reach_the_status_and_logs_outlive_the_pods(cluster, namespace, 
     signature = sas.split("sig=", 1)[1].split("&", 1)[0]
     for text_ in texts:
         assert sas not in text_ and signature not in text_
+
+
+def token_kubeconfig(cluster, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig whose only credential is a token of `account` (what a pod of it can get)."""
+    token = cluster.kubectl("create", "token", account, "-n", namespace).stdout.strip()
+    admin = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "t",
+        "clusters": [{"name": "c", "cluster": admin["clusters"][0]["cluster"]}],
+        "users": [{"name": "u", "user": {"token": token}}],
+        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u", "namespace": namespace}}]}))
+    return path
+
+
+def user_containers(pod: dict) -> list[dict]:
+    """The containers that run the job's own code (every one but the log shipper)."""
+    return pod["spec"]["containers"] + [c for c in pod["spec"].get("initContainers", [])
+                                        if c["name"] != logship.SIDECAR]
+
+
+def test_job_code_holds_no_token_and_the_shippers_cannot_write_the_status(cluster, namespace, operator, azurite, tmp_path):
+    """Issue 15, item 3. The pods as the API server admitted them (its ServiceAccount admission
+    adds a token volume to every container unless the pod opts out): no container that runs the
+    job's code has a token; worker 0's shipper alone has one, projected. With that token,
+    marking the job Succeeded is Forbidden, while its own progress ConfigMap may be patched."""
+    setup_job(cluster, namespace, azurite, "liar")
+    launcher_pod(cluster, namespace, "liar")
+    pods = cluster.get("pods", "-n", namespace, "-l", "trainop.io/job-name=liar")["items"]
+    assert len(pods) == 3
+    for pod in pods:
+        assert pod["spec"]["automountServiceAccountToken"] is False
+        assert not [v for v in pod["spec"]["volumes"] if v["name"].startswith("kube-api-access")]
+        for container in user_containers(pod):
+            mounts = [m["mountPath"] for m in container.get("volumeMounts", [])]
+            assert not [m for m in mounts if m.startswith("/var/run/secrets")], (pod["metadata"]["name"], mounts)
+    worker0 = next(p for p in pods if p["metadata"]["name"] == "liar-worker-0")
+    shipper = next(c for c in worker0["spec"]["initContainers"] if c["name"] == logship.SIDECAR)
+    assert {"name": logship.API_TOKEN_VOLUME, "mountPath": logship.API_TOKEN_DIR, "readOnly": True} in shipper["volumeMounts"]
+
+    kubeconfig = token_kubeconfig(cluster, namespace, worker0["spec"]["serviceAccountName"], tmp_path / "shipper")
+    # PATCH requests straight from a client holding that token, as the sidecar makes them
+    # (kubectl patch would GET first, and a Forbidden GET would prove nothing about PATCH)
+    api = kube.connect(str(kubeconfig))[0]
+    core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
+
+    def expect(code, call) -> None:
+        try:
+            call()
+        except k8s.ApiException as exc:
+            assert exc.status == code, exc
+            return
+        assert code is None, "allowed"
+    lie = {"status": {"phase": "Succeeded", "cleanedUp": True}}
+    expect(403, lambda: custom.patch_namespaced_custom_object_status(
+        "trainop.io", "v1alpha1", namespace, "distributedtrainingjobs", "liar", lie))
+    expect(403, lambda: custom.patch_namespaced_custom_object(
+        "trainop.io", "v1alpha1", namespace, "distributedtrainingjobs", "liar", {"spec": {"workers": 1}}))
+    assert cluster.get("dtj", "liar", "-n", namespace)["status"]["phase"] == "Running"
+    # what it may do: report progress, which the operator only shows
+    expect(None, lambda: core.patch_namespaced_config_map(
+        "liar-progress", namespace, {"data": {"metrics": json.dumps({"step": 3, "phase": "Succeeded"})}}))
+    wait_until(lambda: cluster.get("dtj", "liar", "-n", namespace)["status"].get("metrics") == {"step": 3},
+               timeout=60, what="the report in status.metrics")
+    assert cluster.get("dtj", "liar", "-n", namespace)["status"]["phase"] == "Running"
+    expect(403, lambda: core.patch_namespaced_config_map("liar-mpi", namespace, {"data": {"x": "1"}}))
+    expect(403, lambda: core.read_namespaced_config_map("liar-progress", namespace))
+
+
+def test_workload_identity_reaches_the_shipper_not_the_job_code(cluster, namespace, operator, azurite):
+    """Issue 15, item 7. With workload identity the pods must run as the federated
+    ServiceAccount (the webhook federates only the pod's own account), so the training
+    container is kept from every credential of it: no API token, and the webhook is told to
+    skip it; the Role bound to that account allows only the progress ConfigMap."""
+    account = "team-wi"
+    cluster.kubectl("create", "serviceaccount", account, "-n", namespace)
+    cluster.kubectl("annotate", "serviceaccount", account, "-n", namespace,
+                    "azure.workload.identity/client-id=00000000-0000-0000-0000-000000000000")
+    container = azurite.new_container()
+    body = dtj("wi", azurite, container.container_name)
+    body["spec"]["output"]["blob"]["auth"] = {"workloadIdentity": True, "serviceAccountName": account}
+    cluster.apply(body, namespace)
+    launcher_pod(cluster, namespace, "wi")
+    pods = cluster.get("pods", "-n", namespace, "-l", "trainop.io/job-name=wi")["items"]
+    assert len(pods) == 3
+    for pod in pods:
+        spec, meta = pod["spec"], pod["metadata"]
+        assert spec["automountServiceAccountToken"] is False
+        if meta["name"] == "wi-worker-1":  # ships nothing (shipWorkerLogs is off): no identity at all
+            assert spec["serviceAccountName"] == "default" and "initContainers" not in spec
+            continue
+        assert spec["serviceAccountName"] == account
+        assert meta["labels"]["azure.workload.identity/use"] == "true"
+        users = [c["name"] for c in user_containers(pod)]
+        assert meta["annotations"]["azure.workload.identity/skip-containers"].split(";") == users
+        for c in user_containers(pod):
+            assert not [m for m in c.get("volumeMounts", []) if m["mountPath"].startswith("/var/run/secrets")]
+    # the user's account is bound to the narrow Role, not created or widened
+    who = f"system:serviceaccount:{namespace}:{account}"
+    def can(*what: str) -> bool:
+        return cluster.kubectl("auth", "can-i", "-n", namespace, f"--as={who}", *what, check=False).stdout.strip() == "yes"
+    assert can("patch", "configmaps/wi-progress")
+    assert not can("patch", "distributedtrainingjobs.trainop.io/wi", "--subresource=status")
+    assert "ownerReferences" not in cluster.get("serviceaccount", account, "-n", namespace)["metadata"]

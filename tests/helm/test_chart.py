@@ -44,6 +44,7 @@ NAMESPACED_RULES = {
     ("rbac.authorization.k8s.io", "roles"): ["get", "create", "patch"],
     ("rbac.authorization.k8s.io", "rolebindings"): ["get", "create", "patch"],
     ("", "secrets"): ["get", "create"],
+    ("networking.k8s.io", "networkpolicies"): ["get", "list", "watch", "create", "patch"],
     ("discovery.k8s.io", "endpointslices"): ["list", "watch"],
 }
 PEERING = ["list", "watch", "patch"]
@@ -96,6 +97,33 @@ def test_watched_namespaces_get_role_bindings_and_peerings_only_there(render):
         NAMESPACED_RULES | {("kopf.dev", "kopfpeerings"): PEERING}
     args = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:3] == ["operator", "--namespace=team-a", "--namespace=team-b"]
+
+
+def helper_roles() -> list[dict]:
+    """Every Role the operator creates per job and per DataStage (render/identity.py)."""
+    from trainop import spec
+    from trainop.render import datastage, logship
+    blob = {"accountURL": "https://a.blob.core.windows.net", "container": "results",
+            "auth": {"sasSecretRef": {"name": "s", "key": "sas"}}}
+    job = spec.parse({"metadata": {"name": "j", "namespace": "ns"},
+                      "spec": {"workers": 1, "output": {"blob": blob}}}, config.from_dict(None))
+    stage = datastage.parse({"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage",
+                             "metadata": {"name": "d", "namespace": "ns"},
+                             "spec": {"source": {"blob": blob}, "destination": {"volumeClaim": {"claimName": "c"}}}})
+    roles = [o for o in logship.rbac(job, {}) + datastage.rbac_objects(stage) if o["kind"] == "Role"]
+    assert len(roles) == 2
+    return roles
+
+
+def test_the_operator_holds_every_verb_of_every_role_it_creates(render):
+    """The API server refuses a Role that grants what its creator lacks (escalation check)."""
+    chart = rule_table(find(render(), "ClusterRole", "trainop-namespaced"))
+    for role in helper_roles():
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    missing = set(rule["verbs"]) - set(chart.get((group, resource), []))
+                    assert not missing, (role["metadata"]["name"], group, resource, missing)
 
 
 def test_pod_meets_the_restricted_profile_and_probes_kopf(render):

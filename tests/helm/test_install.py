@@ -171,6 +171,27 @@ def test_job_end_to_end_with_only_the_chart_service_account(cluster, install, sa
                          for r in about)
 
 
+def test_log_shipper_identity_created_with_only_the_chart_service_account(cluster, install, sa_operator):
+    """A job with Blob output: the shipper's ServiceAccount, its Role on the progress ConfigMap
+    (which the API server lets the operator create only if it holds those verbs itself), the
+    RoleBinding, the ConfigMap and the pods, all by the chart's RBAC and nothing else."""
+    ns = install.jobs
+    cluster.apply({"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+                   "metadata": {"name": "shipping"},
+                   "spec": {"workers": 1, "gpusPerWorker": 1, "output": {"blob": {
+                       "accountURL": "https://acct.blob.core.windows.net", "container": "results",
+                       "auth": {"sasSecretRef": {"name": "storage", "key": "sas"}}}}}}, ns)
+    wait_until(lambda: cluster.get("dtj", "shipping", "-n", ns).get("status", {}).get("phase") == "Running",
+               timeout=90, what="job shipping Running")
+    role = cluster.get("role", "shipping-logship", "-n", ns)
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["shipping-progress"], "verbs": ["patch"]}]
+    cluster.get("rolebinding", "shipping-logship", "-n", ns)
+    cluster.get("configmap", "shipping-progress", "-n", ns)
+    assert cluster.get("serviceaccount", "shipping-logship", "-n", ns)["automountServiceAccountToken"] is False
+    assert_no_refusals(sa_operator)
+
+
 def test_datastage_end_to_end_with_only_the_chart_service_account(cluster, install, sa_operator):
     """The DataStage side of the RBAC: a provisioned NFS server (Service, StatefulSet), the
     cluster-scoped PV and its claim, the stager's ServiceAccount/Role/RoleBinding (which the
@@ -273,6 +294,18 @@ def test_rbac_is_not_broader_than_listed(cluster, install):
                           ("create", "clusterroles"), ("list", "clusterkopfpeerings")):
         assert not can_i(cluster, system, *verb_resource, "-n", jobs), verb_resource
     assert not can_i(cluster, system, "*", "*", "--all-namespaces")
+
+
+@pytest.mark.parametrize("values, warned", [(None, True), ({"watchNamespaces": ["team-a"]}, False)])
+def test_a_cluster_wide_install_warns_in_its_notes(cluster, install, helm, values, warned):
+    """Serving every namespace binds the operator's rights in kube-system too: the install says so.
+    (`install`: the chart's CRDs, which a dry run maps its objects against.)"""
+    out = helm("install", "warn", str(CHART), "-n", "trainop-system", "--dry-run=client",
+               values=values, kubeconfig=cluster.kubeconfig)
+    notes = out.stdout.partition("NOTES:")[2]
+    assert notes.startswith("\ntrainop ")
+    assert ("WARNING: cluster-wide install" in notes) == warned
+    assert ("watchNamespaces={team-a,team-b}" in notes) == warned
 
 
 @pytest.mark.parametrize("values, message", [

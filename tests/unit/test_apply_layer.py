@@ -94,7 +94,8 @@ def test_a_name_taken_by_someone_else_is_a_conflict_never_adopted(api):
     api.objects[("Service", "ns", "j")] = {**SERVICE, "metadata": {**SERVICE["metadata"],
                                                                    "ownerReferences": []}}
     conflicts = apply.Applier().run([Apply(SERVICE, OWNER, "")])
-    assert conflicts and "not controlled by DistributedTrainingJob j" in conflicts[0]
+    assert conflicts and conflicts[0].reason == "NameConflict"
+    assert "not controlled by DistributedTrainingJob j" in conflicts[0].message
     assert "apply" not in api.calls
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "j", "namespace": "ns"}}
     api.objects[("Pod", "ns", "j")] = pod

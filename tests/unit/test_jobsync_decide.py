@@ -10,7 +10,7 @@ import datetime as dt
 import pytest
 
 from trainop import conditions, config
-from trainop.actions import Apply, Create, CreateSSHSecret, Delete, DropFinalizer, Ref
+from trainop.actions import Apply, Create, CreateSSHSecret, Delete, DropFinalizer, Problem, Ref
 from trainop.admission import ADMITTED, QUEUED, UNSATISFIABLE, Decision
 from trainop.devcluster.pools import default_pools
 from trainop.jobsync import JobSnapshot, decide
@@ -98,9 +98,9 @@ def slices(*hosts: str) -> list[dict]:
 
 
 def shared() -> dict:
-    """The Service, hostfile and SSH Secret as they exist once created."""
-    return {"service": child("Service", "j"), "config_map": child("ConfigMap", "j-mpi"),
-            "ssh_secret": True}
+    """The NetworkPolicy, Service, hostfile and SSH Secret as they exist once created."""
+    return {"network_policy": child("NetworkPolicy", "j"), "service": child("Service", "j"),
+            "config_map": child("ConfigMap", "j-mpi"), "ssh_secret": True}
 
 
 CREATED_TORCHRUN = conditions.set_condition(
@@ -146,39 +146,39 @@ CASES = [
     # (id, snapshot, actions, phase, conditions that must hold, Event reasons)
     ("new job creates Service, hostfile, key and every worker",
      snap(body()),
-     ["apply Service j", "apply ConfigMap j-mpi", "create ssh Secret",
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "create ssh Secret",
       "create Pod j-worker-0", "create Pod j-worker-1"],
      "Starting", {"Created": ("True", "ChildrenCreated"), "Admitted": ("True", "QuotaReserved"),
                   "WorkersReady": ("False", "WaitingForWorkers")},
      ["ChildrenCreated", "QuotaReserved"]),
     ("children already there: only the missing worker is created",
      snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(1), **shared()),
-     ["apply Service j", "apply ConfigMap j-mpi", "create Pod j-worker-1"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "create Pod j-worker-1"],
      "Starting", {"WorkersReady": ("False", "WaitingForWorkers")}, []),
     ("every worker Ready but not yet in DNS: no launcher",
      snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(), **shared(),
           endpoint_slices=slices("j-worker-0")),
-     ["apply Service j", "apply ConfigMap j-mpi"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi"],
      "Starting", {"WorkersReady": ("False", "WaitingForDNS")}, []),
     ("every worker Ready and published: the launcher is created",
      snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(), **shared(),
           endpoint_slices=slices("j-worker-0", "j-worker-1")),
-     ["apply Service j", "apply ConfigMap j-mpi", "create Job j-launcher"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "create Job j-launcher"],
      "Running", {"WorkersReady": ("True", "AllWorkersReady"),
                  "Running": ("True", "LauncherCreated")},
      ["AllWorkersReady", "LauncherCreated"]),
     ("operator died after creating the launcher: the status catches up, nothing is created",
      snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(),
           launcher=launcher(), **shared()),
-     ["apply Service j", "apply ConfigMap j-mpi"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi"],
      "Running", {"Running": ("True", "LauncherCreated")}, ["AllWorkersReady", "LauncherCreated"]),
-    ("a running gang costs nothing: no action, no Event",
+    ("a running gang: only its unchanged NetworkPolicy (skipped by apply.py: no call), no Event",
      snap(body(copy.deepcopy(RUNNING)), pods=workers(), launcher=launcher(), **shared()),
-     [], "Running", {"Running": ("True", "LauncherCreated")}, []),
+     ["apply NetworkPolicy j"], "Running", {"Running": ("True", "LauncherCreated")}, []),
     ("launcher completed: Succeeded, running workers deleted (cleanPodPolicy Running)",
      snap(body(copy.deepcopy(RUNNING)), pods=workers(), launcher=launcher(outcome="Complete"),
           **shared()),
-     ["delete Pod j-worker-0", "delete Pod j-worker-1"],
+     ["apply NetworkPolicy j", "delete Pod j-worker-0", "delete Pod j-worker-1"],
      "Succeeded", {"Succeeded": ("True", "JobSucceeded"), "Running": ("False", "JobSucceeded")},
      ["JobSucceeded", "JobSucceeded"]),  # Succeeded True, Running False: two transitions
     ("worker crashed with restarts left: attempt bumped, gang restart announced",
@@ -186,41 +186,41 @@ CASES = [
           pods=[pod("j-worker-0", index=0),
                 pod("j-worker-1", index=1, phase="Failed", exit_code=137, reason="OOMKilled")],
           launcher=launcher(), **shared()),
-     [], "Starting", {"Restarting": ("True", "GangRestart"), "Running": ("False", "GangRestart"),
+     ["apply NetworkPolicy j"], "Starting", {"Restarting": ("True", "GangRestart"), "Running": ("False", "GangRestart"),
                       "WorkersReady": ("False", "GangRestart")},
      ["GangRestart", "GangRestart", "GangRestart"]),
     ("previous attempt's pods and launcher are deleted before names are reused",
      snap(body(copy.deepcopy(RESTARTING)), pods=workers(), launcher=launcher(), **shared()),
-     ["apply Service j", "apply ConfigMap j-mpi", "delete Job j-launcher",
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "delete Job j-launcher",
       "delete Pod j-worker-0", "delete Pod j-worker-1"],
      "Starting", {}, []),
     ("previous attempt's pods already terminating: only wait",
      snap(body(copy.deepcopy(RESTARTING)), pods=workers(deleting=True), **shared()),
-     ["apply Service j", "apply ConfigMap j-mpi"], "Starting", {}, []),
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi"], "Starting", {}, []),
     ("backoff limit used: Failed, active launcher and running workers stopped",
      snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}),
           pods=[pod("j-worker-0", index=0),
                 pod("j-worker-1", index=1, phase="Failed", exit_code=1)],
           launcher=launcher(), **shared()),
-     ["delete Job j-launcher", "delete Pod j-worker-0"],
+     ["apply NetworkPolicy j", "delete Job j-launcher", "delete Pod j-worker-0"],
      "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
     ("launcher failed: its pod is named as the cause",
      snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}),
           pods=workers() + [pod("j-launcher-x", role="launcher", index=None, phase="Failed",
                                 exit_code=2)],
           launcher=launcher(outcome="Failed"), **shared()),
-     ["delete Pod j-worker-0", "delete Pod j-worker-1"],
+     ["apply NetworkPolicy j", "delete Pod j-worker-0", "delete Pod j-worker-1"],
      "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
     ("a worker deleted under a running gang is a failure",
      snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}), pods=workers(1),
           launcher=launcher(), **shared()),
-     ["delete Job j-launcher", "delete Pod j-worker-0"],
+     ["apply NetworkPolicy j", "delete Job j-launcher", "delete Pod j-worker-0"],
      "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
     ("an MPI worker that exits 0 while the launcher runs is a failure",
      snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}),
           pods=[pod("j-worker-0", index=0), pod("j-worker-1", index=1, phase="Succeeded")],
           launcher=launcher(), **shared()),
-     ["delete Job j-launcher", "delete Pod j-worker-0"],
+     ["apply NetworkPolicy j", "delete Job j-launcher", "delete Pod j-worker-0"],
      "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
     ("activeDeadlineSeconds passed: Failed, everything stopped",
      snap(body(copy.deepcopy(RUNNING), runPolicy={"activeDeadlineSeconds": 60}),
@@ -238,7 +238,7 @@ CASES = [
      snap(body({"phase": "Suspended", "conditions": cond(
          ("Created", True, "ChildrenCreated"), ("Admitted", False, "JobSuspended"),
          ("Suspended", True, "JobSuspended"))}), **shared()),
-     ["apply Service j", "apply ConfigMap j-mpi", "create Pod j-worker-0", "create Pod j-worker-1"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "create Pod j-worker-0", "create Pod j-worker-1"],
      "Starting", {"Suspended": ("False", "JobResumed"), "Admitted": ("True", "QuotaReserved")},
      ["QuotaReserved", "JobResumed"]),
     ("its DataStage does not exist: Pending with a Warning, nothing created",
@@ -252,7 +252,7 @@ CASES = [
      snap(body(data={"dataStageRef": {"name": "imagenet"}}),
           stage={"metadata": {"name": "imagenet"},
                  "status": {"phase": "Ready", "claimName": "imagenet-data"}}),
-     ["apply Service j", "apply ConfigMap j-mpi", "create ssh Secret",
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "create ssh Secret",
       "create Pod j-worker-0", "create Pod j-worker-1"],
      "Starting", {"DataReady": ("True", "DataStageReady")},
      ["DataStageReady", "ChildrenCreated", "QuotaReserved"]),
@@ -275,8 +275,13 @@ CASES = [
      snap(body(), service=child("Service", "j", uid="someone-else")),
      [], "Pending", {"Created": ("False", "NameConflict")}, ["NameConflict", "QuotaReserved"]),
     ("the apply layer met a taken name: NameConflict",
-     snap(body({"phase": "Starting", "conditions": CREATED}), conflict="Pod ns/j-worker-0 taken"),
+     snap(body({"phase": "Starting", "conditions": CREATED}),
+          problem=Problem("NameConflict", "Pod ns/j-worker-0 taken")),
      [], "Pending", {"Created": ("False", "NameConflict")}, ["NameConflict"]),
+    ("the API server refused a child as invalid: Failed ChildRejected (the gate frees its GPUs)",
+     snap(body({"phase": "Starting", "conditions": CREATED}),
+          problem=Problem("ChildRejected", "spec.resources: the API server refused Pod j-worker-0")),
+     [], "Failed", {"Failed": ("True", "ChildRejected")}, ["ChildRejected"]),
     ("finished, not yet clean: the launcher that still runs and the workers go",
      snap(body({"phase": "Failed", "completionTime": T0,
                 "conditions": cond(("Failed", True, "DeadlineExceeded"))}),
@@ -291,18 +296,18 @@ CASES = [
      [], "Succeeded", {}, []),
     ("torchrun: Service only, workers created, no launcher",
      snap(body(launcher="torchrun", gpusPerWorker=2)),
-     ["apply Service j", "create Pod j-worker-0", "create Pod j-worker-1"],
+     ["apply NetworkPolicy j", "apply Service j", "create Pod j-worker-0", "create Pod j-worker-1"],
      "Starting", {"Created": ("True", "ChildrenCreated")}, ["ChildrenCreated", "QuotaReserved"]),
     ("torchrun: every worker Ready runs it (no DNS wait, no launcher)",
      snap(body({"phase": "Starting", "conditions": CREATED_TORCHRUN}, launcher="torchrun",
                gpusPerWorker=2), pods=workers(), service=child("Service", "j")),
-     ["apply Service j"], "Running", {"Running": ("True", "WorkersRunning")},
+     ["apply NetworkPolicy j", "apply Service j"], "Running", {"Running": ("True", "WorkersRunning")},
      ["AllWorkersReady", "WorkersRunning"]),
     ("torchrun: every worker completed: Succeeded",
      snap(body({**copy.deepcopy(RUNNING), "conditions": CREATED_TORCHRUN + cond(
          ("Running", True, "WorkersRunning"))}, launcher="torchrun", gpusPerWorker=2),
           pods=workers(phase="Succeeded", ready=False), service=child("Service", "j")),
-     [], "Succeeded", {"Succeeded": ("True", "JobSucceeded")}, ["JobSucceeded"] * 2),
+     ["apply NetworkPolicy j"], "Succeeded", {"Succeeded": ("True", "JobSucceeded")}, ["JobSucceeded"] * 2),
 ]
 
 
@@ -334,8 +339,8 @@ def test_worker_volume_mounts_the_stage_claim():
 def test_apply_carries_the_live_version_so_unchanged_children_cost_nothing():
     s = snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(1), **shared())
     applies = [a for a in decide(s, CFG, NOW).actions if isinstance(a, Apply)]
-    assert [(a.obj["kind"], a.live_version) for a in applies] == [("Service", "7"),
-                                                                  ("ConfigMap", "7")]
+    assert [(a.obj["kind"], a.live_version) for a in applies] == [
+        ("NetworkPolicy", "7"), ("Service", "7"), ("ConfigMap", "7")]
     missing = [a for a in decide(snap(body()), CFG, NOW).actions if isinstance(a, Apply)]
     assert {a.live_version for a in missing} == {""}  # absent: create
 
@@ -393,7 +398,8 @@ def test_invalid_spec_is_judged_again_after_an_edit():
 
 def test_running_job_does_not_reapply_shared_children():
     s = snap(body(copy.deepcopy(RUNNING)), pods=workers(), launcher=launcher())  # all missing
-    assert decide(s, CFG, NOW).actions == []  # mpirun read them already; a restart re-checks
+    # mpirun read them already; a restart re-checks. The isolation is always kept in shape.
+    assert [a.obj["kind"] for a in decide(s, CFG, NOW).actions] == ["NetworkPolicy"]
 
 
 def test_the_same_snapshot_gives_the_same_decision():
@@ -410,3 +416,52 @@ def test_the_old_operators_finalizer_is_taken_off():
                                   ("trainop.io/finalizer", "example.com/keep"), "trainop.io/finalizer",
                                   "41")]
     assert not [a for a in decide(snap(body()), CFG, NOW).actions if isinstance(a, DropFinalizer)]
+
+
+# ---- the log shipper's progress: reported, never trusted ---------------------------------------
+
+BLOB = {"blob": {"accountURL": "https://a.blob.core.windows.net", "container": "results",
+                 "auth": {"sasSecretRef": {"name": "storage", "key": "sas"}}}}
+
+
+def progress(metrics: str) -> dict:
+    cm = child("ConfigMap", "j-progress")
+    cm["metadata"]["labels"]["trainop.io/role"] = "progress"
+    cm["data"] = {"metrics": metrics}
+    return cm
+
+
+def test_blob_output_gets_a_progress_config_map_once():
+    created = summary(decide(snap(body(output=BLOB)), CFG, NOW).actions)
+    assert "create ConfigMap j-progress" in created
+    assert "apply Role j-logship" in created and "apply RoleBinding j-logship" in created
+    again = decide(snap(body(output=BLOB), progress=progress("{}")), CFG, NOW)
+    assert "create ConfigMap j-progress" not in summary(again.actions)
+    assert "create ConfigMap j-progress" not in summary(decide(snap(body()), CFG, NOW).actions)
+
+
+def test_progress_is_shown_in_status_and_decides_nothing():
+    """What the shipper reports lands in status.metrics, checked; a report cannot finish the
+    job, and its non-contract keys (`phase`) go nowhere."""
+    running = snap(body(copy.deepcopy(RUNNING), output=BLOB), pods=workers(), launcher=launcher(),
+                   **shared(), progress=progress('{"step": 9, "loss": NaN, "final": true, "phase": "Succeeded"}'))
+    out = decide(running, CFG, NOW)
+    assert out.status["metrics"] == {"step": 9, "loss": "NaN", "final": True}
+    assert out.status["phase"] == "Running" and out.events == []
+    assert [a.obj["kind"] for a in out.actions] == ["NetworkPolicy"]  # unchanged: apply skips it
+
+
+def test_progress_is_shown_after_the_job_finished_and_was_cleaned():
+    done = {**copy.deepcopy(RUNNING), "phase": "Succeeded", "cleanedUp": True, "metrics": {"step": 1}}
+    out = decide(snap(body(done, output=BLOB), progress=progress('{"step": 2, "final": true}')), CFG, NOW)
+    assert out.status["metrics"] == {"step": 2, "final": True}
+    assert out.actions == []
+
+
+def test_status_merge_patch_removes_what_went():
+    from trainop.controller import merge_patch
+    old = {"phase": "Running", "metrics": {"step": 1, "loss": 2.0}, "restarts": 0, "gpus": 8}
+    new = {"phase": "Running", "metrics": {"step": 2}, "restarts": 1}
+    assert merge_patch(old, new) == {"metrics": {"step": 2, "loss": None}, "restarts": 1, "gpus": None}
+    assert merge_patch(old, old) == {}
+    assert merge_patch({"conditions": [1, 2]}, {"conditions": [1]}) == {"conditions": [1]}

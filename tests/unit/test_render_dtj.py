@@ -259,3 +259,31 @@ def test_renderers_are_deterministic():
     j = job(workers=2, gpusPerWorker=1)
     assert dtj.render_worker(j, 0, 0) == dtj.render_worker(j, 0, 0)
     assert dtj.render_launcher(j, 0) == dtj.render_launcher(j, 0)
+
+
+def test_no_pod_of_a_job_automounts_an_api_token():
+    """Training code must hold no API credential: every pod opts out of the automounted token;
+    only worker 0's log shipper gets one, projected into that container alone."""
+    blob = job(workers=2, output=BLOB_OUTPUT)
+    for j in (blob, job(workers=2), job(launcher="torchrun", workers=2, output=BLOB_OUTPUT),
+              job(workers=2, output={"pvc": {"claimName": "results"}})):
+        for spec in pod_specs(j):
+            assert spec["automountServiceAccountToken"] is False
+            for c in spec["containers"]:
+                assert all(m["name"] != "trainop-api-token" for m in c.get("volumeMounts", [])), c["name"]
+    worker0, worker1, launcher = pod_specs(blob)
+    assert [v["name"] for v in worker0["volumes"] if "projected" in v] == ["trainop-api-token"]
+    assert [m["name"] for m in worker0["initContainers"][0]["volumeMounts"]][-1] == "trainop-api-token"
+    assert not any("projected" in v for v in worker1["volumes"] + launcher["volumes"])
+
+
+def test_workload_identity_token_skips_the_training_container():
+    wi = {"blob": {**BLOB_OUTPUT["blob"], "auth": {"workloadIdentity": True, "serviceAccountName": "wi"}}}
+    j = job(workers=1, output=wi)
+    worker = dtj.render_worker(j, 0, attempt=0)
+    assert worker["metadata"]["annotations"] == {"azure.workload.identity/skip-containers": "worker"}
+    assert worker["spec"]["containers"][0]["name"] == "worker"
+    template = dtj.render_launcher(j, attempt=0)["spec"]["template"]
+    assert template["metadata"]["annotations"] == {"azure.workload.identity/skip-containers": "launcher"}
+    assert template["spec"]["containers"][0]["name"] == "launcher"
+    assert "annotations" not in dtj.render_worker(job(workers=1, output=BLOB_OUTPUT), 0, attempt=0)["metadata"]

@@ -69,19 +69,32 @@ def test_worker_0_uploads_output_and_reports_metrics():
     parts = logship.pod_parts(job(blob_output(SAS)), "worker", 0, 0, ["/usr/sbin/sshd", "-De"], {}, output_mount=output)
     sidecar = parts.init_containers[0]
     assert sidecar["args"][-8:] == ["--output-dir", "/output", "--metrics-file", "/output/metrics.jsonl",
-                                    "--job", "j1", "--metrics-interval", "15"]
+                                    "--progress", "j1-progress", "--metrics-interval", "15"]
+    token = "/var/run/secrets/kubernetes.io/serviceaccount"
     assert sidecar["volumeMounts"] == [{"name": "trainop-run", "mountPath": "/var/trainop"},
-                                       {"name": "output", "mountPath": "/output", "readOnly": True}]
-    # The launcher is not where rank 0 writes: it ships its log only.
+                                       {"name": "output", "mountPath": "/output", "readOnly": True},
+                                       {"name": "trainop-api-token", "mountPath": token, "readOnly": True}]
+    # The API token is projected (short-lived, the API server's audience) for the sidecar only:
+    # the training container's mounts (parts.mounts) do not name it.
+    assert parts.volumes[1] == {"name": "trainop-api-token", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 600}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace",
+                                    "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}
+    assert parts.mounts == [{"name": "trainop-run", "mountPath": "/var/trainop"}]
+    # The launcher is not where rank 0 writes: it ships its log only, and holds no API token.
     launcher = logship.pod_parts(job(blob_output(SAS)), "launcher", None, 0, ["mpirun"], {}, output_mount=output)
     assert "--output-dir" not in launcher.init_containers[0]["args"]
+    assert [v["name"] for v in launcher.volumes] == ["trainop-run"]
+    assert all(m["name"] != "trainop-api-token" for m in launcher.init_containers[0]["volumeMounts"])
 
 
 def test_other_workers_ship_only_when_configured():
     j = job(blob_output(SAS))
     assert logship.pod_parts(j, "worker", 1, 0, ["sshd"], {}) is None
     parts = logship.pod_parts(j, "worker", 1, 0, ["sshd"], {"shipWorkerLogs": True})
-    assert "--job" not in parts.init_containers[0]["args"]
+    assert "--progress" not in parts.init_containers[0]["args"]
+    assert [v["name"] for v in parts.volumes] == ["trainop-run"]
 
 
 def test_no_output_ships_nothing():
@@ -96,6 +109,11 @@ def test_workload_identity_uses_the_federated_account_and_label():
     parts = logship.pod_parts(j, "launcher", None, 0, ["mpirun"], {})
     assert parts.service_account_name == "trainer-wi"
     assert parts.labels == {"azure.workload.identity/use": "true"}
+    # the webhook injects the federated token into the sidecar, not the training container
+    assert parts.annotations == {"azure.workload.identity/skip-containers": "launcher"}
+    assert logship.pod_parts(j, "worker", 0, 0, ["sshd"], {}).annotations == {
+        "azure.workload.identity/skip-containers": "worker"}
+    assert logship.pod_parts(job(blob_output(SAS)), "worker", 0, 0, ["sshd"], {}).annotations == {}
     assert parts.init_containers[0]["env"] == FIELD_ENV + [
         {"name": "TRAINOP_BLOB_AUTH_METHOD", "value": "WorkloadIdentity"}]
     # The user's federated ServiceAccount is bound, not created.
@@ -120,22 +138,54 @@ def test_account_url_with_a_sas_is_refused():
     assert "sig=abc" not in str(err.value)
 
 
-def test_rbac_allows_only_this_jobs_status():
+def test_rbac_allows_only_this_jobs_progress_config_map():
     objs = logship.rbac(job(blob_output(SAS)), {})
     labels = {"trainop.io/job-name": "j1"}
     assert objs == [
         {"apiVersion": "v1", "kind": "ServiceAccount",
          "metadata": {"name": "j1-logship", "namespace": "team-a", "labels": labels},
-         "automountServiceAccountToken": True},
+         "automountServiceAccountToken": False},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": {"name": "j1-logship", "namespace": "team-a", "labels": labels},
-         "rules": [{"apiGroups": ["trainop.io"], "resources": ["distributedtrainingjobs/status"],
-                    "resourceNames": ["j1"], "verbs": ["get", "patch"]}]},
+         "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                    "resourceNames": ["j1-progress"], "verbs": ["patch"]}]},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
          "metadata": {"name": "j1-logship", "namespace": "team-a", "labels": labels},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "j1-logship"},
          "subjects": [{"kind": "ServiceAccount", "name": "j1-logship", "namespace": "team-a"}]},
     ]
+
+
+def test_progress_config_map_only_with_a_sidecar():
+    assert logship.progress_config_map(job(blob_output(SAS)), {}) == {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "j1-progress", "namespace": "team-a",
+                     "labels": {"trainop.io/job-name": "j1", "trainop.io/role": "progress"}},
+        "data": {}}
+    assert logship.progress_config_map(job({"pvc": {"claimName": "results"}}), {}) is None
+    assert logship.progress_config_map(job(None), {}) is None
+
+
+@pytest.mark.parametrize("data, shown", [
+    ({"metrics": '{"step": 3, "loss": 1.5, "final": true}'}, {"step": 3, "loss": 1.5, "final": True}),
+    # non-finite values arrive as strings (the sidecar's JSON has no NaN literal) and stay so
+    ({"metrics": '{"step": 3, "loss": "NaN", "stepTime": "Infinity"}'},
+     {"step": 3, "loss": "NaN", "stepTime": "Infinity"}),
+    # untrusted input: a bare NaN (Python's json reads it) becomes the string, not a float
+    ({"metrics": '{"loss": NaN, "imagesPerSec": -Infinity}'}, {"loss": "NaN", "imagesPerSec": "-Infinity"}),
+    # only the contract's keys, numbers or bools; nothing else reaches the status
+    ({"metrics": '{"step": 1, "phase": "Succeeded", "loss": "low", "epoch": {"a": 1}, "worldSize": 1e400}'},
+     {"step": 1, "worldSize": "Infinity"}),
+    ({"metrics": '{"step": 123456789012345678901234567890}'}, None),
+    ({"metrics": "not json"}, None), ({"metrics": "[1]"}, None), ({"metrics": '{"x": 1}'}, None),
+    ({"metrics": '{"step": 1, "pad": "' + "x" * 5000 + '"}'}, None), ({}, None),
+])
+def test_progress_metrics_are_checked_as_untrusted_input(data, shown):
+    assert logship.progress_metrics({"data": data}) == shown
+
+
+def test_progress_metrics_without_a_config_map():
+    assert logship.progress_metrics(None) is None
 
 
 def test_status_urls():

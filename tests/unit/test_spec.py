@@ -62,6 +62,11 @@ def test_explicit_selector_and_slots():
     ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "spec.runPolicy.cleanPodPolicy", "Running"),
     ({"securityContext": {"runAsUser": 0}}, "spec.securityContext.runAsUser", "minimum"),
     ({"securityContext": {"runAsGroup": -1}}, "spec.securityContext.runAsGroup", "minimum"),
+    # GPUs and RDMA devices only through gpusPerWorker / infiniband, where admission counts them
+    ({"gpusPerWorker": 0, "resources": {"limits": {"nvidia.com/gpu": 8}}},
+     "spec.resources.limits", "'nvidia.com/gpu' cannot be set here"),
+    ({"resources": {"requests": {"cpu": "4", "rdma/ib": 1}}}, "spec.resources.requests",
+     "spec.infiniband"),
 ])
 def test_bad_input_names_the_field(spec, field, words):
     with pytest.raises(SpecError) as err:

@@ -151,6 +151,14 @@ def age(timestamp: str | None, now: dt.datetime | None = None) -> str:
     return f"{max(seconds, 0)}s"
 
 
+def _rate(value) -> str:
+    """imagesPerSec as shown: a number to one decimal; "NaN"/"Infinity" (non-finite reports) as
+    they are; "-" when unreported."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.1f}"
+    return str(value) if value is not None else "-"
+
+
 def row(job: dict, wide: bool, with_namespace: bool) -> list[str]:
     status, spec = job.get("status") or {}, job.get("spec") or {}
     metrics = status.get("metrics") or {}
@@ -159,7 +167,7 @@ def row(job: dict, wide: bool, with_namespace: bool) -> list[str]:
     out += [job["metadata"]["name"], status.get("phase") or "Pending", workers,
             str(status.get("gpus", spec.get("workers", 1) * spec.get("gpusPerWorker", 0))),
             str(status.get("restarts", 0)),
-            f"{metrics['imagesPerSec']:.1f}" if "imagesPerSec" in metrics else "-",
+            _rate(metrics.get("imagesPerSec")),
             age(job["metadata"].get("creationTimestamp"))]
     if wide:
         out += [spec.get("framework", "pytorch"), spec.get("launcher", "mpi"),

@@ -18,6 +18,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -423,7 +424,8 @@ class DevCluster:
 
 
 def install_crds(kubeconfig: Path, crds_dir: Path | None = None) -> dict[str, str]:
-    """Apply every CRD in crds/ (the single source the chart also uses) and wait until served.
+    """Apply every CRD in crds/ (the single source the chart also uses) and wait until served,
+    and until the garbage collector knows their kinds (see wait_for_garbage_collector).
 
     Returns {file name: error} for the CRDs the API server refused (empty when all installed), so
     one broken definition is reported by name instead of hiding the others.
@@ -431,14 +433,43 @@ def install_crds(kubeconfig: Path, crds_dir: Path | None = None) -> dict[str, st
     from trainop.devcluster import kubectl
     from trainop.paths import CRDS_DIR
 
-    errors = {}
+    errors, kinds = {}, []
     for path in sorted((crds_dir or CRDS_DIR).glob("*.yaml")):
         applied = kubectl.run(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(path))
         if applied.returncode == 0:
-            name = yaml.safe_load(path.read_text())["metadata"]["name"]
+            crd = yaml.safe_load(path.read_text())
+            name = crd["metadata"]["name"]
             waited = kubectl.run(kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
             if waited.returncode == 0:
+                served = next(v["name"] for v in crd["spec"]["versions"] if v.get("served"))
+                kinds.append((f"{crd['spec']['group']}/{served}", crd["spec"]["names"]["kind"]))
                 continue
             applied = waited
         errors[path.name] = applied.stderr.strip()
+    wait_for_garbage_collector(kubeconfig, kinds)
     return errors
+
+
+def wait_for_garbage_collector(kubeconfig: Path, kinds: list[tuple[str, str]],
+                               timeout: float = 120.0) -> None:
+    """The controller-manager's garbage collector learns of new CRDs at its next discovery sync
+    (every 30 s, not configurable); until then it leaves the dependents of a deleted custom
+    resource alone, so a test that deletes one right after `up` would wait on a race. For each
+    kind, a ConfigMap owned by a custom resource that does not exist is collected exactly when
+    the collector can resolve that kind."""
+    from trainop.devcluster import kubectl
+
+    canaries = []
+    for api_version, kind in kinds:
+        name = f"gc-canary-{kind.lower()}-{uuid.uuid4().hex[:8]}"
+        owner = {"apiVersion": api_version, "kind": kind, "name": "gone", "uid": str(uuid.uuid4())}
+        kubectl.run(kubeconfig, "create", "-f", "-", check=True, input=json.dumps({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "default", "ownerReferences": [owner]}}))
+        canaries.append(f"configmap/{name}")
+    if canaries:
+        waited = kubectl.run(kubeconfig, "wait", "--for=delete", f"--timeout={int(timeout)}s",
+                             "-n", "default", *canaries)
+        if waited.returncode != 0:
+            raise ClusterError(f"the garbage collector did not learn {kinds} within {timeout:.0f}s: "
+                               f"{waited.stderr.strip()}")

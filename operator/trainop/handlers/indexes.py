@@ -12,7 +12,8 @@ children then fit in tens of MB.
     dtj_pods             (ns, job-name)           its pods (server-side label selector)
     dtj_launchers        (ns, job-name)           its launcher batch/v1 Job
     dtj_services         (ns, job-name)           its headless Service
-    dtj_configmaps       (ns, job-name)           its hostfile ConfigMap
+    dtj_configmaps       (ns, job-name)           its hostfile ConfigMap, its progress ConfigMap (data kept)
+    dtj_netpols          (ns, job-name)           its NetworkPolicy (restored if edited/deleted)
     dtj_endpointslices   (ns, job-name)           its Service's EndpointSlices (labels mirrored)
     nodes_by_pool        agentpool label          nodes (labels, allocatable)
     quotas               ns                       ResourceQuotas
@@ -38,6 +39,7 @@ from trainop.kueue import GROUP as KUEUE_GROUP
 from trainop.kueue import VERSION as KUEUE_VERSION
 from trainop.render import common
 from trainop.render import datastage as render_stage
+from trainop.render import logship as render_logship
 
 LABEL_JOB = common.LABEL_JOB
 LABEL_STAGE = render_stage.LABEL_STAGE
@@ -70,6 +72,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
     """Server-side label selectors for kinds only jobs own: the API server sends nothing else."""
     settings.watching.label_selectors["v1", "pods"] = LABEL_JOB
     settings.watching.label_selectors["v1", "configmaps"] = LABEL_JOB
+    settings.watching.label_selectors["networking.k8s.io", "v1", "networkpolicies"] = LABEL_JOB
     settings.watching.label_selectors["discovery.k8s.io", "v1", "endpointslices"] = LABEL_JOB
     settings.watching.label_selectors["apps", "v1", "statefulsets"] = LABEL_STAGE
     settings.watching.label_selectors[KUEUE_GROUP, KUEUE_VERSION, "workloads"] = LABEL_JOB
@@ -141,6 +144,13 @@ async def dtj_services(body, namespace, **_):
 
 @kopf.index("v1", "configmaps", labels=_HAS_JOB)
 async def dtj_configmaps(body, namespace, **_):
+    if body["metadata"]["labels"].get(common.LABEL_ROLE) == render_logship.PROGRESS_ROLE:
+        return {_job_key(body, namespace): _obj(body, data=dict(body.get("data") or {}))}
+    return {_job_key(body, namespace): _obj(body)}
+
+
+@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=_HAS_JOB)
+async def dtj_netpols(body, namespace, **_):
     return {_job_key(body, namespace): _obj(body)}
 
 
@@ -204,7 +214,7 @@ async def claims(name, namespace, **_):
     return {(namespace, name): name}
 
 
-INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps",
+INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps", "dtj_netpols",
            "dtj_endpointslices", "nodes_by_pool", "quotas", "stage_bodies",
            "stage_services", "stage_statefulsets", "stage_jobs", "service_accounts", "claims")
 
@@ -233,6 +243,7 @@ async def route_pod(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noq
 @kopf.on.event("batch", "v1", "jobs", labels=_HAS_JOB)
 @kopf.on.event("v1", "services", labels=_HAS_JOB)
 @kopf.on.event("v1", "configmaps", labels=_HAS_JOB)
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=_HAS_JOB)
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=_HAS_JOB)
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=_HAS_JOB)
 async def route_job_child(body, namespace, memo: kopf.Memo, **_) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from trainop import GROUP, blob, crds
 from trainop.config import Config
-from trainop.render import common
+from trainop.render import common, identity
 from trainop.spec import SpecError
 
 LABEL_STAGE = f"{GROUP}/datastage"
@@ -247,21 +247,10 @@ def stager_service_account(stage: Stage) -> str:
 def rbac_objects(stage: Stage) -> list[dict]:
     """What lets the copy pod report progress: patch the status of this one DataStage, nothing
     else. The operator never needs the data's credentials for that."""
-    name, lbl = stager_identity_name(stage), labels(stage, "copy")
-    account = stager_service_account(stage)
-    out = []
-    if account == name:
-        out.append({"apiVersion": "v1", "kind": "ServiceAccount",
-                    "metadata": common.metadata(name, stage.namespace, lbl)})
-    out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                "metadata": common.metadata(name, stage.namespace, lbl),
-                "rules": [{"apiGroups": [GROUP], "resources": ["datastages/status"],
-                           "resourceNames": [stage.name], "verbs": ["get", "patch"]}]})
-    out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                "metadata": common.metadata(name, stage.namespace, lbl),
-                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": stage.namespace}]})
-    return out
+    return identity.objects(
+        stager_identity_name(stage), stage.namespace, labels(stage, "copy"),
+        [identity.rule(GROUP, "datastages/status", stage.name, ["get", "patch"])],
+        account=stager_service_account(stage))
 
 
 def stager_args(stage: Stage, progress_interval: float) -> list[str]:

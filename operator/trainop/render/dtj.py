@@ -43,6 +43,10 @@ def worker_name(job: Job, index: int) -> str:
     return f"{job.name}-worker-{index}"
 
 
+def network_policy_name(job: Job) -> str:
+    return job.name
+
+
 def launcher_name(job: Job) -> str:
     return f"{job.name}-launcher"
 
@@ -236,6 +240,21 @@ def render_service(job: Job) -> dict:
     }
 
 
+def render_network_policy(job: Job) -> dict:
+    """The job's pods accept connections from the job's own pods only: sshd (2222) and the
+    torchrun rendezvous (29400) are then closed to every other pod of the cluster. All ports
+    between the job's pods stay open, because the data plane needs them: Open MPI's daemons
+    call back to mpirun on the launcher, and NCCL, Gloo and Horovod rings listen on ephemeral
+    ports. Policies add up, so a user who wants more in (a TensorBoard) adds their own."""
+    own = {"matchLabels": _labels(job)}
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": common.metadata(network_policy_name(job), job.namespace, _labels(job)),
+        "spec": {"podSelector": own, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": own}]}]},
+    }
+
+
 def render_ssh_secret(job: Job, private_key: str, public_key: str) -> dict:
     """The key pair comes from sshkeys.generate(), called once per job by the handler."""
     files = {SSH_KEY: private_key, f"{SSH_KEY}.pub": public_key + "\n",
@@ -291,6 +310,13 @@ def _ssh_volumes(job: Job) -> tuple[list[dict], list[dict]]:
     return volumes, mounts
 
 
+# No API token in any container of a job's pods: training code must not be able to call the API
+# server as the pod's ServiceAccount (it could otherwise write what the operator trusts). The
+# one container that needs the API, worker 0's log shipper, gets a token projected into it
+# alone (render/logship.py).
+NO_TOKEN = {"automountServiceAccountToken": False}
+
+
 def _output_volume(job: Job) -> dict:
     pvc = (job.output or {}).get("pvc")
     if pvc:
@@ -336,7 +362,7 @@ def worker_resources(job: Job) -> dict:
 
 
 def _ship_logs(job: Job, role: str, index: int | None, attempt: int, pod_spec: dict,
-               labels: dict) -> None:
+               labels: dict, annotations: dict) -> None:
     """Merge the log shipper's parts (render/logship.py) into a pod being rendered."""
     mount = {"name": "output", "mountPath": OUTPUT_DIR} if role == WORKER else None
     container = pod_spec["containers"][0]
@@ -351,6 +377,7 @@ def _ship_logs(job: Job, role: str, index: int | None, attempt: int, pod_spec: d
     if parts.init_containers:
         pod_spec["initContainers"] = parts.init_containers
     labels.update(parts.labels)
+    annotations.update(parts.annotations)
     if parts.service_account_name:
         pod_spec["serviceAccountName"] = parts.service_account_name
     if parts.termination_grace_period_seconds is not None:
@@ -385,13 +412,14 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
         container["resources"] = resources
     container["volumeMounts"] = mounts
     pod_spec = {"hostname": worker_name(job, index), "subdomain": service_name(job),
-                "restartPolicy": "Never", **_placement(job),
+                "restartPolicy": "Never", **_placement(job), **NO_TOKEN,
                 "securityContext": pod_security_context(job),
                 "containers": [container], "volumes": volumes}
-    _ship_logs(job, WORKER, index, attempt, pod_spec, labels)
+    annotations: dict[str, str] = {}
+    _ship_logs(job, WORKER, index, attempt, pod_spec, labels, annotations)
     return {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": common.metadata(worker_name(job, index), job.namespace, labels),
+        "metadata": common.metadata(worker_name(job, index), job.namespace, labels, annotations),
         "spec": pod_spec,
     }
 
@@ -406,13 +434,16 @@ def render_launcher(job: Job, attempt: int) -> dict:
         "resources": dict(job.launcher_resources),
         "volumeMounts": mounts,
     }
-    pod_spec = {"restartPolicy": "Never", **_placement(job),
+    pod_spec = {"restartPolicy": "Never", **_placement(job), **NO_TOKEN,
                 "securityContext": pod_security_context(job), "containers": [container],
                 "volumes": volumes}
-    _ship_logs(job, LAUNCHER, None, attempt, pod_spec, labels)
+    annotations: dict[str, str] = {}
+    _ship_logs(job, LAUNCHER, None, attempt, pod_spec, labels, annotations)
+    template_meta: dict = {"labels": dict(labels)}
+    if annotations:
+        template_meta["annotations"] = annotations
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": common.metadata(launcher_name(job), job.namespace, labels),
-        "spec": {"backoffLimit": 0,
-                 "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec}},
+        "spec": {"backoffLimit": 0, "template": {"metadata": template_meta, "spec": pod_spec}},
     }

@@ -11,22 +11,26 @@ The DTJ renderer calls `pod_parts(...)` for each pod it renders and merges the r
     pod["metadata"]["labels"] |= parts.labels
     pod["spec"]["serviceAccountName"], ...terminationGracePeriodSeconds  (when not None)
 
-applies `rbac(job, cfg)` once per job, and puts `status_urls(job, attempt, cfg)` into the status.
+applies `rbac(job, cfg)` and creates `progress_config_map(job, cfg)` once per job, puts
+`status_urls(job, attempt, cfg)` into the status, and copies `progress_metrics(config_map)` into
+`status.metrics` for display only.
 
 Blob output: the training container tees stdout+stderr into LOG_FILE on an emptyDir shared with
 the `logship` native sidecar (`python -m trainop.logship`), which appends it to
 `<prefix>/<job>/<attempt>/<pod>.log`. Worker 0 (where rank 0 runs: first in the MPI hostfile,
 node rank 0 for torchrun) also uploads the trainer's output dir to `.../<attempt>/output/` and
-reports its metrics to the job's status. PVC output: no sidecar; the tee writes straight onto the
+reports its metrics into the job's progress ConfigMap (`<job>-progress`). PVC output: no sidecar; the tee writes straight onto the
 claim, under `logs/<job>/<attempt>/<pod>.log`, and the trainer's output is on the claim already.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 
-from trainop import GROUP, blob
-from trainop.render import common
+from trainop import blob
+from trainop.render import common, identity
 from trainop.spec import Job, SpecError
 
 SIDECAR = "logship"
@@ -34,6 +38,17 @@ VOLUME = "trainop-run"  # the log folder: an emptyDir shared with the sidecar, o
 RUN_DIR = "/var/trainop"
 LOG_FILE = f"{RUN_DIR}/train.log"  # Blob output: the file the sidecar ships
 METRICS_NAME = "metrics.jsonl"  # the trainer's --metrics-file, inside its --output-dir
+# The keys of the trainer's metrics contract (docs/DEVELOPING.md); nothing else reaches the status.
+METRIC_KEYS = ("epoch", "step", "loss", "imagesPerSec", "imagesPerSecPerGPU", "stepTime", "worldSize", "final")
+PROGRESS_KEY = "metrics"  # the progress ConfigMap's one key: the latest report, as JSON
+PROGRESS_ROLE = "progress"  # its trainop.io/role label
+# The reporting sidecar's API token: projected into that one container (every job pod sets
+# automountServiceAccountToken: false, so the training container gets none), with the API
+# server as audience, at the path in-cluster clients read, for the shortest lifetime the API
+# server accepts; the kubelet renews it at 80% and the client re-reads it every minute.
+API_TOKEN_VOLUME = "trainop-api-token"
+API_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+API_TOKEN_SECONDS = 600
 DEFAULTS = {
     "image": "trainop/operator:0.1.0",  # the sidecar runs the operator's own package
     "intervalSeconds": 2,
@@ -117,9 +132,63 @@ def status_urls(job: Job, attempt: int, cfg: dict) -> dict[str, str]:
 
 
 def service_account_name(job: Job, out: Output) -> str:
-    """The identity of pods that ship: the federated ServiceAccount for workload identity, else a
-    per-job one (created by `rbac`)."""
+    """The identity of pods that ship: the federated ServiceAccount for workload identity (the
+    webhook can only federate the pod's own account), else a per-job one (created by `rbac`).
+    Either way only the sidecar holds a credential of it (`pod_parts`)."""
     return out.auth.service_account_name or f"{job.name}-{SIDECAR}"
+
+
+def progress_name(job: Job) -> str:
+    return f"{job.name}-progress"
+
+
+def progress_config_map(job: Job, cfg: dict) -> dict | None:
+    """Where worker 0's sidecar reports the trainer's metrics (None without a sidecar). Created
+    empty by the operator, owned by the job; the sidecar may only patch this one object (it never reads it).
+
+    Why a separate object and not the job's status: RBAC cannot limit a writer of the status
+    subresource to some of its keys, so a sidecar allowed to write `status.metrics` could also
+    write `phase`, `cleanedUp` or `restarts`, which the operator acts on. The operator reads
+    this ConfigMap only to copy its metrics into `status.metrics` for display
+    (`progress_metrics`), never to decide anything."""
+    out = parse_output(job.output, {**DEFAULTS, **cfg})
+    if out is None or out.claim is not None:
+        return None
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": common.metadata(progress_name(job), job.namespace,
+                                        common.labels(job.name, PROGRESS_ROLE)),
+            "data": {}}
+
+
+def safe_metrics(obj: dict) -> dict:
+    """The contract's keys of a metrics report, each a bool or a number; NaN and infinities
+    become the strings "NaN", "Infinity", "-Infinity" (JSON has no literal for them, and one
+    NaN would make the whole patch invalid JSON)."""
+    out: dict = {}
+    for key in METRIC_KEYS:
+        value = obj.get(key)
+        if isinstance(value, bool) or (isinstance(value, int) and abs(value) < 2 ** 63):
+            out[key] = value
+        elif isinstance(value, float):
+            out[key] = value if math.isfinite(value) else \
+                "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        elif value in ("NaN", "Infinity", "-Infinity"):
+            out[key] = value
+    return out
+
+
+def progress_metrics(config_map: dict | None) -> dict | None:
+    """What the progress ConfigMap says, checked as untrusted input (training code decides what
+    the trainer's metrics file holds): only the contract's keys, numbers or bools; None when it
+    holds nothing usable."""
+    text = ((config_map or {}).get("data") or {}).get(PROGRESS_KEY)
+    if not text or len(text) > 4096:
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return (safe_metrics(obj) or None) if isinstance(obj, dict) else None
 
 
 @dataclass(frozen=True)
@@ -130,6 +199,7 @@ class PodParts:
     mounts: list[dict] = field(default_factory=list)  # for the training container
     env: list[dict] = field(default_factory=list)  # for the training container
     labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
     service_account_name: str | None = None
     termination_grace_period_seconds: int | None = None
 
@@ -139,7 +209,9 @@ def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: lis
     """What the pod of `role` (launcher | worker) / `index` needs; `command` is the training
     container's full command line, `output_mount` the training container's volumeMount of the
     trainer's --output-dir (worker 0's sidecar uploads it and reports its metrics.jsonl). None
-    when the pod does not ship (no output, or a worker other than 0 without shipWorkerLogs)."""
+    when the pod does not ship (no output, or a worker other than 0 without shipWorkerLogs).
+    The training container is named `role` (render/dtj.py): with workload identity it is kept
+    out of the webhook's token injection, so only the sidecar can act as the identity."""
     cfg = {**DEFAULTS, **cfg}
     out = parse_output(job.output, cfg)
     primary = role == "worker" and index == 0
@@ -151,12 +223,14 @@ def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: lis
             volumes=[{"name": VOLUME, "persistentVolumeClaim": {"claimName": out.claim}}],
             mounts=[{"name": VOLUME, "mountPath": RUN_DIR}], env=_field_env()[:1])
     shared = {"name": VOLUME, "mountPath": RUN_DIR}
+    reports = primary and output_mount is not None
     return PodParts(
         command=_tee(LOG_FILE, command),
         init_containers=[_sidecar(job, attempt, out, cfg, shared, output_mount if primary else None)],
-        volumes=[{"name": VOLUME, "emptyDir": {}}],
+        volumes=[{"name": VOLUME, "emptyDir": {}}] + ([_api_token_volume()] if reports else []),
         mounts=[shared],
         labels=out.auth.pod_labels(),
+        annotations=out.auth.pod_annotations([role]),
         service_account_name=service_account_name(job, out),
         termination_grace_period_seconds=int(cfg["drainSeconds"]) + 30,
     )
@@ -173,6 +247,16 @@ def _field_env() -> list[dict]:
                                ("POD_UID", "metadata.uid"))]
 
 
+def _api_token_volume() -> dict:
+    """What the kubelet's own kube-api-access volume holds (token, ca.crt, namespace), for the
+    reporting sidecar alone (API_TOKEN_DIR)."""
+    return {"name": API_TOKEN_VOLUME, "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": API_TOKEN_SECONDS}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace",
+                                    "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}
+
+
 def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, output_mount: dict | None) -> dict:
     args = ["--account-url", out.account_url, "--container", out.container,
             "--dest", run_path(out.prefix, job.name, attempt), "--file", f"{LOG_FILE}=$(POD_NAME).log",
@@ -181,8 +265,9 @@ def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, outpu
     if output_mount:
         output_dir = output_mount["mountPath"]
         args += ["--output-dir", output_dir, "--metrics-file", f"{output_dir}/{METRICS_NAME}",
-                 "--job", job.name, "--metrics-interval", str(cfg["metricsIntervalSeconds"])]
+                 "--progress", progress_name(job), "--metrics-interval", str(cfg["metricsIntervalSeconds"])]
         mounts.append({**output_mount, "readOnly": True})
+        mounts.append({"name": API_TOKEN_VOLUME, "mountPath": API_TOKEN_DIR, "readOnly": True})
     return {
         "name": SIDECAR,
         "image": cfg["image"],
@@ -200,31 +285,19 @@ def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, outpu
 
 
 def rbac(job: Job, cfg: dict) -> list[dict]:
-    """The identity through which worker 0's sidecar writes `status.metrics`: a Role that may only
-    get/patch the status subresource of this one job, bound to the shipping pods' ServiceAccount
-    (created here unless it is the federated workload-identity one, which the user owns).
+    """The identity through which worker 0's sidecar reports metrics: a Role that may only
+    patch the job's progress ConfigMap (`progress_config_map`), bound to the shipping pods'
+    ServiceAccount (created here, without automounted token, unless it is the federated
+    workload-identity one, which the user owns).
 
     Why this path: the pod already runs next to the metrics file, so it reports them itself; the
     operator needs no access to the job's storage account (which, with workload identity, it
-    could not get without holding a broad identity of its own), and the pod's credential cannot
-    read or change any spec, pod or other job."""
+    could not get without holding a broad identity of its own), and the credential cannot read
+    or change the job, its status, any pod or any other object."""
     out = parse_output(job.output, {**DEFAULTS, **cfg})
     if out is None or out.claim is not None:
         return []
-    name = f"{job.name}-{SIDECAR}"
-    account = service_account_name(job, out)
-    labels = common.labels(job.name)
-    objs = []
-    if account == name:
-        objs.append({"apiVersion": "v1", "kind": "ServiceAccount",
-                     "metadata": common.metadata(name, job.namespace, labels),
-                     "automountServiceAccountToken": True})
-    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                 "metadata": common.metadata(name, job.namespace, labels),
-                 "rules": [{"apiGroups": [GROUP], "resources": ["distributedtrainingjobs/status"],
-                            "resourceNames": [job.name], "verbs": ["get", "patch"]}]})
-    objs.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-                 "metadata": common.metadata(name, job.namespace, labels),
-                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-                 "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": job.namespace}]})
-    return objs
+    return identity.objects(
+        f"{job.name}-{SIDECAR}", job.namespace, common.labels(job.name),
+        [identity.rule("", "configmaps", progress_name(job), ["patch"])],
+        account=service_account_name(job, out), automount=False)
