@@ -1,16 +1,21 @@
 """NetworkPolicy is enforced on the real nodes (kube-router's network policy controller): real TCP
 connections between pods are admitted or refused as networking.k8s.io/v1 policies say, both across
-nodes (routed through the host) and between pods on one node's bridge."""
+nodes (routed through the host) and between pods on one node's bridge; and the operator's own
+per-job policy (render/dtj.py) closes a job's sshd and rendezvous ports to other jobs' pods."""
 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.conftest import OPERATOR_IMAGE
 from tests.fixtures.waiting import wait_until
+from trainop import config, spec
 from trainop.devcluster import nodes
+from trainop.render import dtj
 
 pytestmark = pytest.mark.real
 
@@ -18,6 +23,17 @@ PORT = 8000
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 # Exit status 0 only when the TCP handshake completes; a REJECT (refused) or a DROP (timeout) fail.
 CONNECT = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)"
+# Accepts TCP connections on every port given (stands in for sshd and the torchrun rendezvous).
+LISTEN = """
+import socket, sys, threading
+def serve(port):
+    sock = socket.create_server(("", port))
+    while True:
+        sock.accept()[0].close()
+for port in sys.argv[1:]:
+    threading.Thread(target=serve, args=(int(port),)).start()
+"""
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def pod(name: str, labels: dict, pool: str, command: list[str], **extra) -> dict:
@@ -37,29 +53,40 @@ def ingress_policy(allowed_from: list[dict]) -> dict:
                      if allowed_from else []}}
 
 
+IDLE = ["python", "-c", "import time; time.sleep(1e9)"]
+
+
+def start(cluster, namespace: str, pods: list[dict]) -> dict[str, dict]:
+    """Create the pods, wait until all are Ready; return them by name."""
+    cluster.apply(pods, namespace)
+    for name in (p["metadata"]["name"] for p in pods):
+        wait_until(lambda name=name: cluster.kubectl("wait", "-n", namespace, "--for=condition=Ready", f"pod/{name}",
+                                                     "--timeout=5s", check=False).returncode == 0,
+                   timeout=180, what=f"{name} Ready")
+    return {p["metadata"]["name"]: p for p in cluster.get("pods", "-n", namespace)["items"]}
+
+
+def can_connect(cluster, namespace: str, client: str, ip: str, port: int) -> bool:
+    """A real TCP handshake from inside the client pod (kubectl exec through its kubelet)."""
+    probe = cluster.kubectl("exec", "-n", namespace, client, "--", "python", "-c", CONNECT, ip, str(port), check=False)
+    return probe.returncode == 0
+
+
 def test_network_policy_admits_and_refuses_real_connections(real_cluster, real_namespace):
     ns = real_namespace
-    idle = ["python", "-c", "import time; time.sleep(1e9)"]
-    real_cluster.apply([
+    pods = start(real_cluster, ns, [
         pod("server", {"app": "server"}, "system", ["python", "-m", "http.server", str(PORT)],
             readinessProbe={"tcpSocket": {"port": PORT}, "periodSeconds": 1}),
         # One client on the other node (routed through the host), one beside the server (bridged).
-        pod("trainer", {"role": "trainer"}, "gpu", idle),
-        pod("intruder", {"role": "intruder"}, "system", idle),
-    ], ns)
-    for name in ("server", "trainer", "intruder"):
-        wait_until(lambda name=name: real_cluster.kubectl("wait", "-n", ns, "--for=condition=Ready", f"pod/{name}",
-                                                          "--timeout=5s", check=False).returncode == 0,
-                   timeout=180, what=f"{name} Ready")
-    pods = {p["metadata"]["name"]: p for p in real_cluster.get("pods", "-n", ns)["items"]}
+        pod("trainer", {"role": "trainer"}, "gpu", IDLE),
+        pod("intruder", {"role": "intruder"}, "system", IDLE),
+    ])
     assert pods["trainer"]["spec"]["nodeName"] != pods["server"]["spec"]["nodeName"]
     assert pods["intruder"]["spec"]["nodeName"] == pods["server"]["spec"]["nodeName"]
     server_ip = pods["server"]["status"]["podIP"]
 
     def connects(client: str) -> bool:
-        probe = real_cluster.kubectl("exec", "-n", ns, client, "--", "python", "-c", CONNECT, server_ip, str(PORT),
-                                     check=False)
-        return probe.returncode == 0
+        return can_connect(real_cluster, ns, client, server_ip, PORT)
 
     # No policy: every pod may connect.
     assert connects("trainer") and connects("intruder")
@@ -95,3 +122,32 @@ def test_machine_boundary_comes_before_the_policy_controller(real_cluster):
         f"-A {nodes.FORWARD_CHAIN} -s {nodes.POD_NETWORK} -j DROP",
         f"-A {nodes.FORWARD_CHAIN} -d {nodes.POD_NETWORK} -j DROP"]
     assert "-j KUBE-ROUTER-FORWARD" in rules(chain="FORWARD")[1]
+
+
+def test_the_operators_job_policy_admits_only_the_jobs_own_pods(real_cluster, real_namespace):
+    """The NetworkPolicy the operator makes per job (render/dtj.py), applied as rendered, over pods
+    labelled as two jobs' pods: job a's launcher (other node) reaches a's worker on the sshd and
+    rendezvous ports, job b's worker (same node) no longer does."""
+    ns = real_namespace
+    manifest = yaml.safe_load((EXAMPLES / "pytorch-torchrun-synthetic.yaml").read_text())
+    job_a, job_b = (spec.parse(manifest | {"metadata": {"name": name, "namespace": ns}}, config.load())
+                    for name in ("a", "b"))
+    ports = [dtj.SSH_PORT, dtj.RDZV_PORT]
+    pods = start(real_cluster, ns, [
+        pod("a-worker-0", dtj._labels(job_a, dtj.WORKER, 0), "system",
+            ["python", "-c", LISTEN, *map(str, ports)],
+            readinessProbe={"tcpSocket": {"port": dtj.SSH_PORT}, "periodSeconds": 1}),
+        pod("a-launcher", dtj._labels(job_a, dtj.LAUNCHER), "gpu", IDLE),
+        pod("b-worker-0", dtj._labels(job_b, dtj.WORKER, 0), "system", IDLE),
+    ])
+    worker_ip = pods["a-worker-0"]["status"]["podIP"]
+
+    def connects(client: str, port: int) -> bool:
+        return can_connect(real_cluster, ns, client, worker_ip, port)
+
+    assert all(connects(client, port) for client in ("a-launcher", "b-worker-0") for port in ports)
+    real_cluster.apply(dtj.render_network_policy(job_a), ns)
+    wait_until(lambda: not connects("b-worker-0", dtj.SSH_PORT), timeout=60,
+               what="another job's pod refused at the job's sshd port")
+    assert not connects("b-worker-0", dtj.RDZV_PORT)
+    assert connects("a-launcher", dtj.SSH_PORT) and connects("a-launcher", dtj.RDZV_PORT)
