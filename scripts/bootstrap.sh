@@ -22,8 +22,9 @@ trap 'step ""' EXIT
 step apt
 # --- Debian packages -------------------------------------------------------------------------
 apt_packages=(openmpi-bin libopenmpi-dev openssh-server openssh-client openssl python3-venv)
-# Real nodes and images: containerd + runc run pods; mmdebstrap, buildah and podman build images.
-[ "$what" = test ] && apt_packages+=(containerd runc iptables conntrack buildah podman mmdebstrap uidmap)
+# Real nodes and images: containerd + runc run pods; ipset for kube-router's NetworkPolicy
+# controller; mmdebstrap, buildah and podman build images.
+[ "$what" = test ] && apt_packages+=(containerd runc iptables ipset conntrack buildah podman mmdebstrap uidmap)
 [ "$what" = test ] && ! command -v npm >/dev/null && apt_packages+=(nodejs npm)  # Azurite
 missing=()
 for pkg in "${apt_packages[@]}"; do

@@ -148,12 +148,32 @@ ADDONS = {
             "github.com/containernetworking/plugins/plugins/meta/portmap"],
     # Cluster DNS: `<pod>.<service>.<ns>.svc` names, served from the API.
     "coredns": ["github.com/coredns/coredns"],
+    # NetworkPolicy enforcement: kube-router, of which only the network policy controller runs
+    # (iptables + ipset). Chosen over kube-network-policies (sigs.k8s.io, nftables): that one sends
+    # each new connection to user space with nftables' `queue` statement, and this kernel is built
+    # without CONFIG_NFT_QUEUE, while ip_set, xt_set, physdev and NFLOG are all built in.
+    "kube-router": ["github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"],
 }
+
+
+# Version variables an add-on's own release build stamps (kube-router logs and checks its version).
+ADDON_VERSION_VARS = {"kube-router": ("github.com/cloudnativelabs/kube-router/v2", "pkg/version.Version")}
+
+
+def _addon_ldflags(name: str) -> str:
+    if name not in ADDON_VERSION_VARS:
+        return "-s -w"
+    module, var = ADDON_VERSION_VARS[name]
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)} (v\S+)", (ADDONS_DIR / name / "go.mod").read_text(), re.M)
+    assert match, f"addons/{name}/go.mod must require {module}"
+    return f"-s -w -X {module}/{var}={match.group(1)}"
 
 
 def addon_dir(name: str) -> Path:
     module = ADDONS_DIR / name
-    digest = hashlib.sha256(" ".join(ADDONS[name]).encode())
+    # Stamped add-ons hash their flags too (the others' keys stay as they were: no needless rebuild).
+    stamp = _addon_ldflags(name) if name in ADDON_VERSION_VARS else ""
+    digest = hashlib.sha256((" ".join(ADDONS[name]) + stamp).encode())
     for path in sorted(module.iterdir()):
         digest.update(path.name.encode() + path.read_bytes())
     return cache_dir() / "devcluster" / f"{name}-{digest.hexdigest()[:12]}"
@@ -172,7 +192,8 @@ def ensure_addon(name: str, log=lambda msg: print(msg, file=sys.stderr)) -> Path
         staging.mkdir(parents=True)
         log(f"building {name} into {target} (cold: minutes)")
         started = time.monotonic()
-        subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(staging) + "/", *ADDONS[name]],
+        subprocess.run(["go", "build", "-trimpath", f"-ldflags={_addon_ldflags(name)}", "-o", str(staging) + "/",
+                        *ADDONS[name]],
                        cwd=ADDONS_DIR / name, env=_go_env(), check=True)
         staging.rename(target)
         log(f"built {name} in {time.monotonic() - started:.0f}s")

@@ -31,7 +31,8 @@ SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"  # first address of SERVICE_CIDR: the `kubernetes` Service
 POD_CIDR = "10.244.0.1/16"
 COMPONENTS = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
-REAL_COMPONENTS = ["coredns", "kube-proxy"]  # besides containerd, kubelet and device plugins per node
+# Besides containerd, kubelet and device plugins per node; kube-router = the NetworkPolicy controller.
+REAL_COMPONENTS = ["coredns", "kube-proxy", "kube-router"]
 SIM_STAGES = Path(__file__).resolve().parent / "sim-stages.yaml"
 
 
@@ -134,6 +135,7 @@ class DevCluster:
         bins = build.ensure_binaries()
         real = self.real_nodes
         if real:
+            nodes.require_ipset()
             nodes.claim_host(self.state_dir, lambda other: DevCluster(Path(other)).is_up())
             nodes.sweep()
             nodes.setup_host_network(real)
@@ -175,7 +177,8 @@ class DevCluster:
 
     def _start_real_nodes(self, real: list[nodes.RealNode], bins: Path, timeout: float) -> None:
         """CoreDNS and kube-proxy for the cluster, then containerd, kubelet and device plugins per
-        node (images are loaded into each node's containerd before its kubelet starts)."""
+        node (images are loaded into each node's containerd before its kubelet starts), then the
+        NetworkPolicy controller (it reads its node's address at start)."""
         from trainop.devcluster import images
 
         self._kubectl_apply(nodes.dns_objects())
@@ -208,6 +211,9 @@ class DevCluster:
             for name, args in plugins.items():
                 self._spawn(name, [str(bins / "gpu-device-plugin"), *args])
         self._wait(lambda: self._devices_advertised(real), timeout, "GPUs advertised on the real nodes")
+        self._spawn("kube-router", [str(build.ensure_addon("kube-router") / "kube-router"),
+                                    *nodes.network_policy_args(self.kubeconfig, real[0], SERVICE_CIDR)])
+        self._wait(nodes.network_policy_armed, timeout, "kube-router's network policy chains")
 
     def kill_container(self, node_name: str, container_id: str) -> None:
         """SIGKILL one container of a real node from the host, as the kernel's OOM killer would."""
@@ -256,7 +262,8 @@ class DevCluster:
 
     def _remove_real_nodes(self, real: list[nodes.RealNode], proxy_ran: bool) -> None:
         """Everything real nodes made: pods' processes and their runc shims, mounts, network
-        namespaces, veths, bridges, iptables chains (kube-proxy's own cleanup mode) and cgroups."""
+        namespaces, veths, bridges, iptables chains (kube-proxy's own cleanup mode; kube-router's
+        chains and ipsets by name) and cgroups."""
         for node in real:
             nodes.kill_node_processes(node)
         nodes.remove_cni_netns()
@@ -330,8 +337,9 @@ class DevCluster:
         if not self.real_nodes:
             return ["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"]
         # Pods reach the API through the `kubernetes` Service, whose endpoint is the advertised
-        # address: the host address on the dummy interface. The API server calls kubelets (logs,
-        # exec) at their InternalIP (the node's bridge address) as the cluster admin.
+        # address: the host address on the loopback interface. The API server calls kubelets (logs,
+        # exec) at their InternalIP (that same host address, each kubelet on its own port) as the
+        # cluster admin.
         return ["--bind-address=0.0.0.0", f"--advertise-address={nodes.HOST_IP}",
                 "--kubelet-preferred-address-types=InternalIP",
                 f"--kubelet-client-certificate={p / 'admin.crt'}", f"--kubelet-client-key={p / 'admin.key'}"]

@@ -1,14 +1,20 @@
-"""Real nodes for the dev cluster: real kubelets on containerd + runc, CNI networking, kube-proxy
-and CoreDNS, so the pods trainop makes actually run (on the CPU) instead of being simulated.
+"""Real nodes for the dev cluster: real kubelets on containerd + runc, CNI networking, kube-proxy,
+CoreDNS and NetworkPolicy enforcement (kube-router's network policy controller), so the pods
+trainop makes actually run (on the CPU) instead of being simulated.
 
 Layout on the host (all in the host's network namespace, as on a kind node):
   HOST_IP        an address on the loopback interface (this kernel has no dummy interfaces):
                  where pods reach the API server, CoreDNS (through the kube-dns Service) and any
-                 test service on the host (Azurite)
-  trainop<i>     node i's bridge, gateway 10.245.<i>.1 = the node's InternalIP; its pods get
-                 10.245.<i>.0/24 from host-local IPAM
-  TRAINOP-FWD    an iptables chain at the top of FORWARD: pod traffic may go to pods and the host
-                 only, never off this machine (the workplace's network rule)
+                 test service on the host (Azurite); also every node's InternalIP (so every
+                 pod's status.hostIP), since the nodes share this one host: see kubelet_args
+  trainop<i>     node i's bridge, gateway 10.245.<i>.1; its pods get 10.245.<i>.0/24 from
+                 host-local IPAM
+  TRAINOP-FWD    iptables chains at the top of FORWARD in the mangle table (so before any filter
+                 rule, the policy controller's ACCEPTs included): pod traffic may go to pods and the
+                 host only, never off this machine (the workplace's network rule); and in the
+                 filter table, accepting pod-to-pod traffic that no network policy decided on
+  kube-router    its network policy controller only, one for the host (see network_policy_args):
+                 KUBE-ROUTER-*, KUBE-POD-FW-*, KUBE-NWPLCY-* chains and KUBE-SRC-*/KUBE-DST-* ipsets
 Per node: its own containerd (root in the cache, so imported images survive a restart), its own
 kubelet (root-dir, cgroup root /trainop/<node>, port) and the stand-in device plugins that
 advertise the pool's `nvidia.com/gpu` and `rdma/ib` the way NVIDIA's and Mellanox's plugins do.
@@ -41,6 +47,9 @@ HOST_IP = "10.245.255.1"  # on `lo`; also the API server's advertised address
 DNS_SERVICE_IP = "10.96.0.10"
 CLUSTER_DOMAIN = "cluster.local"
 FORWARD_CHAIN = "TRAINOP-FWD"
+# ipsets the network policy controller makes (KUBE-SRC-/KUBE-DST- per policy; TMP- only while it
+# swaps a set in, left behind if it dies mid-restore). Nothing else on these machines uses ipset.
+IPSET_PREFIXES = ("KUBE-SRC-", "KUBE-DST-", "TMP-", "inet6:KUBE-", "inet6:TMP-")
 HOST_LOCK = Path("/run/trainop-devcluster-real-nodes.json")
 CGROUP_ROOT = "trainop"
 # The kubelet's device manager keeps its checkpoint in this fixed folder, whatever --root-dir
@@ -148,6 +157,17 @@ def setup_host_network(nodes: list[RealNode]) -> None:
             sh("ip", "link", "add", node.bridge, "type", "bridge")
             sh("ip", "addr", "add", f"{node.ip}/{node.subnet.prefixlen}", "dev", node.bridge)
         sh("ip", "link", "set", node.bridge, "up")
+    # The machine boundary lives in mangle's FORWARD, which runs before filter's: kube-router
+    # keeps its own jump first in filter's FORWARD and ACCEPTs there whatever the policies admit,
+    # egress off the machine included (no egress policy = all egress admitted).
+    if sh("iptables", "-t", "mangle", "-n", "-L", FORWARD_CHAIN, check=False).returncode != 0:
+        sh("iptables", "-t", "mangle", "-N", FORWARD_CHAIN)
+        sh("iptables", "-t", "mangle", "-A", FORWARD_CHAIN, "-s", POD_NETWORK, "-d", POD_NETWORK, "-j", "RETURN")
+        sh("iptables", "-t", "mangle", "-A", FORWARD_CHAIN, "-s", POD_NETWORK, "-j", "DROP")
+        sh("iptables", "-t", "mangle", "-A", FORWARD_CHAIN, "-d", POD_NETWORK, "-j", "DROP")
+        sh("iptables", "-t", "mangle", "-I", "FORWARD", "1", "-j", FORWARD_CHAIN)
+    # Pod-to-pod traffic the policy controller neither rejected nor accepted (pods it has not seen
+    # yet) is accepted here, whatever FORWARD's policy (podman's and Docker's rules may drop).
     if sh("iptables", "-n", "-L", FORWARD_CHAIN, check=False).returncode != 0:
         sh("iptables", "-N", FORWARD_CHAIN)
         sh("iptables", "-A", FORWARD_CHAIN, "-s", POD_NETWORK, "-d", POD_NETWORK, "-j", "ACCEPT")
@@ -167,6 +187,20 @@ def teardown_host_network() -> None:
         sh("ip", "link", "del", name, check=False)
     sh("ip", "addr", "del", f"{HOST_IP}/32", "dev", "lo", check=False)
     remove_chains()
+    remove_ipsets()  # after the chains: a set still referenced by a rule cannot be destroyed
+
+
+def _ipsets() -> list[str]:
+    if shutil.which("ipset") is None:
+        return []
+    return [name for name in sh("ipset", "list", "-n", check=False).stdout.split() if name.startswith(IPSET_PREFIXES)]
+
+
+def remove_ipsets() -> None:
+    """Destroy the network policy controller's ipsets (it has no working cleanup mode of its own:
+    v2.1.0's --cleanup-config builds an empty controller, which removes nothing)."""
+    for name in _ipsets():
+        sh("ipset", "destroy", name, check=False)
 
 
 def remove_chains(prefixes: tuple[str, ...] = ("KUBE-", "TRAINOP-")) -> None:
@@ -339,7 +373,7 @@ def kubelet_config(node: RealNode, pki_dir: Path, port: int, healthz_port: int) 
         # Several kubelets share the host: each keeps its pods under its own cgroup root.
         "cgroupRoot": f"/{CGROUP_ROOT}/{node.name}", "cgroupsPerQOS": True,
         "containerRuntimeEndpoint": f"unix://{node.containerd_socket}",
-        "address": node.ip, "port": port, "readOnlyPort": 0,
+        "address": HOST_IP, "port": port, "readOnlyPort": 0,  # the node's InternalIP: kubelet_args
         "healthzBindAddress": "127.0.0.1", "healthzPort": healthz_port,
         "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
                            "x509": {"clientCAFile": str(pki_dir / "ca.crt")}},
@@ -443,10 +477,35 @@ def forget_device_checkpoint() -> None:
 
 
 def kubelet_args(node: RealNode) -> list[str]:
+    """Every node's InternalIP is HOST_IP (each kubelet serves on its own port there): the nodes
+    share one network namespace, and kube-router's policy controller enforces policy for the pods
+    whose status.hostIP is its node's address, so one controller covers every node's pods (one per
+    node cannot work: each rewrites the whole filter table and deletes chains it did not make)."""
     labels = ",".join(f"{k}={v}" for k, v in sorted(node.labels().items()))
     return [f"--config={node.state_dir / 'kubelet.yaml'}", f"--kubeconfig={node.state_dir / 'kubeconfig'}",
-            f"--hostname-override={node.name}", f"--node-ip={node.ip}", f"--root-dir={node.kubelet_root}",
+            f"--hostname-override={node.name}", f"--node-ip={HOST_IP}", f"--root-dir={node.kubelet_root}",
             f"--node-labels={labels}", "--v=1"]
+
+
+def network_policy_args(kubeconfig: Path, node: RealNode, service_cidr: str) -> list[str]:
+    """kube-router as a NetworkPolicy controller only: no routing (the bridges route), no service
+    proxy (kube-proxy serves Services), no health or metrics port. Its node names the address
+    whose pods it protects: HOST_IP, i.e. every real node's pods (kubelet_args)."""
+    return ["--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+            f"--kubeconfig={kubeconfig}", f"--hostname-override={node.name}",
+            f"--service-cluster-ip-range={service_cidr}", "--enable-ipv4=true", "--enable-ipv6=false",
+            "--health-port=0", "--metrics-port=0", "--v=1"]
+
+
+def network_policy_armed() -> bool:
+    """kube-router has made its chains and hooked them into FORWARD (its first full sync)."""
+    return "-j KUBE-ROUTER-FORWARD" in sh("iptables", "-S", "FORWARD", check=False).stdout
+
+
+def require_ipset() -> None:
+    if shutil.which("ipset") is None:
+        raise NodeSetupError("the `ipset` command is missing (kube-router's network policy controller needs it): "
+                             "apt-get install ipset, or run scripts/bootstrap.sh test")
 
 
 def device_plugin_args(node: RealNode) -> dict[str, list[str]]:
@@ -482,7 +541,9 @@ def release_host(state_dir: Path) -> None:
 
 
 def leftovers(state_dir: Path) -> list[str]:
-    """What real nodes made that still exists (empty after a clean `down`)."""
+    """What real nodes made that still exists (empty after a clean `down`): interfaces, the host
+    address, iptables chains (ours, kube-proxy's, the kubelet's, kube-router's), kube-router's
+    ipsets, cgroups, mounts and processes."""
     found = [f"interface {link['ifname']}" for link in json.loads(sh("ip", "-j", "link", "show").stdout or "[]")
              if link["ifname"].startswith("trainop")]
     if HOST_IP in sh("ip", "-o", "addr", "show", "dev", "lo").stdout:
@@ -491,6 +552,7 @@ def leftovers(state_dir: Path) -> list[str]:
         found += [f"iptables {table} chain {line.split()[1]}" for line in
                   sh("iptables", "-t", table, "-S", check=False).stdout.splitlines()
                   if line.startswith("-N ") and line.split()[1].startswith(("KUBE-", "TRAINOP-"))]
+    found += [f"ipset {name}" for name in _ipsets()]
     found += [f"cgroup {h / CGROUP_ROOT}" for h in _cgroup_hierarchies() if (h / CGROUP_ROOT).exists()]
     prefix = str(state_dir.resolve()) + "/"
     found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
