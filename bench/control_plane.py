@@ -30,11 +30,13 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 from kubernetes import client as k8s
@@ -104,17 +106,45 @@ OPERATORS = {
 }
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until the operator's liveness endpoint answers: kopf serves it once its startup handlers
+    ran, and it processes a job's events only after its indexes are filled. (A fixed sleep made
+    a slow start on a loaded machine count against the first jobs' latency.)"""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer within {timeout:.0f}s")
+
+
 def start_operator(name: str, cluster: DevCluster, namespace: str, log: Path) -> subprocess.Popen:
     env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), PYTHONUNBUFFERED="1")
+    health = None
     if name == "trainop":
         env["PYTHONPATH"] = os.pathsep.join([str(REPO / "operator"), str(REPO)])
-        cmd = [sys.executable, "-m", "trainop", "operator", "--standalone", "--namespace", namespace]
+        health = f"http://127.0.0.1:{_free_port()}/healthz"
+        cmd = [sys.executable, "-m", "trainop", "operator", "--standalone", "--namespace", namespace,
+               f"--liveness={health}"]
     else:
         cmd = [str(mpi_operator_binary()), f"-kubeConfig={cluster.kubeconfig}",
                f"-namespace={namespace}", "-kube-api-qps=200", "-kube-api-burst=400",
                "-threadiness=2"]
-    return subprocess.Popen(cmd, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
                             start_new_session=True)
+    if health:
+        wait_healthy(health, proc)
+    return proc
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -218,7 +248,8 @@ def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, wind
             time.sleep(0.2)
     log = logs / f"{operator}-{n}.log"
     proc = start_operator(operator, cluster, namespace, log)
-    time.sleep(5 if operator == "trainop" else 3)  # started: its initial listings done
+    if operator != "trainop":  # (trainop: start_operator waited for its liveness endpoint)
+        time.sleep(3)  # started: its informers' initial listings done
     watcher = LauncherWatch(core, namespace, selector, job_label)
     cpu0, cpu_before, restarts = cpu_seconds(proc.pid), 0.0, 0
     applied: dict[str, float] = {}
