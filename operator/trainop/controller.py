@@ -212,6 +212,7 @@ class Controller:
             [c for store in self.ix["workload_priority_classes"].values() for c in store])
 
     def namespace_view(self, namespace: str) -> gate.NamespaceView:
+        wakes = gate.wakes(namespace)  # with the caches, in the loop that runs the wake-ups
         quotas = self._all("quotas", namespace)
         if gate.unlimited(quotas, self.cfg):  # the gate needs only the nodes then
             return gate.NamespaceView(pods=[], quotas=[], jobs=[], nodes=self.nodes())
@@ -223,7 +224,7 @@ class Controller:
             if ns == namespace:
                 jobs.extend(self._fresh((JOB, ns, name), body) for body in store)
         return gate.NamespaceView(pods=pods, quotas=quotas, jobs=jobs, nodes=self.nodes(),
-                                  classes=self.priority_classes())
+                                  classes=self.priority_classes(), wakes=wakes)
 
     def job_snapshot(self, key: tuple) -> jobsync.JobSnapshot | None:
         _, ns, name = key

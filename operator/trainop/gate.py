@@ -39,6 +39,9 @@ class NamespaceView:
     jobs: list[dict]    # its DistributedTrainingJobs
     nodes: list[dict]
     classes: priority.Classes = field(default_factory=priority.Classes)  # what orders the queue
+    # gate.wakes(namespace) when the view was read (None: now). A view read before a wake must
+    # not mark the queue judged: the room that wake announced is not in it.
+    wakes: int | None = None
 
 
 def unlimited(quotas: list[dict], cfg: Config) -> bool:
@@ -52,7 +55,8 @@ class _Namespace:
     asking: set[str] = field(default_factory=set)            # job names that reached the gate
     admitted: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (uid, generation)
     decisions: dict[str, Decision] = field(default_factory=dict)
-    dirty: bool = True
+    wakes: int = 0     # how often wake() said room may have appeared
+    judged: int = -1   # the wakes the last evaluation's view had seen
     admitted_for_others: set[str] = field(default_factory=set)  # to wake (drain_admitted)
 
 
@@ -110,7 +114,7 @@ def _evaluate(namespace: str, space: _Namespace, cfg: Config, view: NamespaceVie
     space.admitted = {n: v for n, v in space.admitted.items() if n in names}
     space.asking &= names
     space.decisions = decisions
-    space.dirty = False
+    space.judged = max(space.judged, space.wakes if view.wakes is None else view.wakes)
     metrics.queue_totals(namespace, admission.gpu_totals(candidates, decisions))
 
 
@@ -137,7 +141,7 @@ def decide(job: Job, body: dict, cfg: Config, view: Callable[[], NamespaceView],
         new = job.name not in space.asking
         space.asking.add(job.name)
         if not _is_admitted(space, body) and (
-                new or space.dirty or job.name not in space.decisions):
+                new or space.judged < space.wakes or job.name not in space.decisions):
             _evaluate(job.namespace, space, cfg, ns_view)
         space.admitted_for_others.discard(job.name)
         if _is_admitted(space, body):  # admitted here, its status not written yet
@@ -154,8 +158,14 @@ def wake(namespace: str) -> list[str]:
     if space is None or not space.asking:
         return []
     with space.lock:
-        space.dirty = True
+        space.wakes += 1
         return sorted(n for n in space.asking if n not in space.admitted)
+
+
+def wakes(namespace: str) -> int:
+    """Read with a NamespaceView, in the same moment (see NamespaceView.wakes)."""
+    space = _spaces.get(namespace)
+    return space.wakes if space is not None else 0
 
 
 def drain_admitted(namespace: str) -> list[str]:

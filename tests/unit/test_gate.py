@@ -72,6 +72,23 @@ def test_a_waiting_job_does_not_judge_the_queue_again_until_woken(monkeypatch):
     assert len(judged) == 3
 
 
+def test_a_view_read_before_a_wake_does_not_mark_the_queue_judged():
+    """A reconcile reads its view, then room appears (wake), then it judges with the old view:
+    the next job must judge again with a view that has the room (this raced under load: the
+    large job stayed queued with its quota free)."""
+    a, b = body("a", "2026-01-01T00:00:00Z"), body("b", "2026-01-01T00:00:01Z")
+    gate.decide(parse(a, CFG), a, CFG, View([a, b]))  # a runs
+    assert not gate.decide(parse(b, CFG), b, CFG, View([a, b])).admitted
+    stale = gate.NamespaceView(pods=[], quotas=[], jobs=[a, b], nodes=NODES, wakes=gate.wakes("q"))
+    a["status"] = {"phase": "Succeeded"}
+    assert gate.wake("q") == ["b"]
+    a_running = {**a, "status": {}}  # what the stale view still holds
+    stale.jobs = [a_running, b]
+    assert not gate.decide(parse(b, CFG), b, CFG, lambda: stale).admitted
+    fresh = gate.NamespaceView(pods=[], quotas=[], jobs=[a, b], nodes=NODES, wakes=gate.wakes("q"))
+    assert gate.decide(parse(b, CFG), b, CFG, lambda: fresh).admitted
+
+
 def test_a_namespace_nothing_limits_judges_each_job_alone(monkeypatch):
     free = config.from_dict(None)  # no namespaceGpus cap, and the view has no quota
     monkeypatch.setattr(gate, "_evaluate", lambda *args: pytest.fail("judged the namespace"))
