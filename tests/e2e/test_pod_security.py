@@ -61,7 +61,7 @@ def test_which_pods_the_restricted_profile_admits(real_cluster, restricted_names
     admitted = real_cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(worker), check=False)
     assert admitted.returncode == 0, admitted.stderr
 
-    stage = render_datastage.parse({
+    stage = spec.parse_stage({
         "apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": {"name": "nfs", "namespace": ns},
         "spec": {"source": {"blob": {"accountURL": "https://acct.blob.core.windows.net", "container": "c",
                                      "auth": {"sasSecretRef": {"name": "s", "key": "sas"}}}},
