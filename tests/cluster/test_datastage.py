@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from tests.fixtures.cluster import server_disk
 from tests.fixtures.waiting import wait_until
 from trainop import blob
 
@@ -351,15 +352,7 @@ def test_copy_failure_reports_the_stagers_line(cluster, namespace, api, op, azur
 
 
 def test_provisioned_nfs_server_backs_the_volume_with_its_cluster_ip(cluster, namespace, api, op):
-    # The server's disk: a StorageClass without a provisioner and a volume for it to bind, as a
-    # cluster admin would have them (AKS' managed-csi is not here).
-    sc = f"disk-{namespace}"[:60]
-    cluster.apply({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": sc},
-                   "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "Immediate"})
-    cluster.apply({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{sc}-pv"},
-                   "spec": {"capacity": {"storage": "8Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": sc,
-                            "hostPath": {"path": "/tmp/nfs-disk"}}})
-    try:
+    with server_disk(cluster, namespace) as sc:
         cluster.kubectl("create", "secret", "generic", "storage", "-n", namespace, "--from-literal=key=abc")
         cluster.apply(datastage("served", "https://acct.blob.core.windows.net", {"accountKeySecretRef": {"name": "storage", "key": "key"}},
                                 {"provision": {"size": "8Gi", "storageClassName": sc}}), namespace)
@@ -382,9 +375,6 @@ def test_provisioned_nfs_server_backs_the_volume_with_its_cluster_ip(cluster, na
         wait_until(lambda: not api.core.list_namespaced_persistent_volume_claim(
             namespace, label_selector="trainop.io/datastage=served").items, timeout=60,
             what="the server's disk claim deleted with the StatefulSet")
-    finally:
-        cluster.kubectl("delete", "pv", f"{sc}-pv", "--wait=false", check=False)
-        cluster.kubectl("delete", "storageclass", sc, check=False)
 
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("datastage*.yaml"))

@@ -8,6 +8,7 @@ import pytest
 from kubernetes import client as k8s
 
 from tests.cluster.test_datastage import FAST, GROUP, SAS_REF, VERSION, Api, datastage, sas_secret
+from tests.fixtures.cluster import server_disk
 from tests.fixtures.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -102,58 +103,51 @@ def test_provisioned_server_network_policy_admits_exactly_the_stages_job_pods(cl
     operator_factory(config=FAST, namespaces=[namespace, other_namespace])
     api = Api(cluster, namespace)
     net = k8s.NetworkingV1Api(cluster.api_client())
-    sc = f"disk-{namespace}"[:60]
-    cluster.apply({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": sc},
-                   "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "Immediate"})
-    cluster.apply({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{sc}-pv"},
-                   "spec": {"capacity": {"storage": "8Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": sc,
-                            "hostPath": {"path": "/tmp/nfs-disk"}}})
-    try:
-        sas_secret(cluster, namespace, "sv=2024&sig=abc")
-        cluster.apply(datastage("served", ACCOUNT, SAS_REF, {"provision": {"size": "8Gi", "storageClassName": sc}}),
-                      namespace)
-        copy_pod = wait_until(lambda: api.copy_pod("served"), timeout=90, what="the copy pod Running")
-        cluster.end_pod(namespace, copy_pod.metadata.name, 0)
-        api.wait_phase("served", "Ready")
-        dtj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "DistributedTrainingJob",
-               "spec": {"workers": 2, "gpusPerWorker": 1, "launcher": "torchrun"}}
-        cluster.apply({**dtj, "metadata": {"name": "reader"},
-                       "spec": {**dtj["spec"], "data": {"dataStageRef": {"name": "served"}}}}, namespace)
-        cluster.apply({**dtj, "metadata": {"name": "bystander"}}, namespace)
-        # a pod elsewhere dressed as a reader of "served"
-        cluster.apply({"apiVersion": "v1", "kind": "Pod",
-                       "metadata": {"name": "impostor", "labels": {"trainop.io/reads-datastage": "served",
-                                                                    "trainop.io/datastage": "served"}},
-                       "spec": {"containers": [{"name": "c", "image": "x"}]}}, other_namespace)
+    with server_disk(cluster, namespace) as sc:
+        try:
+            sas_secret(cluster, namespace, "sv=2024&sig=abc")
+            cluster.apply(datastage("served", ACCOUNT, SAS_REF, {"provision": {"size": "8Gi", "storageClassName": sc}}),
+                          namespace)
+            copy_pod = wait_until(lambda: api.copy_pod("served"), timeout=90, what="the copy pod Running")
+            cluster.end_pod(namespace, copy_pod.metadata.name, 0)
+            api.wait_phase("served", "Ready")
+            dtj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "DistributedTrainingJob",
+                   "spec": {"workers": 2, "gpusPerWorker": 1, "launcher": "torchrun"}}
+            cluster.apply({**dtj, "metadata": {"name": "reader"},
+                           "spec": {**dtj["spec"], "data": {"dataStageRef": {"name": "served"}}}}, namespace)
+            cluster.apply({**dtj, "metadata": {"name": "bystander"}}, namespace)
+            # a pod elsewhere dressed as a reader of "served"
+            cluster.apply({"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"name": "impostor", "labels": {"trainop.io/reads-datastage": "served",
+                                                                        "trainop.io/datastage": "served"}},
+                           "spec": {"containers": [{"name": "c", "image": "x"}]}}, other_namespace)
 
-        def workers(job):
-            return {p.metadata.name for p in api.core.list_namespaced_pod(
-                namespace, label_selector=f"trainop.io/job-name={job},trainop.io/role=worker").items}
-        wait_until(lambda: len(workers("reader")) == 2 and len(workers("bystander")) == 2, timeout=60,
-                   what="both jobs' workers")
+            def workers(job):
+                return {p.metadata.name for p in api.core.list_namespaced_pod(
+                    namespace, label_selector=f"trainop.io/job-name={job},trainop.io/role=worker").items}
+            wait_until(lambda: len(workers("reader")) == 2 and len(workers("bystander")) == 2, timeout=60,
+                       what="both jobs' workers")
 
-        policy = net.read_namespaced_network_policy("served-nfs", namespace)
-        assert policy.metadata.owner_references[0].kind == "DataStage"
-        assert policy.spec.policy_types == ["Ingress"]
-        selected = {p.metadata.name for p in api.core.list_namespaced_pod(
-            namespace, label_selector=_selector(policy.spec.pod_selector)).items}
-        assert selected == {"served-nfs-0"}
-        (rule,) = policy.spec.ingress
-        assert [(port.protocol, port.port) for port in rule.ports] == [("TCP", 2049)]
-        admitted = set()
-        for peer in rule._from:
-            if peer.ip_block:
-                continue  # node subnets (datastage.nfsClientCIDRs): none configured here
-            # no namespaceSelector: the peer is in the policy's own namespace only
-            assert peer.namespace_selector is None
-            admitted |= {p.metadata.name for p in api.core.list_namespaced_pod(
-                namespace, label_selector=_selector(peer.pod_selector)).items}
-        assert admitted == workers("reader")
-        assert not admitted & (workers("bystander") | {copy_pod.metadata.name, "served-nfs-0"})
-    finally:
-        cluster.kubectl("delete", "dstage", "served", "-n", namespace, "--wait=false", check=False)
-        cluster.kubectl("delete", "pv", f"{sc}-pv", "--wait=false", check=False)
-        cluster.kubectl("delete", "storageclass", sc, check=False)
+            policy = net.read_namespaced_network_policy("served-nfs", namespace)
+            assert policy.metadata.owner_references[0].kind == "DataStage"
+            assert policy.spec.policy_types == ["Ingress"]
+            selected = {p.metadata.name for p in api.core.list_namespaced_pod(
+                namespace, label_selector=_selector(policy.spec.pod_selector)).items}
+            assert selected == {"served-nfs-0"}
+            (rule,) = policy.spec.ingress
+            assert [(port.protocol, port.port) for port in rule.ports] == [("TCP", 2049)]
+            admitted = set()
+            for peer in rule._from:
+                if peer.ip_block:
+                    continue  # node subnets (datastage.nfsClientCIDRs): none configured here
+                # no namespaceSelector: the peer is in the policy's own namespace only
+                assert peer.namespace_selector is None
+                admitted |= {p.metadata.name for p in api.core.list_namespaced_pod(
+                    namespace, label_selector=_selector(peer.pod_selector)).items}
+            assert admitted == workers("reader")
+            assert not admitted & (workers("bystander") | {copy_pod.metadata.name, "served-nfs-0"})
+        finally:
+            cluster.kubectl("delete", "dstage", "served", "-n", namespace, "--wait=false", check=False)
 
 
 @pytest.mark.parametrize("destination,field", [

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fixtures.cluster import OperatorProcess, _free_port
+from tests.fixtures.cluster import OperatorProcess, _free_port, server_disk
 from tests.fixtures.waiting import wait_until
 from tests.helm.helm import CHART, docs
 
@@ -198,13 +198,7 @@ def test_datastage_end_to_end_with_only_the_chart_service_account(cluster, insta
     API server lets the operator create only if it holds the Role's rights itself), the copy
     Job, and the finalizer that deletes the PV."""
     ns, port = install.jobs, sa_operator.metrics_port
-    sc = f"disk-{ns}"[:60]  # the server's disk: a class without a provisioner and a volume for it
-    cluster.apply({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": sc},
-                   "provisioner": "kubernetes.io/no-provisioner", "volumeBindingMode": "Immediate"})
-    cluster.apply({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{sc}-pv"},
-                   "spec": {"capacity": {"storage": "8Gi"}, "accessModes": ["ReadWriteOnce"],
-                            "storageClassName": sc, "hostPath": {"path": "/tmp/nfs-disk"}}})
-    try:
+    with server_disk(cluster, ns) as sc:
         cluster.kubectl("create", "secret", "generic", "storage", "-n", ns, "--from-literal=sas=sv=x&sig=y")
         cluster.apply({"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": {"name": "data"},
                        "spec": {"source": {"blob": {"accountURL": "https://acct.blob.core.windows.net",
@@ -230,9 +224,6 @@ def test_datastage_end_to_end_with_only_the_chart_service_account(cluster, insta
         cluster.kubectl("delete", "dstage", "data", "-n", ns, "--wait=false")
         wait_until(lambda: cluster.kubectl("get", "pv", pv, check=False).returncode != 0, timeout=60,
                    what="the finalizer deleted the NFS PV")
-    finally:
-        cluster.kubectl("delete", "pv", f"{sc}-pv", "--wait=false", check=False)
-        cluster.kubectl("delete", "storageclass", sc, check=False)
     assert not [k for k in scrape(port) if k[0] == "trainop_reconcile_errors_total"]
     assert_no_refusals(sa_operator)
 
