@@ -76,6 +76,9 @@ class DevCluster:
     pools: list[NodePool] = field(default_factory=default_pools)
     # False for `trainop devcluster up` (the cluster outlives the command); True for test sessions.
     die_with_parent: bool = False
+    # Every request's metadata (who, user agent, verb, when) as JSON lines here: how
+    # bench/control_plane.py counts one client's own requests.
+    audit_log: Path | None = None
 
     # ---- files ---------------------------------------------------------------------------
     @property
@@ -159,6 +162,16 @@ class DevCluster:
         self._wait(self._nodes_ready, timeout, "nodes Ready")
         self._wait(self._default_service_account, timeout, "the default ServiceAccount")
         return time.monotonic() - started
+
+    def _audit_args(self) -> list[str]:
+        if self.audit_log is None:
+            return []
+        policy = self.state_dir / "audit-policy.yaml"
+        policy.write_text(yaml.safe_dump({"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+                                          "omitStages": ["RequestReceived"],
+                                          "rules": [{"level": "Metadata"}]}))
+        return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json", "--audit-log-maxsize=0"]
 
     def _save(self, state: dict) -> None:
         self._state_file.write_text(json.dumps(state, indent=1))
@@ -302,7 +315,7 @@ class DevCluster:
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--authorization-mode=Node,RBAC", "--allow-privileged=true",
                 "--enable-priority-and-fairness=false", "--v=1",
-                *self._real_node_apiserver_args(),
+                *self._real_node_apiserver_args(), *self._audit_args(),
             ]
         if name == "kube-controller-manager":
             return [
