@@ -174,6 +174,10 @@ def peak_rss_mb(pid: int) -> float:
     return 0.0
 
 
+# Seconds between the last launcher Running and the steady-state window: at N=500 the Job
+# controller's and KWOK's status updates (and the watch events they send every operator) go on
+# for a while after the last launcher runs; 10 s was not enough on 2 cores (run 2: 2.07% CPU).
+SETTLE_S = 30
 OWN_AGENTS = {"trainop": ("kopf/", "OpenAPI-Generator/"), "mpi-operator": ("mpi-operator/",)}
 
 
@@ -293,7 +297,7 @@ def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, wind
               "p99_s": round(percentile(latencies, 99), 2) if latencies else None,
               "ramp_cpu_s": round(ramp_cpu, 1), "restarts": restarts}
     watcher.close()
-    time.sleep(10)  # let the last status writes and Events settle
+    time.sleep(SETTLE_S)  # the last status writes, Events and the controllers' tail settle
     c0, w0, t0 = cpu_seconds(proc.pid), time.time(), time.monotonic()
     time.sleep(window)
     c1, w1, t1 = cpu_seconds(proc.pid), time.time(), time.monotonic()
