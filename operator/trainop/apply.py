@@ -30,7 +30,16 @@ import threading
 from kubernetes.client.exceptions import ApiException
 
 from trainop import kube, sshkeys
-from trainop.actions import Apply, Create, CreateSSHSecret, Delete, DropFinalizer, Problem, Ref
+from trainop.actions import (
+    Apply,
+    Create,
+    CreateSSHSecret,
+    Delete,
+    DropFinalizer,
+    PatchStatus,
+    Problem,
+    Ref,
+)
 from trainop.render import dtj as render_dtj
 
 log = logging.getLogger("trainop.apply")
@@ -62,6 +71,8 @@ class Applier:
                     _delete(action.ref)
                 elif isinstance(action, DropFinalizer):
                     _drop_finalizer(action)
+                elif isinstance(action, PatchStatus):
+                    _patch_status(action)
                 else:
                     raise TypeError(f"unknown action {action!r}")
             except kube.OwnershipError as exc:
@@ -157,6 +168,16 @@ def _drop_finalizer(action: DropFinalizer) -> None:
                                  "resourceVersion": action.resource_version}})
     except ApiException as exc:
         if exc.status not in (404, 409):  # gone, or changed: the next reconcile sees it anew
+            raise
+
+
+def _patch_status(action: PatchStatus) -> None:
+    ref = action.ref
+    try:
+        kube.patch(ref.api_version, ref.kind, ref.name, ref.namespace, action.patch,
+                   subresource="status")
+    except ApiException as exc:
+        if exc.status not in (404, 409):  # gone, or changed since the cache saw it
             raise
 
 

@@ -127,6 +127,17 @@ class Controller:
                 if cond and cond.get("reason") == "NoMatchingNodes":
                     self.enqueue_job(namespace, name)
 
+    def wake_waiting_for_flavor(self, flavor: str) -> None:
+        """A ResourceFlavor appeared or changed: jobs that Kueue admitted on it and that wait
+        for the cache to hold it (jobsync: WaitingForResourceFlavor)."""
+        for (namespace, name), store in self.ix["dtj_bodies"].items():
+            for body in store:
+                cond = conditions.get_condition((body.get("status") or {}).get("conditions"),
+                                                "Created")
+                if cond and cond.get("reason") == "WaitingForResourceFlavor" and \
+                        flavor in (cond.get("message") or ""):
+                    self.enqueue_job(namespace, name)
+
     def wake_jobs_of_stage(self, namespace: str, stage: str) -> None:
         for (ns, name), store in self.ix["dtj_bodies"].items():
             if ns == namespace and any(_stage_ref(body) == stage for body in store):
@@ -245,6 +256,9 @@ class Controller:
         view = None if conditions.is_true(conds, "Admitted") else self.namespace_view(ns)
         stage = _stage_ref(body)
         config_maps = {_is_progress(c): c for c in self._all("dtj_configmaps", ck)}
+        workload = next((w for w in self._all("dtj_workloads", ck) if _controlled(w, uid)), None)
+        flavors = {n: f for n in kueue.flavor_names(workload)
+                   for f in self._all("resource_flavors", n)}
         return jobsync.JobSnapshot(
             body=body,
             pods=[p for p in self._all("dtj_pods", ck)
@@ -256,8 +270,10 @@ class Controller:
             endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
-            admit=lambda job, prio: gate.decide(job, body, self.cfg, lambda: view, prio),
+            admit=lambda job, prio: gate.decide(job, body, self.cfg, lambda: view, prio,
+                                                workload),
             classes=self.priority_classes(),
+            workload=workload, flavors=flavors,
             problem=self.problems.pop(key, None))
 
     async def _reconcile_job(self, key: tuple) -> None:
@@ -312,6 +328,7 @@ class Controller:
     def _decide_and_act(self, key: tuple, snap: jobsync.JobSnapshot):
         snap.kueue = kueue.manages(snap.body)
         _confirm_class(snap)
+        _confirm_flavors(snap)
         outcome = jobsync.decide(snap, self.cfg, dt.datetime.now(dt.timezone.utc))
         return outcome, self._act(key, snap.body, outcome)
 
@@ -394,6 +411,15 @@ def _confirm_class(snap: jobsync.JobSnapshot) -> None:
     seen = priority.Classes.of([found] if found else [], [wpc] if wpc else [])
     snap.classes = priority.Classes(pod=snap.classes.pod | seen.pod,
                                     workload=snap.classes.workload | seen.workload)
+
+
+def _confirm_flavors(snap: jobsync.JobSnapshot) -> None:
+    """An admitted flavor the watch cache does not hold yet is read from the API server (Kueue
+    admitted the job on it, so it exists unless deleted a moment ago)."""
+    for name in kueue.flavor_names(snap.workload) - set(snap.flavors):
+        found = apply.kube.get(kueue.API_VERSION, "ResourceFlavor", name, None)
+        if found is not None:
+            snap.flavors[name] = found
 
 
 def _stage_ref(body: dict) -> str | None:

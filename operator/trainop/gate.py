@@ -26,7 +26,7 @@ from trainop import admission, conditions, kueue, metrics, phases, priority
 from trainop.admission import Decision
 from trainop.config import Config
 from trainop.render import common
-from trainop.spec import Job, SpecError, parse_cached
+from trainop.spec import MANAGED_BY, Job, SpecError, managed_by, parse_cached
 
 ADMITTED_EARLIER = Decision(admission.ADMITTED, "QuotaReserved",
                             "the whole gang fits the namespace's quotas")
@@ -89,7 +89,7 @@ def _evaluate(namespace: str, space: _Namespace, cfg: Config, view: NamespaceVie
     for body in view.jobs:
         spec, meta = body.get("spec") or {}, body["metadata"]
         if phases.finished(body) or (spec.get("runPolicy") or {}).get("suspend") or \
-                kueue.manages(body):
+                managed_by(body) != MANAGED_BY or kueue.manages(body):
             continue
         admitted = _is_admitted(space, body)
         if not admitted and not _asks(space, body):
@@ -119,12 +119,12 @@ def _evaluate(namespace: str, space: _Namespace, cfg: Config, view: NamespaceVie
 
 
 def decide(job: Job, body: dict, cfg: Config, view: Callable[[], NamespaceView],
-           prio: priority.Priority = priority.NONE) -> Decision:
+           prio: priority.Priority = priority.NONE, workload: dict | None = None) -> Decision:
     """May this job's gang be created now? Called for a job that is not yet Admitted, with
     the priority jobsync resolved (Kueue's Workload carries it; the native queue resolves
-    every job's own from the view)."""
+    every job's own from the view). `workload`: its Kueue Workload as the cache holds it."""
     if kueue.manages(body):
-        return kueue.decide(job, body, prio)
+        return kueue.decide(job, body, prio, workload)
     ns_view = view()
     if unlimited(ns_view.quotas, cfg):
         # Nothing limits the namespace: each job is judged alone, on whether its pool can ever

@@ -20,20 +20,30 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import conditions, phases, priority
-from trainop.actions import Apply, Create, CreateSSHSecret, DropFinalizer, Outcome, Problem, Ref, delete
+from trainop import conditions, kueue, phases, priority
+from trainop.actions import (
+    Apply,
+    Create,
+    CreateSSHSecret,
+    DropFinalizer,
+    Outcome,
+    PatchStatus,
+    Problem,
+    Ref,
+    delete,
+)
 from trainop.admission import Decision
 from trainop.config import Config
 from trainop.render import common, logship
 from trainop.render import dtj as render
-from trainop.spec import Job, SpecError, capacity_error, parse_cached
+from trainop.spec import MANAGED_BY, Job, SpecError, capacity_error, managed_by, parse_cached
 
 TERMINAL = phases.TERMINAL
 # What the timer-based operator put on every job (kopf's, for its timer); nothing needs it now,
 # and left in place it would hold a deleted job (and its namespace) until someone removes it.
 LEGACY_FINALIZER = "trainop.io/finalizer"
 # Conditions whose becoming True (or False, for these gates) is worth a Warning Event.
-WARN_TRUE = {"Failed", "Restarting"}
+WARN_TRUE = {"Failed", "Restarting", "Evicted"}
 WARN_FALSE = {"Created", "DataReady"}
 
 
@@ -54,6 +64,8 @@ class JobSnapshot:
     admit: Callable[[Job, priority.Priority], Decision] | None = None  # the gate (gate.py)
     classes: priority.Classes = field(default_factory=priority.Classes)  # cluster-scoped
     kueue: bool = False        # Kueue admits this job (spec.queue and Kueue is installed)
+    workload: dict | None = None  # its Kueue Workload (the watch cache's, controlled by the job)
+    flavors: dict[str, dict] = field(default_factory=dict)  # the admitted ResourceFlavors by name
     problem: Problem | None = None                        # what the last apply met (apply.py)
 
 
@@ -196,6 +208,10 @@ def _events(old: list[dict] | None, new: list[dict] | None) -> list[tuple[str, s
 
 def decide(snap: JobSnapshot, cfg: Config, now: dt.datetime) -> Outcome:
     """Every decision of one reconcile of the job in `snap` (see the module docstring)."""
+    if managed_by(snap.body) != MANAGED_BY:
+        # Another controller owns it (runPolicy.managedBy, the MPI Operator's rule): no child,
+        # no status write, not even observedGeneration.
+        return Outcome()
     meta = snap.body["metadata"]
     old = snap.body.get("status") or {}
     st = _Status(old, meta.get("generation"), now)
@@ -277,6 +293,11 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
         st.cond("Suspended", False, "JobResumed", "the gang starts again")
         st.data.pop("startTime", None)
 
+    if plan.snap.kueue:
+        stopping = _kueue_evicted(plan, job, st)
+        if stopping is not None:
+            return stopping
+
     claim = _data_claim(plan.snap.stage, job, st, plan.snap.pods)
     if claim is False:
         return plan.wait("waiting for data")
@@ -302,6 +323,11 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
         if not decision.admitted:
             st.phase("Queued")
             return plan.wait(decision.message)
+    if plan.snap.kueue:
+        placed = _kueue_placement(plan, job, st)
+        if not isinstance(placed, Job):
+            return placed
+        job = placed
     problem = plan.snap.problem
     if problem and problem.reason == "ChildRejected":  # fails, so the gate frees its quota
         _finish(st, "Failed", "ChildRejected", problem.message, now)
@@ -340,6 +366,65 @@ def _suspend(plan: _Plan, job: Job, st: _Status) -> Outcome:
     if pods or launcher:
         return plan.wait("waiting for the suspended gang's pods to go")
     return plan.out
+
+
+def _kueue_admitted(st: _Status) -> bool:
+    cond = conditions.get_condition(st.data.get("conditions"), "Admitted")
+    return bool(cond) and cond.get("status") == "True" and cond.get("reason") == "KueueAdmitted"
+
+
+def _kueue_evicted(plan: _Plan, job: Job, st: _Status) -> Outcome | None:
+    """Kueue evicted or preempted the job's Workload (or withdrew its admission): stop the
+    gang and queue again, as Kueue's jobframework stops the kinds it knows. Not a restart: no
+    runPolicy.backoffLimit is used and the attempt stays; `evictions` counts them. Once every pod
+    is gone the Workload's quota reservation is released (kueue.requeue_patch) and the job
+    waits at the gate (WaitingForKueue) until Kueue admits it again. None: nothing to stop."""
+    wl = plan.snap.workload
+    if _kueue_admitted(st):
+        why = kueue.stop_reason(wl)
+        if why is None:
+            return None
+        reason, message = why
+        queue = (plan.body.get("spec") or {}).get("queue")
+        st.cond("Evicted", True, reason, f"{message}; the gang is stopped and the job waits in "
+                                         f"LocalQueue {queue} to be admitted again")
+        st.cond("Admitted", False, reason, message)
+        for type_ in ("Running", "WorkersReady"):
+            if conditions.get_condition(st.data.get("conditions"), type_):
+                st.cond(type_, False, reason, "stopped by Kueue")
+        st.data["evictions"] = int(st.data.get("evictions") or 0) + 1
+        st.data.pop("startTime", None)  # the next run's deadline counts from its own start
+    elif not st.is_true("Evicted") or st.is_true("Admitted"):
+        return None
+    pods, launcher = plan.snap.pods, plan.snap.launcher
+    if launcher and not launcher["metadata"].get("deletionTimestamp"):
+        plan.delete(launcher)
+    _delete_pods(plan, pods)
+    st.phase("Queued")
+    st.data["workers"] = {"ready": 0, "total": job.workers, "summary": f"0/{job.workers}"}
+    if pods or launcher:
+        return plan.wait("waiting for the evicted gang's pods to go")
+    patch = kueue.requeue_patch(wl, st.stamp)
+    if patch is not None:
+        plan.out.actions.append(PatchStatus(Ref.of(wl), patch))
+    return None  # on to the gate: queued until Kueue admits the Workload again
+
+
+def _kueue_placement(plan: _Plan, job: Job, st: _Status) -> Job | Outcome:
+    """The admitted job with its flavors' nodeSelector and tolerations (kueue.place); a job
+    re-admitted after an eviction says so."""
+    if st.is_true("Evicted"):
+        st.cond("Evicted", False, "Readmitted", "Kueue admitted the Workload again")
+    try:
+        return kueue.place(job, plan.snap.workload or {}, plan.snap.flavors)
+    except kueue.FlavorMissing as exc:
+        why = f"waiting for ResourceFlavor {exc.args[0]}, which Kueue admitted the job on"
+        st.cond("Created", False, "WaitingForResourceFlavor", why)
+        st.phase("Starting")
+        return plan.wait(why)
+    except SpecError as exc:
+        _finish(st, "Failed", "FlavorConflict", str(exc), plan.now)
+        return plan.out
 
 
 def _data_claim(stage: dict | None, job: Job, st: _Status, pods: list[dict]):
@@ -492,6 +577,8 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
     ready = sum(1 for p in workers.values() if _pod_ready(p))
     st.data["workers"] = {"ready": ready, "total": job.workers,
                           "summary": f"{ready}/{job.workers}"}
+    if plan.snap.kueue:
+        _report_pods_ready(plan, job, ready)
     if not launched:
         st.phase("Starting")
         waiting = _gang_waiting(plan, job, st, ready)
@@ -510,6 +597,19 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
             f"{job.total_slots} ranks on {job.workers} workers (attempt {attempt})")
     st.phase("Running")
     return plan.out
+
+
+def _report_pods_ready(plan: _Plan, job: Job, ready_workers: int) -> None:
+    """Kueue's PodsReady on the Workload: every pod of the gang Ready (or done), the MPI
+    launcher's included, as the jobframework reports it for an MPIJob."""
+    ready = ready_workers == job.workers
+    if ready and job.launcher == "mpi":
+        ready = any(p["metadata"]["labels"].get(common.LABEL_ROLE) == render.LAUNCHER and
+                    (_pod_ready(p) or p.get("status", {}).get("phase") == "Succeeded")
+                    for p in plan.snap.pods)
+    patch = kueue.pods_ready_patch(plan.snap.workload, ready, _ts(plan.now))
+    if patch is not None:
+        plan.out.actions.append(PatchStatus(Ref.of(plan.snap.workload), patch))
 
 
 def _gang_waiting(plan: _Plan, job: Job, st: _Status, ready: int) -> str | None:

@@ -1,27 +1,39 @@
 """Kueue decides admission for jobs that name a LocalQueue (`spec.queue`) when Kueue is installed.
 
-The operator does what Kueue's jobframework does for its built-in integrations, for a kind Kueue
-does not know: it creates one Workload per job (owned by the job) whose podSets are the gang's
-pods, waits, with no pod created, until Kueue admits it (condition QuotaReserved and Admitted),
-then starts the gang. The Workload's priority is the class `spec.priorityClassName` names
-(priority.py): `spec.priorityClassRef` and its value in `spec.priority`, as jobframework writes
-them for Kueue's own kinds (the Workload's schema requires the value with the reference).
-When the job finishes it marks the Workload Finished and drops Kueue's
-finalizer so the quota is released at once.
+The operator does for its kind what Kueue's jobframework (pkg/controller/jobframework/
+reconciler.go) does for the kinds Kueue knows:
+- one Workload per job (owned by the job), whose podSets are the gang's pods; no pod exists
+  until Kueue admits it (QuotaReserved and Admitted). Its priority is the class
+  `spec.priorityClassName` names (priority.py): `spec.priorityClassRef` and `spec.priority`.
+- on admission, the admitted ResourceFlavors' `nodeLabels` and `tolerations` go onto each pod
+  set's pods (`place`, Kueue's podset.FromAssignment + Merge: a label that contradicts the
+  job's own nodeSelector is an error, not an override).
+- while the gang runs, `PodsReady` on the Workload says whether every pod is Ready (what
+  Kueue's waitForPodsReady waits for; `pods_ready_patch`, generatePodsReadyCondition).
+- when Kueue evicts the Workload (preemption, a PodsReady timeout, a stopped queue) or takes
+  its admission back, the gang stops and the job queues again (`stop_reason`); once its pods are
+  gone, the quota reservation is released (`requeue_patch`: Requeued, QuotaReserved=False
+  "Pending", no admission), so Kueue can admit it again later.
+- a finished job marks its Workload Finished and drops Kueue's finalizer (`finish`); a
+  suspended one deletes it (`release`).
 
-    kueue.manages(body)                  # spec.queue set and the Workload API served
+    kueue.manages(body)                      # spec.queue set and the Workload API served
     kueue.render_workload(job, queue, prio)  # pure: the Workload manifest
-    kueue.decide(job, body, prio)        # Decision (creates the Workload if missing)
-    kueue.finish(namespace, job_name)    # the job Succeeded/Failed: release the quota
-    kueue.release(namespace, job_name)   # the job was suspended: give the quota back
+    kueue.decide(job, body, prio, workload)  # Decision, from the cached Workload (made if missing)
+    kueue.stop_reason(workload)              # pure: why an admitted job must stop, or None
+    kueue.requeue_patch(workload, now)       # pure: give the evicted quota back, or None
+    kueue.pods_ready_patch(workload, ready, now)  # pure: the PodsReady condition, or None
+    kueue.place(job, workload, flavors)      # pure: the job with its admitted flavors
+    kueue.finish(namespace, job_name)        # the job Succeeded/Failed: release the quota
+    kueue.release(namespace, job_name)       # the job was suspended: give the quota back
 
-Not done: Kueue's flavor assignment (nodeSelector of the admitted ResourceFlavor) is not copied
-onto the pods (the job's own node pool selects the nodes), and an eviction of an admitted
-Workload (preemption) does not stop a running gang.
+Admission and eviction are judged from the same watch cache of Workloads (handlers/indexes.py),
+so a later reconcile never sees an older Workload than the one that admitted the job.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -31,7 +43,8 @@ from trainop import conditions, kube
 from trainop import priority as priorities
 from trainop.admission import ADMITTED, QUEUED, Decision, gang_pods
 from trainop.render import common
-from trainop.spec import Job
+from trainop.render import dtj as render
+from trainop.spec import FlavorPlacement, Job, SpecError
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -72,9 +85,9 @@ def render_workload(job: Job, queue: str,
     """One podSet for the workers (count = workers) and one for the MPI launcher; `job` is
     bound to `prio` (priority.bind), so a PriorityClass is also on the pod templates."""
     pods = gang_pods(job)
-    sets = [("workers", job.workers, pods[0])]
+    sets = [(render.WORKER_POD_SET, job.workers, pods[0])]
     if job.launcher == "mpi":
-        sets.append(("launcher", 1, pods[-1]))
+        sets.append((render.LAUNCHER_POD_SET, 1, pods[-1]))
     spec: dict = {"queueName": queue, "podSets": [
         {"name": name, "count": count,
          "template": {"metadata": {"labels": dict(pod["metadata"].get("labels") or {})},
@@ -89,19 +102,164 @@ def render_workload(job: Job, queue: str,
             "spec": spec}
 
 
-def decide(job: Job, body: dict, prio: priorities.Priority = priorities.NONE) -> Decision:
+def _conds(wl: dict | None) -> list[dict]:
+    return ((wl or {}).get("status") or {}).get("conditions") or []
+
+
+def admitted(wl: dict | None) -> bool:
+    """Kueue admits it now: Admitted and QuotaReserved, and not being evicted."""
+    conds = _conds(wl)
+    return conditions.is_true(conds, "Admitted") and conditions.is_true(conds, "QuotaReserved") \
+        and not conditions.is_true(conds, "Evicted")
+
+
+def decide(job: Job, body: dict, prio: priorities.Priority = priorities.NONE,
+           workload: dict | None = None) -> Decision:
+    """`workload` is the job's Workload as the watch cache holds it; None: not seen yet, so it
+    is made (or found) through the API and judged only once the cache has it (its event wakes
+    the job), which keeps admission and eviction on one view of it."""
     spec = body.get("spec") or {}
-    wl = kube.ensure(render_workload(job, spec["queue"], prio), owner=body, update=False)
-    conds = (wl.get("status") or {}).get("conditions")
-    if conditions.is_true(conds, "Admitted"):
+    wl = workload if workload is not None else \
+        kube.ensure(render_workload(job, spec["queue"], prio), owner=body, update=False)
+    conds = _conds(wl)
+    if workload is not None and admitted(wl):
         cq = ((wl.get("status") or {}).get("admission") or {}).get("clusterQueue", "?")
         return Decision(ADMITTED, "KueueAdmitted",
                         f"Workload {wl['metadata']['name']} admitted by ClusterQueue {cq}")
     why = conditions.get_condition(conds, "QuotaReserved") or {}
+    if conditions.is_true(conds, "QuotaReserved"):  # evicted: the stopped gang gives it back
+        why = conditions.get_condition(conds, "Evicted") or why
     return Decision(QUEUED, "WaitingForKueue",
                     f"Workload {wl['metadata']['name']} waits in LocalQueue {spec['queue']}: "
                     f"{why.get('message') or 'not admitted yet'}")
 
+
+# ---- the admitted job's lifecycle (pure: decisions on the cached Workload) ----------------
+
+def stop_reason(wl: dict | None) -> tuple[str, str] | None:
+    """Why a job Kueue had admitted must stop its gang and queue again, as (reason, message)
+    for its conditions; None while Kueue still admits it. Reasons: Preempted (Kueue evicted
+    it for a higher priority or a cohort's reclaim), Evicted (any other eviction: PodsReady
+    timeout, a stopped queue, an admission check, node failures), NotAdmitted (the admission
+    was withdrawn without an eviction), WorkloadDeleted (someone deleted the Workload)."""
+    if wl is None:
+        return ("WorkloadDeleted", "its Kueue Workload was deleted; a new one queues for "
+                "admission")
+    name, conds = wl["metadata"]["name"], _conds(wl)
+    evicted = conditions.get_condition(conds, "Evicted")
+    if evicted and evicted.get("status") == "True":
+        kind = evicted.get("reason") or "Evicted"
+        return ("Preempted" if kind == "Preempted" else "Evicted",
+                f"Kueue evicted Workload {name} ({kind}): {evicted.get('message') or kind}")
+    if not admitted(wl):
+        cond = conditions.get_condition(conds, "QuotaReserved") or \
+            conditions.get_condition(conds, "Admitted") or {}
+        return ("NotAdmitted", f"Kueue no longer admits Workload {name}: "
+                               f"{cond.get('message') or 'its admission was removed'}")
+    return None
+
+
+def _set(wl: dict, conds: list[dict], type_: str, status: bool, reason: str, message: str,
+         stamp: str) -> list[dict]:
+    return conditions.set_condition(conds, type_, status, reason, message[:32768],
+                                    generation=wl["metadata"].get("generation"), timestamp=stamp)
+
+
+def _status_patch(wl: dict, status: dict) -> dict:
+    # A merge patch replaces the whole list: the resourceVersion makes the API server refuse it
+    # (409) if Kueue wrote the Workload since the cache saw it; the next event decides again.
+    return {"metadata": {"resourceVersion": wl["metadata"]["resourceVersion"]}, "status": status}
+
+
+def requeue_patch(wl: dict | None, now: str) -> dict | None:
+    """The evicted job's pods are gone: release its quota reservation as the jobframework does
+    for a stopped job (Requeued, True after a preemption or node failures; QuotaReserved=False
+    "Pending"; Admitted=False; no admission), so that Kueue queues the Workload again. None when
+    there is nothing to release."""
+    conds = _conds(wl)
+    evicted = conditions.get_condition(conds, "Evicted")
+    if wl is None or not evicted or evicted.get("status") != "True" or \
+            not conditions.is_true(conds, "QuotaReserved"):
+        return None
+    kind, message = evicted.get("reason") or "Evicted", evicted.get("message") or ""
+    out = _set(wl, conds, "Requeued", kind in ("Preempted", "NodeFailures"), kind, message, now)
+    out = _set(wl, out, "QuotaReserved", False, "Pending", message, now)
+    if conditions.is_true(out, "Admitted"):
+        out = _set(wl, out, "Admitted", False, "NoReservation", "The workload has no reservation",
+                   now)
+    if conditions.get_condition(out, "PodsReady"):
+        out = _set(wl, out, "PodsReady", False, "WaitForStart",
+                   "Not all pods are ready or succeeded", now)
+    return _status_patch(wl, {"conditions": out, "admission": None})
+
+
+def pods_ready_patch(wl: dict | None, ready: bool, now: str) -> dict | None:
+    """The Workload's PodsReady condition for an admitted gang (True once every pod is Ready),
+    with the jobframework's reasons: Started / Recovered when True, WaitForStart before the
+    first time, WaitForRecovery after a pod failed. None when the condition already says so."""
+    if wl is None or not admitted(wl):
+        return None
+    conds = _conds(wl)
+    old = conditions.get_condition(conds, "PodsReady") or {}
+    if ready:
+        reason = "Recovered" if old.get("reason") in ("WaitForRecovery", "Recovered") \
+            else "Started"
+        message = "All pods reached readiness and the workload is running"
+    elif old.get("status") == "True" or old.get("reason") == "WaitForRecovery":
+        reason, message = "WaitForRecovery", "At least one pod has failed, waiting for recovery"
+    else:
+        reason, message = "WaitForStart", "Not all pods are ready or succeeded"
+    if old.get("status") == ("True" if ready else "False") and old.get("reason") == reason:
+        return None
+    return _status_patch(wl, {"conditions": _set(wl, conds, "PodsReady", ready, reason, message,
+                                                 now)})
+
+
+class FlavorMissing(LookupError):
+    """An admitted flavor the caches do not hold (yet): wait for it."""
+
+
+def place(job: Job, wl: dict, flavors: dict[str, dict]) -> Job:
+    """`job` with the nodeLabels and tolerations of the ResourceFlavors Kueue admitted each pod
+    set on (status.admission.podSetAssignments[].flavors), as Kueue's podset.FromAssignment and
+    Merge apply them to the kinds it knows. SpecError when a flavor's label contradicts the
+    job's own nodeSelector (Kueue's "conflicting nodeSelector"); FlavorMissing when a flavor is
+    not in `flavors` (name -> ResourceFlavor)."""
+    admission = (wl.get("status") or {}).get("admission") or {}
+    own = dict(job.placement.node_selector)
+    out = []
+    for assignment in admission.get("podSetAssignments") or []:
+        labels: dict[str, str] = {}
+        tolerations: list[dict] = []
+        for name in dict.fromkeys((assignment.get("flavors") or {}).values()):
+            flavor = flavors.get(name)
+            if flavor is None:
+                raise FlavorMissing(name)
+            fspec = flavor.get("spec") or {}
+            labels.update(fspec.get("nodeLabels") or {})
+            tolerations += [t for t in fspec.get("tolerations") or [] if t not in tolerations]
+            for key, value in (fspec.get("nodeLabels") or {}).items():
+                if key in own and own[key] != value:
+                    field = "spec.nodePool.name" if job.placement.pool else \
+                        "spec.nodePool.nodeSelector"
+                    raise SpecError(field, (
+                        f"Kueue admitted pod set {assignment.get('name')} on ResourceFlavor "
+                        f"{name}, whose nodeLabels say {key}={value}, but the job's nodeSelector "
+                        f"says {key}={own[key]}; choose a node pool that matches the "
+                        f"ClusterQueue's flavor, or a LocalQueue whose flavors match the pool"))
+        if labels or tolerations:
+            out.append((assignment.get("name"), FlavorPlacement(
+                tuple(sorted(labels.items())), tuple(tolerations))))
+    return dataclasses.replace(job, flavors=tuple(out)) if out else job
+
+
+def flavor_names(wl: dict | None) -> set[str]:
+    admission = ((wl or {}).get("status") or {}).get("admission") or {}
+    return {name for a in admission.get("podSetAssignments") or []
+            for name in (a.get("flavors") or {}).values()}
+
+
+# ---- the job's ending (I/O, from handlers/admission.py) ------------------------------------
 
 def finish(namespace: str, job_name: str, succeeded: bool) -> None:
     """Mark the job's Workload Finished and drop Kueue's finalizer (jobframework's ending)."""

@@ -55,6 +55,27 @@ class RunPolicy:
     ttl_seconds_after_finished: int | None
     clean_pod_policy: str
     suspend: bool
+    managed_by: str = "trainop.io/operator"
+
+
+# runPolicy.managedBy: the MPI Operator's convention (its own name or absent: it reconciles;
+# anything else, such as MultiKueue's, belongs to another controller and is left alone).
+MANAGED_BY = "trainop.io/operator"
+
+
+def managed_by(body: dict) -> str:
+    """Who reconciles the job, read from the raw body: a job another controller owns is never
+    parsed or judged by trainop (its spec is that controller's business)."""
+    run = ((body.get("spec") or {}).get("runPolicy") or {})
+    return run.get("managedBy") or MANAGED_BY
+
+
+@dataclass(frozen=True)
+class FlavorPlacement:
+    """What the ResourceFlavor Kueue admitted a pod set on adds to that pod set's pods: its
+    nodeLabels as nodeSelector terms and its tolerations (kueue.place; Kueue's podset.Merge)."""
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[dict, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,6 +153,12 @@ class Job:
     security: SecurityContext
     priority_class_name: str | None = None  # spec.priorityClassName (priority.py resolves it)
     pod_priority_class: str | None = None   # the pods' priorityClassName, set by priority.bind
+    # Kueue's admitted flavors per pod set ("workers", "launcher"), set by kueue.place once the
+    # Workload is admitted; render/dtj.py adds them to the pods' placement.
+    flavors: tuple[tuple[str, FlavorPlacement], ...] = ()
+
+    def flavor(self, pod_set: str) -> FlavorPlacement | None:
+        return dict(self.flavors).get(pod_set)
 
     @property
     def total_gpus(self) -> int:
@@ -242,7 +269,8 @@ def parse(body: dict, cfg: Config) -> Job:
         run_policy=RunPolicy(backoff_limit=run["backoffLimit"],
                              active_deadline_seconds=run.get("activeDeadlineSeconds"),
                              ttl_seconds_after_finished=run.get("ttlSecondsAfterFinished"),
-                             clean_pod_policy=run["cleanPodPolicy"], suspend=run["suspend"]),
+                             clean_pod_policy=run["cleanPodPolicy"], suspend=run["suspend"],
+                             managed_by=run.get("managedBy") or MANAGED_BY),
         launcher_resources=cfg.launcher_resources, logship=cfg.section("logship"),
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),

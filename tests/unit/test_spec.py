@@ -104,7 +104,8 @@ def test_capacity_checks_against_nodes():
 
 def test_crd_defaulting_and_validation_offline():
     obj = crds.default(body(runPolicy={"suspend": True}))
-    assert obj["spec"]["runPolicy"] == {"suspend": True, "backoffLimit": 3, "cleanPodPolicy": "Running"}
+    assert obj["spec"]["runPolicy"] == {"suspend": True, "backoffLimit": 3, "cleanPodPolicy": "Running",
+                                        "managedBy": "trainop.io/operator"}
     assert obj["spec"]["data"] == {"synthetic": True, "mountPath": "/data"}
     assert crds.validate(obj) == []
     assert crds.validate(crds.default(body(gpusPerWorker=17))) == \

@@ -9,10 +9,11 @@ from __future__ import annotations
 import kopf
 
 from trainop import GROUP, VERSION, kueue, phases
+from trainop.spec import MANAGED_BY, managed_by
 
 
 def _named_queue(body, **_) -> bool:
-    return bool((body.get("spec") or {}).get("queue"))
+    return bool((body.get("spec") or {}).get("queue")) and managed_by(body) == MANAGED_BY
 
 
 @kopf.on.event(GROUP, VERSION, "distributedtrainingjobs", when=_named_queue)

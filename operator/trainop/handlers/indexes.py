@@ -15,6 +15,8 @@ children then fit in tens of MB.
     dtj_configmaps       (ns, job-name)           its hostfile ConfigMap, its progress ConfigMap (data kept)
     dtj_netpols          (ns, job-name)           its NetworkPolicy (restored if edited/deleted)
     dtj_endpointslices   (ns, job-name)           its Service's EndpointSlices (labels mirrored)
+    dtj_workloads        (ns, job-name)           its Kueue Workload (conditions, admission; none
+                                                  without Kueue)
     nodes_by_pool        agentpool label          nodes (labels, allocatable)
     quotas               ns                       ResourceQuotas
     stage_bodies         (ns, name)               DataStages
@@ -24,10 +26,11 @@ children then fit in tens of MB.
     priority_classes     name                     PriorityClasses (value, globalDefault)
     workload_priority_classes name                Kueue's WorkloadPriorityClasses (value; none
                                                   without Kueue)
+    resource_flavors     name                     Kueue's ResourceFlavors (nodeLabels, tolerations:
+                                                  what an admitted pod set's pods get)
 
 Not watched: Secrets (the operator would hold every credential of the namespaces it serves;
-see apply.py and stagesync.py for how it does without). Watched without an index: Kueue's
-Workloads of jobs (an admission wakes the job, whose reconcile reads its Workload).
+see apply.py and stagesync.py for how it does without).
 """
 
 from __future__ import annotations
@@ -171,6 +174,22 @@ async def dtj_endpointslices(body, namespace, **_):
     return {_job_key(body, namespace): _obj(body, endpoints=endpoints)}
 
 
+def slim_workload(body) -> dict:
+    st = body.get("status") or {}
+    admission = st.get("admission") or {}
+    status: dict = {"conditions": [dict(c) for c in st.get("conditions") or []]}
+    if admission:
+        status["admission"] = {"clusterQueue": admission.get("clusterQueue"), "podSetAssignments": [
+            {"name": a.get("name"), "flavors": dict(a.get("flavors") or {})}
+            for a in admission.get("podSetAssignments") or []]}
+    return _obj(body, status=status)
+
+
+@kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=_HAS_JOB)
+async def dtj_workloads(body, namespace, **_):
+    return {_job_key(body, namespace): slim_workload(body)}
+
+
 # ---- cluster state the gate and placement read ----------------------------------------------
 
 @kopf.index("v1", "nodes")
@@ -241,10 +260,18 @@ async def workload_priority_classes(body, name, **_):
     return _priority_class(body, name)
 
 
+@kopf.index(KUEUE_GROUP, KUEUE_VERSION, "resourceflavors")
+async def resource_flavors(body, name, **_):
+    spec = body.get("spec") or {}
+    return {name: {"metadata": {"name": name}, "spec": {
+        "nodeLabels": dict(spec.get("nodeLabels") or {}),
+        "tolerations": [dict(t) for t in spec.get("tolerations") or []]}}}
+
+
 INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps", "dtj_netpols",
-           "dtj_endpointslices", "nodes_by_pool", "quotas", "stage_bodies",
+           "dtj_endpointslices", "dtj_workloads", "nodes_by_pool", "quotas", "stage_bodies",
            "stage_services", "stage_statefulsets", "stage_jobs", "service_accounts", "claims",
-           "priority_classes", "workload_priority_classes")
+           "priority_classes", "workload_priority_classes", "resource_flavors")
 
 
 # ---- routing: a change wakes the reconcile of whoever owns or reads it -----------------------
@@ -288,6 +315,12 @@ async def route_quota(namespace, memo: kopf.Memo, **_) -> None:
 async def route_priority_class(type, memo: kopf.Memo, **_) -> None:  # noqa: A002
     if type in ("ADDED", "MODIFIED", "DELETED"):  # a value or the default changed: the order
         memo.controller.wake_all_gates()
+
+
+@kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "resourceflavors")
+async def route_resource_flavor(type, name, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    if type in ("ADDED", "MODIFIED"):  # a job admitted on it may wait for the cache to have it
+        memo.controller.wake_waiting_for_flavor(name)
 
 
 @kopf.on.event("v1", "nodes")

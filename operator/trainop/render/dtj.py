@@ -24,6 +24,8 @@ CONF_DIR = f"{common.MOUNT_ROOT}/mpi"
 OUTPUT_DIR = "/output"
 SSH_KEY = "id_ed25519"
 WORKER, LAUNCHER = "worker", "launcher"
+# The Kueue Workload's pod sets (kueue.render_workload), whose admitted flavors place the pods.
+WORKER_POD_SET, LAUNCHER_POD_SET = "workers", "launcher"
 
 
 # ---- names ------------------------------------------------------------------------------------
@@ -277,11 +279,18 @@ def render_config_map(job: Job) -> dict:
     }
 
 
-def _placement(job: Job) -> dict:
-    """Where and in which order the scheduler places the job's pods."""
+def _placement(job: Job, pod_set: str) -> dict:
+    """Where and in which order the scheduler places the job's pods: the node pool, plus what
+    the ResourceFlavor Kueue admitted `pod_set` ("workers" or "launcher") on adds (kueue.place
+    checked that its labels agree with the pool's)."""
     out: dict = {"nodeSelector": dict(job.placement.node_selector)}
-    if job.placement.tolerations:
-        out["tolerations"] = [dict(t) for t in job.placement.tolerations]
+    tolerations = [dict(t) for t in job.placement.tolerations]
+    flavor = job.flavor(pod_set)
+    if flavor is not None:
+        out["nodeSelector"].update(flavor.node_selector)
+        tolerations += [dict(t) for t in flavor.tolerations if t not in tolerations]
+    if tolerations:
+        out["tolerations"] = tolerations
     if job.pod_priority_class:  # the class the queue ordered the job by (priority.py)
         out["priorityClassName"] = job.pod_priority_class
     return out
@@ -415,7 +424,7 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
         container["resources"] = resources
     container["volumeMounts"] = mounts
     pod_spec = {"hostname": worker_name(job, index), "subdomain": service_name(job),
-                "restartPolicy": "Never", **_placement(job), **NO_TOKEN,
+                "restartPolicy": "Never", **_placement(job, WORKER_POD_SET), **NO_TOKEN,
                 "securityContext": pod_security_context(job),
                 "containers": [container], "volumes": volumes}
     annotations: dict[str, str] = {}
@@ -437,7 +446,7 @@ def render_launcher(job: Job, attempt: int) -> dict:
         "resources": dict(job.launcher_resources),
         "volumeMounts": mounts,
     }
-    pod_spec = {"restartPolicy": "Never", **_placement(job), **NO_TOKEN,
+    pod_spec = {"restartPolicy": "Never", **_placement(job, LAUNCHER_POD_SET), **NO_TOKEN,
                 "securityContext": pod_security_context(job), "containers": [container],
                 "volumes": volumes}
     annotations: dict[str, str] = {}
