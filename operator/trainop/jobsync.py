@@ -208,10 +208,11 @@ def _events(old: list[dict] | None, new: list[dict] | None) -> list[tuple[str, s
 
 def decide(snap: JobSnapshot, cfg: Config, now: dt.datetime) -> Outcome:
     """Every decision of one reconcile of the job in `snap` (see the module docstring)."""
-    if managed_by(snap.body) != MANAGED_BY:
+    owner = managed_by(snap.body)
+    if owner != MANAGED_BY:
         # Another controller owns it (runPolicy.managedBy, the MPI Operator's rule): no child,
-        # no status write, not even observedGeneration.
-        return Outcome()
+        # no status write, not even observedGeneration; one INFO line says why.
+        return Outcome(waiting=f"runPolicy.managedBy is {owner}: left to that controller")
     meta = snap.body["metadata"]
     old = snap.body.get("status") or {}
     st = _Status(old, meta.get("generation"), now)
@@ -386,9 +387,9 @@ def _kueue_evicted(plan: _Plan, job: Job, st: _Status) -> Outcome | None:
             return None
         reason, message = why
         queue = (plan.body.get("spec") or {}).get("queue")
-        st.cond("Evicted", True, reason, f"{message}; the gang is stopped and the job waits in "
-                                         f"LocalQueue {queue} to be admitted again")
-        st.cond("Admitted", False, reason, message)
+        again = f"the job waits in LocalQueue {queue} to be admitted again"
+        st.cond("Evicted", True, reason, f"{message}; the gang is stopped and {again}")
+        st.cond("Admitted", False, "WaitingForKueue", f"stopped ({reason}); {again}")
         for type_ in ("Running", "WorkersReady"):
             if conditions.get_condition(st.data.get("conditions"), type_):
                 st.cond(type_, False, reason, "stopped by Kueue")
@@ -417,14 +418,16 @@ def _kueue_placement(plan: _Plan, job: Job, st: _Status) -> Job | Outcome:
         st.cond("Evicted", False, "Readmitted", "Kueue admitted the Workload again")
     try:
         return kueue.place(job, plan.snap.workload or {}, plan.snap.flavors)
-    except kueue.FlavorMissing as exc:
+    except (kueue.FlavorMissing, SpecError) as exc:
+        if st.is_true("Running"):  # it started on its flavors; an edit since is Kueue's next
+            return job             # admission's business (its pods keep their placement)
+        if isinstance(exc, SpecError):
+            _finish(st, "Failed", "FlavorConflict", str(exc), plan.now)
+            return plan.out
         why = f"waiting for ResourceFlavor {exc.args[0]}, which Kueue admitted the job on"
         st.cond("Created", False, "WaitingForResourceFlavor", why)
         st.phase("Starting")
         return plan.wait(why)
-    except SpecError as exc:
-        _finish(st, "Failed", "FlavorConflict", str(exc), plan.now)
-        return plan.out
 
 
 def _data_claim(stage: dict | None, job: Job, st: _Status, pods: list[dict]):

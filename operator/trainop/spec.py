@@ -55,7 +55,6 @@ class RunPolicy:
     ttl_seconds_after_finished: int | None
     clean_pod_policy: str
     suspend: bool
-    managed_by: str = "trainop.io/operator"
 
 
 # runPolicy.managedBy: the MPI Operator's convention (its own name or absent: it reconciles;
@@ -269,8 +268,7 @@ def parse(body: dict, cfg: Config) -> Job:
         run_policy=RunPolicy(backoff_limit=run["backoffLimit"],
                              active_deadline_seconds=run.get("activeDeadlineSeconds"),
                              ttl_seconds_after_finished=run.get("ttlSecondsAfterFinished"),
-                             clean_pod_policy=run["cleanPodPolicy"], suspend=run["suspend"],
-                             managed_by=run.get("managedBy") or MANAGED_BY),
+                             clean_pod_policy=run["cleanPodPolicy"], suspend=run["suspend"]),
         launcher_resources=cfg.launcher_resources, logship=cfg.section("logship"),
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),

@@ -4,7 +4,10 @@ wait, with no pod, until Kueue admits their Workload, in the ClusterQueue's orde
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.test_dtj import FAST, Api, manifest
@@ -145,34 +148,26 @@ def test_the_workload_priority_is_the_named_class_and_unknown_classes_fail(
         *KUEUE, namespace, "workloads")["items"]]
 
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kueue"
+
+
+def example(name: str) -> list[dict]:
+    return list(yaml.safe_load_all((EXAMPLE / name).read_text()))
+
+
 @pytest.fixture
-def preempting_queue(cluster, namespace, api, kueue):
-    """A ClusterQueue of 8 GPUs that preempts lower-priority Workloads for higher ones
-    (`preemption.withinClusterQueue: LowerPriority`), on a ResourceFlavor that carries a node
-    label the GPU nodes have and a toleration; LocalQueue `team`."""
-    cq = f"cq-{namespace}"
-    group, version = KUEUE
-    custom = api.custom
-    custom.create_cluster_custom_object(group, version, "resourceflavors", {
-        "apiVersion": f"{group}/{version}", "kind": "ResourceFlavor", "metadata": {"name": cq},
-        "spec": {"nodeLabels": {"kubernetes.azure.com/accelerator": "nvidia"},
-                 "tolerations": [{"key": "trainop.io/flavor", "operator": "Equal",
-                                  "value": cq, "effect": "NoSchedule"}]}})
-    custom.create_cluster_custom_object(group, version, "clusterqueues", {
-        "apiVersion": f"{group}/{version}", "kind": "ClusterQueue", "metadata": {"name": cq},
-        "spec": {"namespaceSelector": {}, "queueingStrategy": "BestEffortFIFO",
-                 "preemption": {"withinClusterQueue": "LowerPriority"},
-                 "resourceGroups": [{"coveredResources": ["nvidia.com/gpu", "cpu", "memory"],
-                                     "flavors": [{"name": cq, "resources": [
-                                         {"name": "nvidia.com/gpu", "nominalQuota": 8},
-                                         {"name": "cpu", "nominalQuota": 100},
-                                         {"name": "memory", "nominalQuota": "1Ti"}]}]}]}})
-    custom.create_namespaced_custom_object(group, version, namespace, "localqueues", {
-        "apiVersion": f"{group}/{version}", "kind": "LocalQueue", "metadata": {"name": "team"},
-        "spec": {"clusterQueue": cq}})
-    yield cq
-    custom.delete_cluster_custom_object(group, version, "clusterqueues", cq)
-    custom.delete_cluster_custom_object(group, version, "resourceflavors", cq)
+def example_queues(cluster, namespace, api, kueue):
+    """examples/kueue/: the admin's ResourceFlavor `a100` (a node label the GPU nodes have and
+    a toleration), ClusterQueue `gpu-research` (8 GPUs, preemption.withinClusterQueue:
+    LowerPriority), WorkloadPriorityClasses research-batch/-urgent; the LocalQueue `research`."""
+    cluster_scoped = example("cluster-queue.yaml")
+    cluster.apply(cluster_scoped)
+    cluster.apply(example("local-queue.yaml"), namespace)
+    yield {obj["kind"]: obj for obj in cluster_scoped}
+    for obj in reversed(cluster_scoped):
+        plural = {"ResourceFlavor": "resourceflavors", "ClusterQueue": "clusterqueues",
+                  "WorkloadPriorityClass": "workloadpriorityclasses"}[obj["kind"]]
+        api.custom.delete_cluster_custom_object(*KUEUE, plural, obj["metadata"]["name"])
 
 
 def conditions_of(obj: dict) -> dict[str, dict]:
@@ -180,49 +175,52 @@ def conditions_of(obj: dict) -> dict[str, dict]:
 
 
 def test_a_preempted_gang_stops_requeues_and_runs_again_on_its_flavor(
-        cluster, namespace, api, preempting_queue, operator_factory, workload_priority_classes):
-    """The real Kueue preempts a running low-priority gang for a high-priority job that needs
-    its quota: the low job's pods go, it is Queued (Evicted: Preempted, with Kueue's message),
-    no restart is counted, its Workload's quota is released so the high job runs; when the high
-    job finishes the low one is admitted again and starts anew. Every pod carries the admitted
-    ResourceFlavor's node label and toleration, and the Workload reports PodsReady."""
+        cluster, namespace, api, example_queues, operator_factory):
+    """examples/kueue/ with the real Kueue: it preempts the running batch gang for the urgent
+    job that needs its quota. The batch job's pods go, it is Queued (Evicted: Preempted, with
+    Kueue's message), no restart is counted, its Workload's quota is released so the urgent job
+    runs; when that one finishes the batch job is admitted again and starts anew. Every pod
+    carries the admitted ResourceFlavor's node label and toleration, and the Workload reports
+    PodsReady."""
     operator_factory(config=FAST)
-    low, high = workload_priority_classes("low", 10), workload_priority_classes("high", 1000)
-    cq = preempting_queue
-    cluster.apply(manifest("low", queue="team", priorityClassName=low), namespace)  # 8 GPUs
-    first = api.wait_running("low")
+    batch, urgent = example("jobs.yaml")
+    low, high = batch["metadata"]["name"], urgent["metadata"]["name"]
+    cluster.apply(batch, namespace)  # 8 GPUs: the whole ClusterQueue
+    first = api.wait_running(low)
     wl = wait_until(lambda: (lambda w: w if conditions_of(w).get("PodsReady", {}).get("status")
-                             == "True" else None)(workload(api, "low")), what="PodsReady")
+                             == "True" else None)(workload(api, low)), what="PodsReady")
     assert conditions_of(wl)["PodsReady"]["reason"] == "Started"
-    for pod in api.pods("low"):
-        assert pod.spec.node_selector["kubernetes.azure.com/accelerator"] == "nvidia"
-        assert pod.spec.node_selector["kubernetes.azure.com/agentpool"] == "gpu"  # the job's own pool stays
-        assert {(t.key, t.value) for t in pod.spec.tolerations} >= {("trainop.io/flavor", cq)}
+    assert wl["status"]["admission"]["clusterQueue"] == "gpu-research"
+    for pod in api.pods(low):
+        assert pod.spec.node_selector == {"kubernetes.azure.com/agentpool": "gpu",  # the pool
+                                          "kubernetes.azure.com/accelerator": "nvidia"}  # flavor
+        assert {(t.key, t.value, t.effect) for t in pod.spec.tolerations} >= {
+            ("sku", "gpu", "NoSchedule")}
 
-    cluster.apply(manifest("high", queue="team", priorityClassName=high), namespace)
-    api.wait_phase("low", "Queued")
-    evicted = api.condition("low", "Evicted")
+    cluster.apply(urgent, namespace)
+    api.wait_phase(low, "Queued")
+    evicted = api.condition(low, "Evicted")
     assert (evicted["status"], evicted["reason"]) == ("True", "Preempted")
-    assert evicted["message"].startswith("Kueue evicted Workload dtj-low (Preempted): ")
-    assert "the job waits in LocalQueue team" in evicted["message"]
-    api.wait_running("high")
-    wait_until(lambda: not api.pods("low"), what="the preempted gang's pods gone")
-    status = api.status("low")
+    assert evicted["message"].startswith(f"Kueue evicted Workload dtj-{low} (Preempted): ")
+    assert "the job waits in LocalQueue research" in evicted["message"]
+    api.wait_running(high)
+    wait_until(lambda: not api.pods(low), what="the preempted gang's pods gone")
+    status = api.status(low)
     assert (status.get("restarts") or 0) == 0 and status["evictions"] == 1
-    assert "Warning/Preempted" in api.event_reasons("low")
-    wl = workload(api, "low")
+    assert "Warning/Preempted" in api.event_reasons(low)
+    wl = workload(api, low)
     assert "admission" not in wl["status"]
     assert conditions_of(wl)["Requeued"]["status"] == "True"
     assert conditions_of(wl)["QuotaReserved"]["status"] == "False"
 
-    cluster.end_pod(namespace, api.wait_running("high").metadata.name, 0)
-    api.wait_phase("high", "Succeeded")
-    again = api.wait_running("low")  # the same attempt: an eviction is not a restart
+    cluster.end_pod(namespace, api.wait_running(high).metadata.name, 0)
+    api.wait_phase(high, "Succeeded")
+    again = api.wait_running(low)  # the same attempt: an eviction is not a restart
     assert again.metadata.uid != first.metadata.uid
-    assert (api.status("low").get("restarts") or 0) == 0
-    assert api.condition("low", "Evicted")["status"] == "False"
+    assert (api.status(low).get("restarts") or 0) == 0
+    assert api.condition(low, "Evicted")["status"] == "False"
     cluster.end_pod(namespace, again.metadata.name, 0)
-    api.wait_phase("low", "Succeeded")
+    api.wait_phase(low, "Succeeded")
 
 
 def test_a_job_managed_by_another_controller_is_left_alone_and_managed_by_is_immutable(

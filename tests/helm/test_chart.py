@@ -25,6 +25,7 @@ CLUSTER_RULES = {
     ("", "persistentvolumes"): ["get", "create", "patch", "delete"],
     ("scheduling.k8s.io", "priorityclasses"): ["get", "list", "watch"],
     ("kueue.x-k8s.io", "workloadpriorityclasses"): ["get", "list", "watch"],
+    ("kueue.x-k8s.io", "resourceflavors"): ["get", "list", "watch"],
     ("apiextensions.k8s.io", "customresourcedefinitions"): ["list", "watch"],
     ("", "namespaces"): ["list", "watch"],
 }

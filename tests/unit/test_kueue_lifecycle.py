@@ -170,7 +170,7 @@ def test_an_evicted_gang_stops_queues_and_is_not_a_restart():
     assert st["phase"] == "Queued" and st["restarts"] == 0 and st["evictions"] == 1
     assert "startTime" not in st
     got = reasons(st)
-    assert got["Evicted"] == ("True", "Preempted") and got["Admitted"] == ("False", "Preempted")
+    assert got["Evicted"] == ("True", "Preempted") and got["Admitted"] == ("False", "WaitingForKueue")
     assert got["Running"] == ("False", "Preempted") and "Restarting" not in got
     assert ("Warning", "Preempted") in [(t, r) for t, r, _ in out.events]
     assert conditions.get_condition(st["conditions"], "Evicted")["message"].endswith(
@@ -219,5 +219,28 @@ def test_a_job_managed_by_another_controller_gets_no_decision():
     b = body(runPolicy={"managedBy": "kueue.x-k8s.io/multikueue"}, queue="team")
     out = decide(snap(b), CFG, NOW)
     assert out.actions == [] and out.status is None and out.events == []
+    assert out.waiting == "runPolicy.managedBy is kueue.x-k8s.io/multikueue: left to that controller"
     mine = decide(snap(body(runPolicy={"managedBy": "trainop.io/operator"})), CFG, NOW)
     assert mine.status["phase"] == "Starting"
+
+
+def test_a_flavor_problem_fails_or_waits_before_the_start_and_never_stops_a_running_gang():
+    wl = workload(*ADMITTED_WL)
+    admit = Decision(ADMITTED, "KueueAdmitted", "ok")
+    new = {"conditions": cond(("Created", True, "ChildrenCreated"))}
+    conflict = {"a100": {"metadata": {"name": "a100"},
+                         "spec": {"nodeLabels": {"kubernetes.azure.com/agentpool": "ibgpu"}}},
+                "cpu": CPU_FLAVOR}
+    s = kueue_snap(new, wl, admit=admit)
+    s.flavors = conflict
+    out = decide(s, CFG, NOW)
+    assert out.status["phase"] == "Failed" and reasons(out.status)["Failed"] == \
+        ("True", "FlavorConflict") and not summary(out.actions)
+    s = kueue_snap(new, wl, admit=admit)
+    s.flavors = {"cpu": CPU_FLAVOR}
+    out = decide(s, CFG, NOW)
+    assert reasons(out.status)["Created"] == ("False", "WaitingForResourceFlavor")
+    assert out.waiting == "waiting for ResourceFlavor a100, which Kueue admitted the job on"
+    s = kueue_snap(KUEUE_RUNNING, wl, pods=workers(), launcher=launcher())
+    s.flavors = conflict
+    assert decide(s, CFG, NOW).status["phase"] == "Running"
