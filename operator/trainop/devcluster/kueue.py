@@ -111,8 +111,10 @@ def _free_port() -> int:
 class Kueue:
     """The Kueue controller manager as a local process against `kubeconfig`."""
 
-    def __init__(self, kubeconfig: Path, state_dir: Path):
+    def __init__(self, kubeconfig: Path, state_dir: Path, settings: dict | None = None):
+        """`settings`: more keys of Kueue's Configuration (e.g. `waitForPodsReady`)."""
         self.kubeconfig, self.state_dir = Path(kubeconfig), Path(state_dir)
+        self.settings = dict(settings or {})
         self.proc: subprocess.Popen | None = None
         self.health_port = self.webhook_port = 0
 
@@ -135,6 +137,7 @@ class Kueue:
             "integrations": {"frameworks": ["batch/job"]},
             "manageJobsWithoutQueueName": False,
             "featureGates": {"VisibilityOnDemand": False},
+            **self.settings,
         }
 
     def start(self, timeout: float = 120) -> Kueue:
