@@ -240,3 +240,45 @@ def test_a_job_managed_by_another_controller_is_left_alone_and_managed_by_is_imm
                 "trainop.io", "v1alpha1", namespace, "distributedtrainingjobs", job,
                 {"spec": {"runPolicy": {"managedBy": "kubeflow.org/mpi-operator"}}})
         assert err.value.status == 422 and "runPolicy.managedBy is immutable" in err.value.body
+
+
+@pytest.fixture
+def ibgpu_flavor_queue(cluster, namespace, api, kueue):
+    """LocalQueue `team` on a ClusterQueue whose only flavor says agentpool=ibgpu."""
+    name = f"ib-{namespace}"[:63]
+    group, version = KUEUE
+    custom = api.custom
+    custom.create_cluster_custom_object(group, version, "resourceflavors", {
+        "apiVersion": f"{group}/{version}", "kind": "ResourceFlavor", "metadata": {"name": name},
+        "spec": {"nodeLabels": {"kubernetes.azure.com/agentpool": "ibgpu"}}})
+    custom.create_cluster_custom_object(group, version, "clusterqueues", {
+        "apiVersion": f"{group}/{version}", "kind": "ClusterQueue", "metadata": {"name": name},
+        "spec": {"namespaceSelector": {}, "resourceGroups": [{
+            "coveredResources": ["nvidia.com/gpu", "cpu", "memory"],
+            "flavors": [{"name": name, "resources": [
+                {"name": "nvidia.com/gpu", "nominalQuota": 8},
+                {"name": "cpu", "nominalQuota": 100},
+                {"name": "memory", "nominalQuota": "1Ti"}]}]}]}})
+    custom.create_namespaced_custom_object(group, version, namespace, "localqueues", {
+        "apiVersion": f"{group}/{version}", "kind": "LocalQueue", "metadata": {"name": "team"},
+        "spec": {"clusterQueue": name}})
+    yield name
+    custom.delete_cluster_custom_object(group, version, "clusterqueues", name)
+    custom.delete_cluster_custom_object(group, version, "resourceflavors", name)
+
+
+def test_a_flavor_that_contradicts_the_node_pool_is_never_admitted(
+        cluster, namespace, api, ibgpu_flavor_queue, operator_factory):
+    """Kueue itself does not admit a pod set on a flavor whose nodeLabels contradict the pods'
+    nodeSelector (its flavor assigner: "doesn't match node affinity"): the job waits in Queued
+    with Kueue's words and no pod. (trainop's own FlavorConflict check, like Kueue's
+    podset.Merge, only guards a flavor edited between admission and start: unit-tested.)"""
+    operator_factory(config=FAST)
+    cluster.apply(manifest("wrong-pool", queue="team"), namespace)
+    wait_until(lambda: "doesn't match node affinity" in (
+        api.condition("wrong-pool", "Admitted") or {}).get("message", ""),
+        what="Kueue's reason in the Admitted condition")
+    cond = api.condition("wrong-pool", "Admitted")
+    assert (cond["status"], cond["reason"]) == ("False", "WaitingForKueue")
+    assert f"flavor {ibgpu_flavor_queue} doesn't match node affinity" in cond["message"]
+    assert api.status("wrong-pool")["phase"] == "Queued" and not api.pods("wrong-pool")

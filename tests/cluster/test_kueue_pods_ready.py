@@ -65,9 +65,9 @@ def test_a_gang_that_cannot_start_in_time_is_evicted_requeued_and_runs_later(
     operator_factory(config=FAST)
     cluster.apply(manifest("first", queue="team"), namespace)  # 2 x 4 GPUs: the zone is full
     first = api.wait_running("first")
-    ready = wait_until(lambda: conditions_of(workload(api, "first")).get("PodsReady"),
-                       what="first's PodsReady")
-    assert (ready["status"], ready["reason"]) == ("True", "Started")
+    ready = wait_until(lambda: (lambda c: c if c.get("status") == "True" else None)(
+        conditions_of(workload(api, "first")).get("PodsReady") or {}), what="first's PodsReady")
+    assert ready["reason"] == "Started"
     nodes = {p.spec.node_name for p in api.pods("first")}
     zones = {api.core.read_node(n).metadata.labels["topology.kubernetes.io/zone"] for n in nodes}
     assert zones == {ZONE}  # the flavor's nodeLabels placed the pods
