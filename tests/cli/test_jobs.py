@@ -50,8 +50,9 @@ def test_submit_get_describe_delete_a_job_through_its_life(cluster, namespace, o
         "pods", "-n", namespace, "-l", "trainop.io/role=launcher")["items"]
         if p["status"].get("phase") == "Running"), None), timeout=90, what="the launcher pod Running")
     table = trainop("get", *connect(cluster, namespace)).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS", "IMAGES/SEC", "AGE"]
-    assert table[1].split()[:6] == ["resnet50-horovod", "Running", "2/2", "8", "0", "-"]
+    assert table[0].split() == ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS", "IMAGES/SEC", "PROGRESS", "ETA",
+                                "AGE"]
+    assert table[1].split()[:8] == ["resnet50-horovod", "Running", "2/2", "8", "0", "-", "-", "-"]
 
     # The trainer's report reaches status.metrics (as the launcher's log shipper writes it).
     cluster.kubectl("patch", "dtj", "resnet50-horovod", "-n", namespace, "--subresource=status", "--type=merge",

@@ -295,11 +295,12 @@ def _output(spec: dict) -> str:
 def _progress_line(shown: dict, now: dt.datetime) -> str:
     parts = []
     if "percent" in shown:
-        parts.append(f"{shown['percent']}% (step {shown.get('step')} of {shown.get('totalSteps')})")
+        # the API server hands 50.0 back as 50: numbers are formatted, not printed as they come
+        parts.append(f"{shown['percent']:.1f}% (step {shown.get('step')} of {shown.get('totalSteps')})")
     if "imagesPerSec" in shown:
-        parts.append(f"{shown['imagesPerSec']} images/sec")
+        parts.append(f"{shown['imagesPerSec']:.1f} images/sec")
     if "secondsPerStep" in shown:
-        parts.append(f"{shown['secondsPerStep']} s/step")
+        parts.append(f"{shown['secondsPerStep']:g} s/step")
     if "eta" in shown:
         parts.append(f"ETA {shown['eta']} (in {progress.eta_text(shown, now)})")
     if "reportTime" in shown:
