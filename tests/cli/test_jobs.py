@@ -75,7 +75,7 @@ def test_submit_get_describe_delete_a_job_through_its_life(cluster, namespace, o
     cluster.end_pod(namespace, launcher, 0)
     wait_until(lambda: phase(cluster, namespace, "resnet50-horovod") == "Succeeded", timeout=60, what="Succeeded")
     wide = trainop("get", "-o", "wide", *connect(cluster, namespace)).stdout.splitlines()
-    assert wide[1].split()[1] == "Succeeded" and wide[1].split()[7:10] == ["pytorch", "mpi", "default"]
+    assert wide[1].split()[1] == "Succeeded" and wide[1].split()[9:12] == ["pytorch", "mpi", "default"]
 
     result = trainop("delete", "resnet50-horovod", *connect(cluster, namespace))
     assert result.returncode == 0, result.stderr
