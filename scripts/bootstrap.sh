@@ -47,8 +47,8 @@ fi
 stamp=.venv/.trainop-installed
 want=$(cat pyproject.toml trainer_images/trainer/pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  say "pip: installing trainop (editable) with test tools"
-  .venv/bin/pip install -q -e '.[test]'
+  say "pip: installing trainop (editable) with test tools and TensorBoard"
+  .venv/bin/pip install -q -e '.[test,tensorboard]'
   echo "$want" > "$stamp"
 fi
 step trainer

@@ -166,11 +166,16 @@ horovod() {
 }
 
 trainer() {
+  # PyTorch writes TensorBoard event files through the `tensorboard` package (the trainer's
+  # extra of that name); TensorFlow has its own writer and needs nothing more.
+  local spec="$HERE/trainer"
+  has pytorch && spec="$spec[tensorboard]"
   if [[ $EDITABLE == 1 ]]; then
-    "$PY" -c 'import trainop_trainer' 2>/dev/null && return 0
-    pip_ install -q -e "$HERE/trainer"
+    "$PY" -c 'import trainop_trainer' 2>/dev/null && { ! has pytorch || "$PY" -c 'import tensorboard' 2>/dev/null; } \
+      && return 0
+    pip_ install -q -e "$spec"
   else
-    pip_ install -q "$HERE/trainer"
+    pip_ install -q "$spec"
   fi
 }
 

@@ -20,7 +20,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import conditions, kueue, phases, priority
+from trainop import conditions, kueue, phases, priority, progress
 from trainop.actions import (
     Apply,
     Create,
@@ -231,13 +231,20 @@ def decide(snap: JobSnapshot, cfg: Config, now: dt.datetime) -> Outcome:
 
 
 def _show_metrics(snap: JobSnapshot, st: _Status) -> None:
-    """The log shipper's latest report into `status.metrics`, for people and `trainop jobs`.
-    Display only: the shipper writes its own ConfigMap, never this job's status, and nothing
-    decided here reads `metrics` (docs/security.md). Copied also once the job is over, since
-    the final report may land after the launcher completed."""
+    """The log shipper's latest report into `status.metrics`, and what it says of progress
+    (percent, throughput, ETA: progress.py) into `status.progress`, for people, `trainop get`
+    and kubectl's columns. Display only: the shipper writes its own ConfigMap, never this job's
+    status, and nothing decided here reads `metrics` or `progress` (docs/security.md). Copied
+    also once the job is over, since the final report may land after the launcher completed;
+    an ETA only while the job runs."""
     metrics = logship.progress_metrics(snap.progress)
     if metrics is not None:
         st.data["metrics"] = metrics
+        shown = progress.compute(metrics, running=st.data.get("phase") == "Running")
+        if shown is not None:
+            st.data["progress"] = shown
+        else:
+            st.data.pop("progress", None)
 
 
 def _decide(plan: _Plan, st: _Status) -> Outcome:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from trainop import blob
-from trainop.render.logship import PROGRESS_KEY, safe_metrics
+from trainop.render.logship import HISTORY_KEY, PROGRESS_KEY, history_samples, safe_metrics
 
 log = logging.getLogger("trainop.logship")
 
@@ -142,27 +142,33 @@ class AppendShipper:
                 appended += len(data)
 
 
-def last_metrics(path: Path) -> dict[str, Any] | None:
-    """The last complete JSON line of the trainer's metrics file, reduced to the contract's keys
-    (reads only the file's tail); NaN and infinities (Python's json writes them as bare NaN,
-    Infinity) become strings, so the report stays valid JSON."""
+def last_reports(path: Path) -> list[dict[str, Any]]:
+    """The complete JSON lines of the metrics file's tail, oldest first, each reduced to the
+    contract's keys (reads only the tail); NaN and infinities (Python's json writes them as bare
+    NaN, Infinity) become strings, so a report stays valid JSON."""
     try:
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(max(0, size - METRICS_TAIL))
             tail = f.read()
     except FileNotFoundError:
-        return None
-    for line in reversed(tail.split(b"\n")[:-1]):  # the part after the last newline is incomplete
+        return []
+    reports = []
+    for line in tail.split(b"\n")[:-1]:  # the part after the last newline is incomplete
         try:
             obj = json.loads(line)
         except ValueError:
-            continue
-        if isinstance(obj, dict):
-            metrics = safe_metrics(obj)
-            if metrics:
-                return metrics
-    return None
+            continue  # also the first line, when the tail starts inside it
+        metrics = safe_metrics(obj) if isinstance(obj, dict) else None
+        if metrics:
+            reports.append(metrics)
+    return reports
+
+
+def last_metrics(path: Path) -> dict[str, Any] | None:
+    """The metrics file's last report (see `last_reports`), None without one."""
+    reports = last_reports(path)
+    return reports[-1] if reports else None
 
 
 class ProgressReporter:
@@ -185,11 +191,14 @@ class ProgressReporter:
         if not force and now - self.last_try < self.interval:
             return
         self.last_try = now
-        metrics = last_metrics(self.path)
+        reports = last_reports(self.path)
+        metrics = reports[-1] if reports else None
         if metrics is None or metrics == self.sent:
             return
-        # the whole report as one string value: the latest report, never a blend of old ones
-        self.patch({"data": {PROGRESS_KEY: json.dumps(metrics, allow_nan=False, sort_keys=True)}})
+        # the whole report as one string value: the latest report, never a blend of old ones;
+        # beside it the recent throughput, for `trainop describe`'s chart
+        self.patch({"data": {PROGRESS_KEY: json.dumps(metrics, allow_nan=False, sort_keys=True),
+                             HISTORY_KEY: json.dumps(history_samples(reports), allow_nan=False)}})
         self.sent = metrics
 
 

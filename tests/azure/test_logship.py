@@ -269,8 +269,23 @@ def test_progress_reporter_patches_at_a_bounded_rate_and_only_changes(tmp_path):
     reporter.tick()  # within the interval: nothing sent
     reporter.tick(force=True)
     reporter.tick(force=True)  # unchanged: nothing sent
-    assert patches == [{"data": {"metrics": '{"loss": 3.0, "step": 1}'}},
-                       {"data": {"metrics": '{"loss": "NaN", "step": 2}'}}]
+    assert patches == [{"data": {"metrics": '{"loss": 3.0, "step": 1}', "history": "[]"}},
+                       {"data": {"metrics": '{"loss": "NaN", "step": 2}', "history": "[]"}}]
+
+
+def test_progress_reporter_sends_the_recent_throughput_beside_the_latest_report(tmp_path):
+    """The `history` key: [time, step, imagesPerSec] of the last 60 per-epoch reports in the
+    file's tail, for `trainop describe`'s chart (the final report, an average, left out)."""
+    path = tmp_path / "metrics.jsonl"
+    patches = []
+    reporter = logship.ProgressReporter(path, interval=0, patch=patches.append)
+    lines = [json.dumps({"step": i, "time": 1.0e9 + i, "imagesPerSec": 100.0 + i, "final": False}) for i in range(80)]
+    path.write_text("\n".join([*lines, json.dumps({"step": 79, "time": 2.0e9, "imagesPerSec": 1.0, "final": True})])
+                    + "\n")
+    reporter.tick()
+    history = json.loads(patches[-1]["data"]["history"])
+    assert len(history) == 60 and history[0] == [1.0e9 + 20, 20, 120.0] and history[-1] == [1.0e9 + 79, 79, 179.0]
+    assert json.loads(patches[-1]["data"]["metrics"])["final"] is True
 
 
 def test_output_upload_does_not_follow_symlinks(azurite, container, tmp_path):

@@ -39,8 +39,10 @@ def test_trainer_output_is_archived_byte_exact(azurite, tmp_path):
     assert blob_bytes(container) == container_stdout.stdout == log.read_bytes()
     final = logship.last_metrics(out / render.METRICS_NAME)
     assert final["final"] is True and final["worldSize"] == 1 and final["imagesPerSec"] > 0
-    for path in sorted(p for p in out.iterdir()):
-        blob = container.get_blob_client(f"runs/job-a/0/output/{path.name}")
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    for path in files:
+        blob = container.get_blob_client(f"runs/job-a/0/output/{path.relative_to(out).as_posix()}")
         assert blob.get_blob_properties().size == path.stat().st_size, path.name
-    assert {p.name for p in out.iterdir()} >= {"model.pt", render.METRICS_NAME}
+    assert {p.name for p in out.iterdir()} >= {"model.pt", render.METRICS_NAME, "tensorboard"}
+    assert [p for p in files if p.parent.name == "tensorboard" and p.name.startswith("events.out.tfevents.")]
     assert blob_bytes(container, f"runs/job-a/0/output/{render.METRICS_NAME}") == (out / render.METRICS_NAME).read_bytes()

@@ -50,8 +50,9 @@ def test_submit_get_describe_delete_a_job_through_its_life(cluster, namespace, o
         "pods", "-n", namespace, "-l", "trainop.io/role=launcher")["items"]
         if p["status"].get("phase") == "Running"), None), timeout=90, what="the launcher pod Running")
     table = trainop("get", *connect(cluster, namespace)).stdout.splitlines()
-    assert table[0].split() == ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS", "IMAGES/SEC", "AGE"]
-    assert table[1].split()[:6] == ["resnet50-horovod", "Running", "2/2", "8", "0", "-"]
+    assert table[0].split() == ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS", "IMAGES/SEC", "PROGRESS", "ETA",
+                                "AGE"]
+    assert table[1].split()[:8] == ["resnet50-horovod", "Running", "2/2", "8", "0", "-", "-", "-"]
 
     # The trainer's report reaches status.metrics (as the launcher's log shipper writes it).
     cluster.kubectl("patch", "dtj", "resnet50-horovod", "-n", namespace, "--subresource=status", "--type=merge",
@@ -74,7 +75,7 @@ def test_submit_get_describe_delete_a_job_through_its_life(cluster, namespace, o
     cluster.end_pod(namespace, launcher, 0)
     wait_until(lambda: phase(cluster, namespace, "resnet50-horovod") == "Succeeded", timeout=60, what="Succeeded")
     wide = trainop("get", "-o", "wide", *connect(cluster, namespace)).stdout.splitlines()
-    assert wide[1].split()[1] == "Succeeded" and wide[1].split()[7:10] == ["pytorch", "mpi", "default"]
+    assert wide[1].split()[1] == "Succeeded" and wide[1].split()[9:12] == ["pytorch", "mpi", "default"]
 
     result = trainop("delete", "resnet50-horovod", *connect(cluster, namespace))
     assert result.returncode == 0, result.stderr

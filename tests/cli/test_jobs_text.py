@@ -48,3 +48,32 @@ def test_row_shows_a_non_finite_rate_as_reported():
     assert jobs.row(job, wide=False, with_namespace=False)[5] == "812.5"
     job["status"]["metrics"] = {}
     assert jobs.row(job, wide=False, with_namespace=False)[5] == "-"
+
+
+def test_row_shows_progress_and_the_time_left_until_the_eta():
+    job = {"metadata": {"name": "j", "namespace": "team", "creationTimestamp": "2026-11-26T11:00:00Z"},
+           "spec": {"workers": 1}, "status": {"phase": "Running", "progress": {"percent": 41.7,
+                                                                              "eta": "2026-11-26T13:02:05Z"}}}
+    assert jobs.row(job, wide=False, with_namespace=False, now=NOW)[6:] == ["42%", "1h02m", "60m"]
+    job["status"]["progress"] = {"percent": 100.0}
+    assert jobs.row(job, wide=False, with_namespace=False, now=NOW)[6:8] == ["100%", "-"]
+    del job["status"]["progress"]
+    assert jobs.row(job, wide=False, with_namespace=False, now=NOW)[6:8] == ["-", "-"]
+    assert len(jobs.HEADER) == len(jobs.row(job, wide=False, with_namespace=False, now=NOW))
+
+
+def test_describe_shows_progress_and_the_throughput_chart():
+    job = {"metadata": {"name": "j", "namespace": "team", "creationTimestamp": "2026-11-26T11:00:00Z"},
+           "spec": {"workers": 2},
+           "status": {"phase": "Running", "progress": {
+               "percent": 25.0, "step": 300, "totalSteps": 1200, "imagesPerSec": 1100.0, "secondsPerStep": 0.25,
+               "eta": "2026-11-26T12:03:45Z", "reportTime": "2026-11-26T12:00:00Z", "secondsLeft": 225}}}
+    t = NOW.timestamp()
+    text = jobs.describe_text(job, [], [], history=[[t - 50, 100, 900.0], [t - 25, 200, 1000.0], [t, 300, 1100.0]],
+                              now=NOW)
+    assert ("Progress:  25.0% (step 300 of 1200), 1100.0 images/sec, 0.25 s/step, "
+            "ETA 2026-11-26T12:03:45Z (in 3m45s), reported 2026-11-26T12:00:00Z") in text
+    chart = text.split("Throughput:\n")[1].split("\n\n")[0].splitlines()
+    assert chart[0] == "  images/sec over the last 3 report(s): latest 1100.0 at step 300, peak 1100.0"
+    assert chart[-1] == "          11:59:10 … 12:00:00 UTC"
+    assert "Throughput:" not in jobs.describe_text(job, [], [], history=[], now=NOW)

@@ -83,6 +83,10 @@ def test_horovod_over_ssh_on_real_pods(real_cluster, real_namespace, real_operat
                          .get("final") and real_cluster.get("dtj", "hvd", "-n", ns)["status"]["metrics"],
                          timeout=120, what="final metrics in the status")
     assert metrics["worldSize"] == 2 and metrics["step"] >= 5
+    # status.progress from the real trainer's final report: done, and no ETA on a finished job.
+    shown = real_cluster.get("dtj", "hvd", "-n", ns)["status"]["progress"]
+    assert shown["percent"] == 100 and shown["step"] == shown["totalSteps"] == metrics["step"], shown
+    assert "eta" not in shown
 
     # The log outlives the pods: delete the job's pods, then read it from Blob Storage.
     real_cluster.kubectl("delete", "pods", "-n", ns, "-l", "trainop.io/job-name=hvd", "--wait=true")

@@ -26,7 +26,8 @@ CASES = [pytest.param((launcher, fw, backend), id=f"{fw}-{launcher}-{backend}")
 EPOCHS = int(TINY[TINY.index("--epochs") + 1])
 STEPS = int(TINY[TINY.index("--steps-per-epoch") + 1])
 BATCH = int(TINY[TINY.index("--batch-size") + 1])
-CONTRACT_KEYS = {"epoch", "step", "loss", "imagesPerSec", "imagesPerSecPerGPU", "stepTime", "worldSize", "final"}
+CONTRACT_KEYS = {"epoch", "step", "loss", "imagesPerSec", "imagesPerSecPerGPU", "stepTime", "worldSize", "final",
+                 "totalSteps", "time"}
 
 
 @pytest.fixture
@@ -68,7 +69,11 @@ def test_checkpoints_model_and_metrics_written(run):
         assert set(rec) == CONTRACT_KEYS
         assert rec["worldSize"] == 2
         assert rec["imagesPerSecPerGPU"] == pytest.approx(rec["imagesPerSec"] / 2, abs=0.01)
+        assert rec["totalSteps"] == EPOCHS * STEPS
     assert [r["final"] for r in metrics] == [False] * EPOCHS + [True]
+    assert [r["time"] for r in metrics] == sorted(r["time"] for r in metrics)
+    # The chief alone writes TensorBoard events (one file), beside the checkpoints, so they ship with them.
+    assert len(list((out / "tensorboard").glob("events.out.tfevents.*"))) == 1
 
 
 @pytest.mark.parametrize("run", CASES, indirect=True)

@@ -2,6 +2,7 @@
 epochs, and the parameter digest the identical-parameters test compares."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ def test_final_throughput_leaves_out_the_first_epoch(tmp_path, capsys):
     r.final(3, 30, 0.5)
     lines = capsys.readouterr().out.splitlines()
     final = json.loads(lines[-2])
+    assert final.pop("time") == pytest.approx(time.time(), abs=60)  # when it was reported
     assert final == {"epoch": 3, "step": 30, "loss": 0.5, "imagesPerSec": pytest.approx(160 / 3, abs=0.01),
                      "imagesPerSecPerGPU": pytest.approx(80 / 3, abs=0.01), "stepTime": 0.15,
                      "worldSize": 2, "final": True}

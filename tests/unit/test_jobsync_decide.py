@@ -500,3 +500,54 @@ def test_status_merge_patch_removes_what_went():
     assert merge_patch(old, new) == {"metrics": {"step": 2, "loss": None}, "restarts": 1, "gpus": None}
     assert merge_patch(old, old) == {}
     assert merge_patch({"conditions": [1, 2]}, {"conditions": [1]}) == {"conditions": [1]}
+
+
+REPORT_AT = 1_779_000_000.0  # 2026-05-17T06:40:00Z
+
+
+def test_progress_and_eta_come_from_the_report_and_decide_nothing():
+    """status.progress: percent from step/totalSteps, the ETA from the report's own time plus
+    the steps left at its pace; the same report gives the same status at any later reconcile."""
+    report = ('{"step": 300, "totalSteps": 1200, "stepTime": 0.25, "imagesPerSec": 2048.0, '
+              f'"time": {REPORT_AT}, "final": false}}')
+    running = snap(body(copy.deepcopy(RUNNING), output=BLOB), pods=workers(), launcher=launcher(),
+                   **shared(), progress=progress(report))
+    out = decide(running, CFG, NOW)
+    assert out.status["progress"] == {
+        "step": 300, "totalSteps": 1200, "percent": 25.0, "imagesPerSec": 2048.0, "secondsPerStep": 0.25,
+        "reportTime": "2026-05-17T06:40:00Z", "secondsLeft": 225, "eta": "2026-05-17T06:43:45Z"}
+    assert out.status["phase"] == "Running" and out.events == []
+    assert decide(running, CFG, NOW + dt.timedelta(minutes=5)).status["progress"] == out.status["progress"]
+
+
+def test_a_finished_job_shows_its_progress_without_an_eta():
+    done = {**copy.deepcopy(RUNNING), "phase": "Succeeded", "cleanedUp": True,
+            "progress": {"percent": 50.0, "eta": "2026-05-17T06:43:45Z", "secondsLeft": 9}}
+    report = f'{{"step": 1200, "totalSteps": 1200, "stepTime": 0.25, "time": {REPORT_AT}, "final": true}}'
+    out = decide(snap(body(done, output=BLOB), progress=progress(report)), CFG, NOW)
+    assert out.status["progress"] == {"step": 1200, "totalSteps": 1200, "percent": 100.0,
+                                      "secondsPerStep": 0.25, "reportTime": "2026-05-17T06:40:00Z"}
+    from trainop.controller import merge_patch
+    assert merge_patch(done, out.status)["progress"]["eta"] is None  # the stale ETA is removed
+
+
+def test_a_forged_report_gives_no_progress_it_cannot_support():
+    """Values from a pod are checked: wrong types, negatives, NaN, a step past the total and a
+    time outside any plausible clock give no percent or ETA (and break nothing)."""
+    for report, expected in [
+        ('{"step": "300", "totalSteps": 1200}', {"totalSteps": 1200}),
+        ('{"step": 300, "totalSteps": 0}', {"step": 300}),
+        ('{"step": 1300, "totalSteps": 1200, "stepTime": 1.0}', {"step": 1300, "totalSteps": 1200,
+                                                                "secondsPerStep": 1.0}),
+        ('{"step": 1, "totalSteps": 2, "stepTime": NaN, "imagesPerSec": -5}',
+         {"step": 1, "totalSteps": 2, "percent": 50.0}),
+        ('{"step": 1, "totalSteps": 2, "stepTime": 1e12, "time": 1e300}',
+         {"step": 1, "totalSteps": 2, "percent": 50.0, "secondsPerStep": 1e12}),
+        ('{"step": 1, "totalSteps": 2, "stepTime": 2, "time": true}',
+         {"step": 1, "totalSteps": 2, "percent": 50.0, "secondsPerStep": 2.0, "secondsLeft": 2}),
+    ]:
+        running = snap(body(copy.deepcopy(RUNNING), output=BLOB), pods=workers(), launcher=launcher(),
+                       **shared(), progress=progress(report))
+        out = decide(running, CFG, NOW)
+        assert out.status.get("progress") == expected, report
+        assert out.status["phase"] == "Running"

@@ -14,6 +14,7 @@ VERB_MODULES = [
     "trainop.cli.devcluster",
     "trainop.cli.operator",
     "trainop.cli.logs",
+    "trainop.cli.tensorboard",
     "trainop.cli.quota",
 ]
 

@@ -1,6 +1,11 @@
 """`trainop submit | get | describe | delete`: DistributedTrainingJobs on a cluster, with
 kubectl's connection flags (--kubeconfig, --context, -n/--namespace).
 
+`get` shows progress (percent of steps done) and the time left until the ETA from
+`status.progress`; `get -w` then follows the jobs through a watch (a row per change, as
+`kubectl get -w`). `describe` adds a chart of images/sec over the last reports, from the job's
+progress ConfigMap (`<job>-progress`, key `history`, written by the log shipper).
+
 `submit` checks the file against the CRDs' own schemas first, then asks the API server to
 validate every document (a server-side dry run, so CEL rules count too) before it creates any:
 a file is either created whole or not at all.
@@ -16,8 +21,9 @@ import time
 
 import yaml
 
-from trainop import API_VERSION, kube, manifests
+from trainop import API_VERSION, kube, manifests, progress
 from trainop.render import common
+from trainop.render import logship as render_logship
 
 KIND = "DistributedTrainingJob"
 RESOURCE = "distributedtrainingjob.trainop.io"
@@ -46,6 +52,8 @@ def register(subparsers) -> None:
     p.add_argument("names", nargs="*", metavar="NAME")
     p.add_argument("-A", "--all-namespaces", action="store_true", help="jobs of every namespace")
     p.add_argument("-o", "--output", choices=("table", "wide", "yaml", "json"), default="table")
+    p.add_argument("-w", "--watch", action="store_true",
+                   help="after the table, print a row whenever a job changes (a watch; Ctrl-C stops)")
     _connection_flags(p)
     p.set_defaults(func=get)
 
@@ -159,16 +167,23 @@ def _rate(value) -> str:
     return str(value) if value is not None else "-"
 
 
-def row(job: dict, wide: bool, with_namespace: bool) -> list[str]:
+HEADER = ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS", "IMAGES/SEC", "PROGRESS", "ETA", "AGE"]
+WIDE_HEADER = ["FRAMEWORK", "LAUNCHER", "POOL", "LAST FAILURE"]
+
+
+def row(job: dict, wide: bool, with_namespace: bool, now: dt.datetime | None = None) -> list[str]:
     status, spec = job.get("status") or {}, job.get("spec") or {}
     metrics = status.get("metrics") or {}
+    now = now or dt.datetime.now(dt.timezone.utc)
     workers = (status.get("workers") or {}).get("summary") or f"0/{spec.get('workers', 1)}"
     out = [job["metadata"]["namespace"]] if with_namespace else []
     out += [job["metadata"]["name"], status.get("phase") or "Pending", workers,
             str(status.get("gpus", spec.get("workers", 1) * spec.get("gpusPerWorker", 0))),
             str(status.get("restarts", 0)),
             _rate(metrics.get("imagesPerSec")),
-            age(job["metadata"].get("creationTimestamp"))]
+            progress.percent_text(status.get("progress")),
+            progress.eta_text(status.get("progress"), now),
+            age(job["metadata"].get("creationTimestamp"), now)]
     if wide:
         out += [spec.get("framework", "pytorch"), spec.get("launcher", "mpi"),
                 (spec.get("nodePool") or {}).get("name") or "default",
@@ -184,27 +199,81 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def get(args: argparse.Namespace) -> int:
     def action() -> int:
         namespace = connect(args)
+        if args.watch and args.output in ("yaml", "json"):
+            raise JobsError("--watch prints table rows; use -o table or -o wide with it")
+        # the list's resourceVersion is where a watch starts
+        listed = kube.request("GET", kube.path(API_VERSION, KIND, None if args.all_namespaces else namespace)) \
+            if args.watch or not args.names else {}
         if args.names:
             jobs = [_job(n, namespace) for n in args.names]
         else:
-            jobs = kube.list_objects(API_VERSION, KIND, None if args.all_namespaces else namespace)
+            jobs = listed.get("items") or []
+            for item in jobs:  # a list's items leave these out
+                item.setdefault("apiVersion", API_VERSION)
+                item.setdefault("kind", KIND)
             jobs.sort(key=lambda j: (j["metadata"]["namespace"], j["metadata"]["name"]))
         if args.output in ("yaml", "json"):
             data = jobs[0] if len(args.names) == 1 else {"apiVersion": "v1", "kind": "List", "items": jobs}
             print(yaml.safe_dump(data, sort_keys=False) if args.output == "yaml" else json.dumps(data, indent=2))
             return 0
+        wide, with_ns = args.output == "wide", args.all_namespaces
+        header = (["NAMESPACE"] if with_ns else []) + HEADER + (WIDE_HEADER if wide else [])
+        rows = [row(j, wide, with_ns) for j in jobs]
         if not jobs:
             where = "any namespace" if args.all_namespaces else f"namespace {namespace}"
             print(f"No training jobs in {where}.", file=sys.stderr)
-            return 0
-        wide, with_ns = args.output == "wide", args.all_namespaces
-        header = (["NAMESPACE"] if with_ns else []) + ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS",
-                                                       "IMAGES/SEC", "AGE"]
-        if wide:
-            header += ["FRAMEWORK", "LAUNCHER", "POOL", "LAST FAILURE"]
-        print(table(header, [row(j, wide, with_ns) for j in jobs]))
+            if not args.watch:
+                return 0
+        print(table(header, rows), flush=True)
+        if args.watch:
+            watch_rows(namespace, args, listed["metadata"]["resourceVersion"], header, rows, jobs)
         return 0
     return _handled("get", action)
+
+
+def watch_rows(namespace: str, args: argparse.Namespace, resource_version: str, header: list[str],
+               rows: list[list[str]], jobs: list[dict]) -> None:
+    """`get -w`: a row each time a listed job (or any job, without names) changes, from a watch
+    that starts at the list's resourceVersion (nothing missed, nothing polled). A row equal to
+    the last one printed for its job, but for AGE and ETA (which move with the clock), is not
+    printed again. Columns keep the table's widths (wider values push the row out)."""
+    from kubernetes import client, watch
+    from kubernetes.client.exceptions import ApiException
+
+    group, version = API_VERSION.split("/")
+    api = client.CustomObjectsApi(kube.configure())
+    plural = kube.plural(KIND)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    moving = {header.index("AGE"), header.index("ETA")}
+    last = {(j["metadata"]["namespace"], j["metadata"]["name"]): r for j, r in zip(jobs, rows)}
+    wide, with_ns = args.output == "wide", args.all_namespaces
+    while True:
+        if args.all_namespaces:
+            fn, fn_args = api.list_cluster_custom_object, (group, version, plural)
+        else:
+            fn, fn_args = api.list_namespaced_custom_object, (group, version, namespace, plural)
+        try:
+            for event in watch.Watch().stream(fn, *fn_args, resource_version=resource_version,
+                                              allow_watch_bookmarks=True):
+                job = event["raw_object"]
+                resource_version = job["metadata"]["resourceVersion"]
+                if event["type"] == "BOOKMARK" or (args.names and job["metadata"]["name"] not in args.names):
+                    continue
+                key = (job["metadata"]["namespace"], job["metadata"]["name"])
+                new = row(job, wide, with_ns)
+                if event["type"] == "DELETED":
+                    new[header.index("PHASE")] = "Deleted"
+                before = last.get(key)
+                if before and all(a == b for i, (a, b) in enumerate(zip(before, new)) if i not in moving):
+                    continue
+                last[key] = new
+                print("   ".join(c.ljust(w) for c, w in zip(new, widths)).rstrip(), flush=True)
+        except ApiException as exc:
+            if exc.status != 410:
+                raise
+            # The resourceVersion expired: list again and watch on from there.
+            listed = kube.request("GET", kube.path(API_VERSION, KIND, None if args.all_namespaces else namespace))
+            resource_version = listed["metadata"]["resourceVersion"]
 
 
 # ---- describe ---------------------------------------------------------------------------------
@@ -225,8 +294,26 @@ def _output(spec: dict) -> str:
     return "none (results stay in the pods)"
 
 
-def describe_text(job: dict, pods: list[dict], events: list[dict]) -> str:
-    """`trainop describe`'s text for a job, its pods and its events (pure)."""
+def _progress_line(shown: dict, now: dt.datetime) -> str:
+    parts = []
+    if "percent" in shown:
+        # the API server hands 50.0 back as 50: numbers are formatted, not printed as they come
+        parts.append(f"{shown['percent']:.1f}% (step {shown.get('step')} of {shown.get('totalSteps')})")
+    if "imagesPerSec" in shown:
+        parts.append(f"{shown['imagesPerSec']:.1f} images/sec")
+    if "secondsPerStep" in shown:
+        parts.append(f"{shown['secondsPerStep']:g} s/step")
+    if "eta" in shown:
+        parts.append(f"ETA {shown['eta']} (in {progress.eta_text(shown, now)})")
+    if "reportTime" in shown:
+        parts.append(f"reported {shown['reportTime']}")
+    return ", ".join(parts)
+
+
+def describe_text(job: dict, pods: list[dict], events: list[dict], history: list[list[float]] | None = None,
+                  now: dt.datetime | None = None) -> str:
+    """`trainop describe`'s text for a job, its pods, its events and its throughput history
+    (`[time, step, imagesPerSec]` samples from the progress ConfigMap) (pure)."""
     meta, spec, status = job["metadata"], job.get("spec") or {}, job.get("status") or {}
     workers = spec.get("workers", 1)
     gpus = spec.get("gpusPerWorker", 0)
@@ -253,6 +340,9 @@ def describe_text(job: dict, pods: list[dict], events: list[dict]) -> str:
     metrics = status.get("metrics") or {}
     if metrics:
         lines.append(("Metrics", ", ".join(f"{k} {v}" for k, v in metrics.items())))
+    shown = status.get("progress") or {}
+    if shown:
+        lines.append(("Progress", _progress_line(shown, now or dt.datetime.now(dt.timezone.utc))))
     failure = status.get("lastFailure") or {}
     if failure:
         lines.append(("Last failure", failure.get("message") or json.dumps(failure)))
@@ -264,6 +354,8 @@ def describe_text(job: dict, pods: list[dict], events: list[dict]) -> str:
         ["TYPE", "STATUS", "REASON", "AGE", "MESSAGE"],
         [[c["type"], c["status"], c.get("reason", ""), age(c.get("lastTransitionTime")), c.get("message", "")]
          for c in conditions]).splitlines()] if conditions else ["  <none>"]
+    if history:
+        out += ["", "Throughput:"] + ["  " + line for line in progress.chart(history)]
     out += ["", "Pods:"]
     out += ["  " + line for line in table(
         ["NAME", "ROLE", "PHASE", "NODE", "AGE"],
@@ -279,6 +371,20 @@ def describe_text(job: dict, pods: list[dict], events: list[dict]) -> str:
     return "\n".join(out)
 
 
+def _history(name: str, namespace: str) -> list[list[float]]:
+    """The throughput samples the log shipper keeps in `<job>-progress`, checked like any report
+    from a pod (render/logship.progress_history); none when the caller may not read ConfigMaps."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        shipped = kube.get("v1", "ConfigMap", f"{name}-progress", namespace)
+    except ApiException as exc:
+        if exc.status == 403:
+            return []
+        raise
+    return render_logship.progress_history(shipped)
+
+
 def describe(args: argparse.Namespace) -> int:
     def action() -> int:
         namespace = connect(args)
@@ -289,7 +395,7 @@ def describe(args: argparse.Namespace) -> int:
         events = kube.request("GET", kube.path("v1", "Event", namespace),
                               query=[("fieldSelector", selector)]).get("items") or []
         events.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
-        print(describe_text(job, pods, events))
+        print(describe_text(job, pods, events, _history(args.name, namespace)))
         return 0
     return _handled("describe", action)
 

@@ -129,7 +129,7 @@ def _stream_pod(pod: dict, follow: bool, out: BinaryIO) -> None:
         out.flush()
 
 
-def _archive_client(job: dict):
+def archive_client(job: dict):
     """A ContainerClient for the job's output, authenticated as the job's own auth block says:
     the Secret it names (read through the API, so RBAC decides who may), or for workload identity
     the caller's own Azure login (DefaultAzureCredential: az login, environment, ...)."""
@@ -170,7 +170,7 @@ def _stream_blob(job: dict, role: str, index: int | None, attempt: int, follow: 
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     spec = job["spec"]["output"]["blob"]
     folder = logship.run_path(spec.get("prefix", ""), name, attempt)
-    container, secret = _archive_client(job)
+    container, secret = archive_client(job)
     where = f"{spec['container']}/{folder}/"
     try:
         client = None

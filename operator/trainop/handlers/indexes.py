@@ -12,7 +12,7 @@ children then fit in tens of MB.
     dtj_pods             (ns, job-name)           its pods (server-side label selector)
     dtj_launchers        (ns, job-name)           its launcher batch/v1 Job
     dtj_services         (ns, job-name)           its headless Service
-    dtj_configmaps       (ns, job-name)           its hostfile ConfigMap, its progress ConfigMap (data kept)
+    dtj_configmaps       (ns, job-name)           its hostfile ConfigMap, its progress ConfigMap (data kept, less its history)
     dtj_netpols          (ns, job-name)           its NetworkPolicy (restored if edited/deleted)
     dtj_endpointslices   (ns, job-name)           its Service's EndpointSlices (labels mirrored)
     dtj_workloads        (ns, job-name)           its Kueue Workload (conditions, admission; none
@@ -158,7 +158,9 @@ async def dtj_services(body, namespace, **_):
 @kopf.index("v1", "configmaps", labels=_HAS_JOB)
 async def dtj_configmaps(body, namespace, **_):
     if body["metadata"]["labels"].get(common.LABEL_ROLE) == render_logship.PROGRESS_ROLE:
-        return {_job_key(body, namespace): _obj(body, data=dict(body.get("data") or {}))}
+        # the shipper's history is for `trainop describe` only: not held in the operator's memory
+        data = {k: v for k, v in (body.get("data") or {}).items() if k != render_logship.HISTORY_KEY}
+        return {_job_key(body, namespace): _obj(body, data=data)}
     return {_job_key(body, namespace): _obj(body)}
 
 

@@ -13,7 +13,7 @@ The DTJ renderer calls `pod_parts(...)` for each pod it renders and merges the r
 
 applies `rbac(job, cfg)` and creates `progress_config_map(job, cfg)` once per job, puts
 `status_urls(job, attempt, cfg)` into the status, and copies `progress_metrics(config_map)` into
-`status.metrics` for display only.
+`status.metrics` (and what progress.py derives from it into `status.progress`) for display only.
 
 Blob output: the training container tees stdout+stderr into LOG_FILE on an emptyDir shared with
 the `logship` native sidecar (`python -m trainop.logship`), which appends it to
@@ -38,8 +38,13 @@ RUN_DIR = "/var/trainop"
 LOG_FILE = f"{RUN_DIR}/train.log"  # Blob output: the file the sidecar ships
 METRICS_NAME = "metrics.jsonl"  # the trainer's --metrics-file, inside its --output-dir
 # The keys of the trainer's metrics contract (docs/DEVELOPING.md); nothing else reaches the status.
-METRIC_KEYS = ("epoch", "step", "loss", "imagesPerSec", "imagesPerSecPerGPU", "stepTime", "worldSize", "final")
-PROGRESS_KEY = "metrics"  # the progress ConfigMap's one key: the latest report, as JSON
+METRIC_KEYS = ("epoch", "step", "loss", "imagesPerSec", "imagesPerSecPerGPU", "stepTime", "worldSize", "final",
+               "totalSteps", "time")
+PROGRESS_KEY = "metrics"  # the progress ConfigMap's key of the latest report, as JSON
+# Its key of the last HISTORY_SAMPLES reports' throughput, `[[time, step, imagesPerSec], ...]`
+# oldest first (JSON): what `trainop describe` draws. Read by the CLI only, never by the operator.
+HISTORY_KEY = "history"
+HISTORY_SAMPLES = 60
 PROGRESS_ROLE = "progress"  # its trainop.io/role label
 # The reporting sidecar's API token: projected into that one container (every job pod sets
 # automountServiceAccountToken: false, so the training container gets none), with the API
@@ -153,6 +158,37 @@ def progress_metrics(config_map: dict | None) -> dict | None:
     except ValueError:
         return None
     return (safe_metrics(obj) or None) if isinstance(obj, dict) else None
+
+
+def history_samples(reports: list[dict]) -> list[list[float]]:
+    """`[time, step, imagesPerSec]` of the last HISTORY_SAMPLES per-epoch reports (the final one
+    averages the run, so it is left out), only finite non-negative numbers."""
+    out = []
+    for r in reports:
+        sample = [r.get("time"), r.get("step"), r.get("imagesPerSec")]
+        if not r.get("final") and all(_finite(v) and v >= 0 for v in sample):
+            out.append(sample)
+    return out[-HISTORY_SAMPLES:]
+
+
+def progress_history(config_map: dict | None) -> list[list[float]]:
+    """The progress ConfigMap's history, checked as untrusted input like `progress_metrics`:
+    samples that are not three finite non-negative numbers are dropped, at most HISTORY_SAMPLES."""
+    text = ((config_map or {}).get("data") or {}).get(HISTORY_KEY)
+    if not text or len(text) > 64 * HISTORY_SAMPLES:
+        return []
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(obj, list):
+        return []
+    return [list(s) for s in obj if isinstance(s, list) and len(s) == 3
+            and all(_finite(v) and v >= 0 for v in s)][-HISTORY_SAMPLES:]
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
-"""What a run reports: JSON-lines metrics (rank 0), the reference's "Total images/sec" line, and
-each rank's parameter digest; plus the learning-rate schedule every framework shares.
+"""What a run reports: JSON-lines metrics (rank 0), the same reports as TensorBoard scalars
+(events.py), the reference's "Total images/sec" line, and each rank's parameter digest; plus the
+learning-rate schedule every framework shares.
 
 Metric keys are the trainer contract (docs/DEVELOPING.md) and go straight into the job's
-status.metrics, so they are camelCase and fixed.
+status.metrics, so they are camelCase and fixed. `totalSteps` and `time` (Unix seconds of the
+report) let the operator show percent done and an ETA (status.progress).
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ import io
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from trainop_trainer import events as events_mod
 
 
 def learning_rate(step: int, steps_per_epoch: int, base_lr: float, world_size: int, warmup_epochs: float) -> float:
@@ -33,6 +39,8 @@ class Reporter:
     world_size: int
     global_batch: int
     chief: bool
+    total_steps: int | None = None  # steps of the whole run (epochs x steps per epoch)
+    events: Any = None  # events.open_writer(...) on the chief: the reports as TensorBoard scalars
     # (seconds, steps) per epoch, seconds derived from the gathered throughput. Epochs after the
     # first (which holds compilation and warm-up) make the final figure, as in the reference.
     _epochs: list[tuple[float, int]] = field(default_factory=list)
@@ -51,6 +59,8 @@ class Reporter:
         self._emit(epoch, step, loss, total, seconds / steps, final=True)
         if self.chief:
             write_line(sys.stdout, f"Total images/sec: {total:.1f}")
+        if self.events is not None:
+            self.events.close()
 
     def _emit(self, epoch, step, loss, total, step_time, final):
         if not self.chief:
@@ -64,11 +74,16 @@ class Reporter:
             "stepTime": round(step_time, 6),
             "worldSize": self.world_size,
             "final": final,
+            "time": round(time.time(), 3),
         }
+        if self.total_steps:
+            record["totalSteps"] = self.total_steps
         line = json.dumps(record)
         write_line(sys.stdout, line)
         with open(self.metrics_file, "a") as f:
             f.write(line + "\n")
+        if self.events is not None and not final:  # the final report repeats the last epoch's step
+            self.events.scalars(step, events_mod.scalars_of(record))
 
 
 def parameter_digest(arrays) -> str:

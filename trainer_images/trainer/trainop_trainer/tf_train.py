@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from trainop_trainer import data, report  # noqa: E402
+from trainop_trainer import data, events, report  # noqa: E402
 from trainop_trainer.config import Config  # noqa: E402
 from trainop_trainer.world import World  # noqa: E402
 
@@ -157,7 +157,9 @@ def train(cfg: Config, world: World) -> None:
                                          weight_decay=cfg.weight_decay)
     if backend.hvd:
         optimizer = backend.hvd.DistributedOptimizer(optimizer) if cfg.framework == "keras" else optimizer
-    reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief)
+    reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief,
+                               total_steps=cfg.epochs * steps,
+                               events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None)
     run = _fit if cfg.framework == "keras" else _custom_loop
     loss = run(tf, keras, cfg, world, backend, model, optimizer, backend.distribute(ds), steps, reporter)
     reporter.final(cfg.epochs, cfg.epochs * steps, loss)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torchvision
 from torch import nn
 
-from trainop_trainer import data, report
+from trainop_trainer import data, events, report
 from trainop_trainer.config import Config
 from trainop_trainer.world import World
 
@@ -126,7 +126,9 @@ def train(cfg: Config, world: World) -> None:
     batches, default_steps = make(cfg, world, device, memory_format)
     steps = cfg.steps_per_epoch or default_steps
     loss_fn = nn.CrossEntropyLoss()
-    reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief)
+    reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief,
+                               total_steps=cfg.epochs * steps,
+                               events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None)
 
     def step_fn(x, y):
         optimizer.zero_grad()
