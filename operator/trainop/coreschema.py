@@ -10,9 +10,9 @@ does for Go types, so the copy is never written by hand:
 
 In crds/*.yaml, the lines between `# BEGIN core/v1 <Type>` and `# END core/v1 <Type>` are
 replaced by <Type>'s schema at the marker's indentation. The copy is made structural: `$ref`
-inlined, IntOrString and Quantity as `x-kubernetes-int-or-string`, ObjectMeta (inside ephemeral
-volumes) reduced to labels and annotations, defaults, formats, list types and nested
-descriptions dropped (the API server applies and explains them on the Pod itself).
+inlined, IntOrString and Quantity as `x-kubernetes-int-or-string` (Quantity with its pattern),
+ObjectMeta (inside ephemeral volumes) reduced to labels and annotations, defaults, formats,
+list types and nested descriptions dropped (the API server applies and explains them on the Pod itself).
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ _MARKER = re.compile(r"^(?P<indent> *)# BEGIN core/v1 (?P<type>\w+)\b.*$")
 _INT_OR_STRING = {"x-kubernetes-int-or-string": True}
 _SPECIAL = {
     "io.k8s.apimachinery.pkg.util.intstr.IntOrString": _INT_OR_STRING,
-    "io.k8s.apimachinery.pkg.api.resource.Quantity": _INT_OR_STRING,
+    # the pattern apimachinery's parser accepts (controller-gen writes the same)
+    "io.k8s.apimachinery.pkg.api.resource.Quantity": _INT_OR_STRING | {
+        "pattern": r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+                   r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"},
     "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta": {
         "type": "object", "properties": {
             "labels": {"type": "object", "additionalProperties": {"type": "string"}},
