@@ -265,7 +265,7 @@ def _pod_template(spec: dict, allow: PodTemplateAllow) -> dict:
                 raise SpecError(f"{where}.spec.{key}", f"shares the node's namespaces with the pod: "
                                 f"remove it (or ask the cluster admin for podTemplate.allow.{key})")
         for i, volume in enumerate(pod.get("volumes") or []):
-            kind = next((k for k in volume if k != "name"), None)
+            kind = next((k for k in volume if k != "name"), "emptyDir")  # the API's default
             if kind == "hostPath" and not allow.host_path:
                 raise SpecError(f"{where}.spec.volumes[{i}].hostPath", "mounts the node's files into "
                                 "the pod: use a persistentVolumeClaim, configMap, secret or emptyDir "

@@ -129,6 +129,9 @@ def test_priority_class_of_the_template_becomes_the_jobs():
      "spec.podTemplate.worker.spec.containers[0].image", "spec.image"),
     ({"spec": {"containers": [{"name": "worker", "volumeMounts": [{"name": "shm", "mountPath": "/output"}]}]}},
      "spec.podTemplate.worker.spec.containers[0].volumeMounts[0].mountPath", "choose another path"),
+    ({"spec": {"volumes": [{"name": "v"}], "containers": [
+        {"name": "worker", "volumeMounts": [{"name": "v", "mountPath": "/etc/trainop/ssh/extra"}]}]}},
+     "spec.podTemplate.worker.spec.containers[0].volumeMounts[0].mountPath", "/etc/trainop/ssh itself"),
     ({"spec": {"containers": [{"name": "worker", "volumeMounts": [{"name": "nope", "mountPath": "/x"}]}]}},
      "spec.podTemplate.worker.spec.containers[0].volumeMounts[0].name", "no volume 'nope'"),
     ({"spec": {"containers": [{"name": "worker", "securityContext": {"allowPrivilegeEscalation": True}}]}},

@@ -17,7 +17,7 @@ The operator's fields win, and a contradiction is refused, never dropped (docs/p
 - spec.containers: the entry named like the training container (containers[0]) adds env (a
   name the operator sets, or a launcher/rank variable, is refused), envFrom (the operator's env
   entries win over it, as Kubernetes orders them), volumeMounts (a mountPath the container
-  has is refused) and securityContext (a key the operator set to another value is refused;
+  has, or one inside it, is refused) and securityContext (a key the operator set to another value is refused;
   added capabilities join its own); any other name is a sidecar appended after the operator's
   containers, with restricted's securityContext under the user's.
 - spec.priorityClassName: not merged here; spec.py makes it the job's priority class, which
@@ -136,12 +136,14 @@ def _merge_training(container: dict, extra: dict, where: str, volumes: set[str])
     if not container["envFrom"]:
         del container["envFrom"]
     _check_mounts(extra.get("volumeMounts") or [], where, volumes)
-    paths = {m["mountPath"] for m in container.get("volumeMounts") or []}
+    own = [m["mountPath"].rstrip("/") for m in container.get("volumeMounts") or []]
     for j, mount in enumerate(extra.get("volumeMounts") or []):
-        if mount["mountPath"] in paths:
+        path = mount["mountPath"].rstrip("/")
+        inside = next((p for p in own if path == p or path.startswith(p + "/")), None)
+        if inside:
             raise SpecError(f"{where}.volumeMounts[{j}].mountPath", f"the operator mounts "
-                            f"{mount['mountPath']} itself: choose another path")
-        paths.add(mount["mountPath"])
+                            f"{inside} itself (the same path or one inside it): choose another path")
+        own.append(path)
         container.setdefault("volumeMounts", []).append(mount)
     _merge_security(container.setdefault("securityContext", {}), extra.get("securityContext") or {},
                     where, strict=True)
