@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 
 import yaml
@@ -120,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.openapi) as f:
             openapi = json.load(f)
     else:
-        raw = subprocess.run(["kubectl", "--kubeconfig", args.kubeconfig, "get", "--raw",
-                              "/openapi/v3/api/v1"], check=True, capture_output=True, text=True)
+        from trainop.devcluster import kubectl  # the control plane's own release
+
+        raw = kubectl.run(args.kubeconfig, "get", "--raw", "/openapi/v3/api/v1", check=True)
         openapi = json.loads(raw.stdout)
     changed = []
     for path in sorted(CRDS_DIR.glob("*.yaml")):
