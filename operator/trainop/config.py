@@ -35,6 +35,10 @@ Format (every key optional; camelCase like Helm values):
       # scheme and host must match (a host "*.example.com" matches its subdomains), the port if
       # given, the path as a prefix of whole segments. http:// only where listed here.
       allowedAccountURLs: [https://*.blob.local.azurestack.external, http://127.0.0.1:10000]
+    gangScheduling:                  # PodGroups (render/podgroup.py), where the API is served
+      scheduler: null                # scheduler-plugins | volcano | null (none)
+      schedulerName: null            # the pods' schedulerName; default scheduler-plugins-scheduler
+                                     # or volcano
     podTemplate:
       allow:                         # what spec.podTemplate may add beyond Pod Security
         hostPath: false              # "restricted" (render/overrides.py, docs/security.md)
@@ -88,6 +92,7 @@ DEFAULTS: dict = {
     "limits": {"maxGpusPerJob": None, "maxPriority": 1_000_000_000},
     "blob": {"allowedAccountURLs": []},
     "datastage": {"allowedNfsExports": [], "nfsClientCIDRs": []},
+    "gangScheduling": {"scheduler": None, "schedulerName": None},
     "podTemplate": {"allow": {"hostPath": False, "hostNetwork": False, "hostPID": False,
                               "hostIPC": False, "privileged": False, "capabilities": [],
                               "volumeTypes": []}},
@@ -136,6 +141,8 @@ class Config:
     allowed_nfs_exports: tuple[tuple[str, str], ...] = ()  # datastage.allowedNfsExports
     nfs_client_cidrs: tuple[str, ...] = ()           # datastage.nfsClientCIDRs
     pod_template_allow: PodTemplateAllow = PodTemplateAllow()  # podTemplate.allow
+    gang_scheduler: str | None = None        # gangScheduling.scheduler
+    gang_scheduler_name: str | None = None   # gangScheduling.schedulerName
 
     def section(self, name: str) -> dict:
         return copy.deepcopy(self.raw.get(name) or {})
@@ -195,7 +202,22 @@ def from_dict(data: dict | None) -> Config:
                   launcher_resources=raw["launcherResources"], max_gpus_per_job=max_gpus,
                   max_priority=max_priority, raw=raw,
                   allowed_account_urls=_account_urls(raw), allowed_nfs_exports=_nfs_exports(raw),
-                  nfs_client_cidrs=_cidrs(raw), pod_template_allow=_pod_template_allow(raw))
+                  nfs_client_cidrs=_cidrs(raw), pod_template_allow=_pod_template_allow(raw),
+                  **_gang_scheduling(raw))
+
+
+GANG_SCHEDULERS = ("scheduler-plugins", "volcano")
+
+
+def _gang_scheduling(raw: dict) -> dict:
+    gang = raw.get("gangScheduling") or {}
+    kind, name = gang.get("scheduler"), gang.get("schedulerName")
+    if kind is not None and kind not in GANG_SCHEDULERS:
+        raise ConfigError(f"gangScheduling.scheduler: {kind!r} is not one of "
+                          f"{', '.join(GANG_SCHEDULERS)} (or null)")
+    if name is not None and not (isinstance(name, str) and name):
+        raise ConfigError("gangScheduling.schedulerName: must be a scheduler's name or null")
+    return {"gang_scheduler": kind, "gang_scheduler_name": name}
 
 
 def _pod_template_allow(raw: dict) -> PodTemplateAllow:

@@ -58,6 +58,16 @@ class RunPolicy:
 
 
 @dataclass(frozen=True)
+class SchedulingPolicy:
+    """`spec.runPolicy.schedulingPolicy` (render/podgroup.py)."""
+    min_available: int | None = None
+    queue: str | None = None
+    min_resources: dict | None = None
+    priority_class: str | None = None
+    schedule_timeout_seconds: int | None = None
+
+
+@dataclass(frozen=True)
 class SecurityContext:
     """`spec.securityContext`: the non-root user of every pod (the schema forbids uid 0)."""
     run_as_user: int
@@ -133,6 +143,9 @@ class Job:
     priority_class_name: str | None = None  # spec.priorityClassName (priority.py resolves it)
     # spec.podTemplate, checked: role -> {metadata, spec} (render/overrides.py merges it)
     pod_template: dict = field(default_factory=dict)
+    scheduling_policy: SchedulingPolicy = SchedulingPolicy()
+    gang_scheduler: str | None = None       # set by podgroup.bind: scheduler-plugins | volcano
+    gang_scheduler_name: str | None = None  # the pods' schedulerName under it
     pod_priority_class: str | None = None   # the pods' priorityClassName, set by priority.bind
 
     @property
@@ -281,6 +294,14 @@ def _pod_template(spec: dict, allow: PodTemplateAllow) -> dict:
     return out
 
 
+def _scheduling_policy(policy: dict) -> SchedulingPolicy:
+    return SchedulingPolicy(min_available=policy.get("minAvailable"), queue=policy.get("queue"),
+                            min_resources={k: str(v) for k, v in policy["minResources"].items()}
+                            if policy.get("minResources") else None,
+                            priority_class=policy.get("priorityClass"),
+                            schedule_timeout_seconds=policy.get("scheduleTimeoutSeconds"))
+
+
 def _priority_class(spec: dict) -> str | None:
     """spec.priorityClassName, or the one class the pod templates name (the CRD's rules refuse
     both at once and two different ones; repeated for --local)."""
@@ -348,6 +369,7 @@ def parse(body: dict, cfg: Config) -> Job:
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),
         priority_class_name=_priority_class(spec),
         pod_template=_pod_template(spec, cfg.pod_template_allow),
+        scheduling_policy=_scheduling_policy(run.get("schedulingPolicy") or {}),
     )
     if job.pod_template:
         # The operator's own fields win: the merge refuses an override that contradicts what

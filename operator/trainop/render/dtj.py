@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import shlex
 
-from trainop.render import common, logship, overrides
+from trainop.render import common, logship, overrides, podgroup
 from trainop.spec import Job
 
 SSH_PORT = 2222  # unprivileged, so the same config works for non-root images
@@ -425,6 +425,7 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
         "metadata": common.metadata(worker_name(job, index), job.namespace, labels, annotations),
         "spec": pod_spec,
     }
+    podgroup.decorate(job, pod["metadata"], pod_spec)
     overrides.apply(pod, job.pod_template.get(WORKER), f"spec.podTemplate.{WORKER}")  # last
     return pod
 
@@ -448,6 +449,7 @@ def render_launcher(job: Job, attempt: int) -> dict:
     if annotations:
         template_meta["annotations"] = annotations
     template = {"metadata": template_meta, "spec": pod_spec}
+    podgroup.decorate(job, template_meta, pod_spec)
     overrides.apply(template, job.pod_template.get(LAUNCHER), f"spec.podTemplate.{LAUNCHER}")
     return {
         "apiVersion": "batch/v1", "kind": "Job",

@@ -35,6 +35,8 @@ from trainop.render import common
 from trainop.spec import SpecError
 
 OPERATOR_PREFIX = f"{GROUP}/"
+# What joins a pod to its PodGroup (render/podgroup.py): set only by the operator.
+GANG_KEYS = ("scheduling.x-k8s.io/pod-group", "scheduling.k8s.io/group-name")
 TRAINING_FIELDS = ("name", "env", "envFrom", "volumeMounts", "securityContext")
 # Variables mpirun, PMIx and torchrun give each rank: a value from the pod would mislead it.
 RESERVED_ENV = re.compile(r"^(OMPI_|PMIX_|PMI_|HYDRA_|I_MPI_|TORCHELASTIC_|TRAINOP_)|"
@@ -98,7 +100,7 @@ def _add_keys(parent: dict, key: str, extra: dict, where: str, reserved: str | N
         return
     have = parent.setdefault(key, {})
     for k, v in extra.items():
-        if reserved and k.startswith(reserved):
+        if reserved and (k.startswith(reserved) or k in GANG_KEYS):
             raise SpecError(f"{where}[{k}]", f"keys under {reserved} are the operator's: choose "
                                             f"another key")
         if k in have and have[k] != v:
