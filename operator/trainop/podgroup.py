@@ -56,11 +56,26 @@ def scheduler(cfg: Config) -> str | None:
     return kind if kind and served(kind) else None
 
 
+# Bound jobs by the identity of the parsed (and priority-bound) Job, as priority.bind keeps
+# them: the same object on every reconcile keeps admission's per-Job caches hitting.
+_BOUND: dict[tuple[int, str], tuple[Job, Job]] = {}
+_BOUND_MAX = 4096
+
+
 def bind(job: Job, kind: str | None, cfg: Config) -> Job:
+    """`job` whose pods `kind` places (None: unchanged)."""
     if kind is None:
         return job
-    return dataclasses.replace(job, gang_scheduler=kind, gang_scheduler_name=(
+    hit = _BOUND.get((id(job), kind))
+    if hit is not None and hit[0] is job:
+        return hit[1]
+    bound = dataclasses.replace(job, gang_scheduler=kind, gang_scheduler_name=(
         cfg.gang_scheduler_name or DEFAULT_SCHEDULER_NAMES[kind]))
+    with _lock:
+        if len(_BOUND) >= _BOUND_MAX:
+            _BOUND.pop(next(iter(_BOUND)))
+        _BOUND[(id(job), kind)] = (job, bound)
+    return bound
 
 
 def render_for(job: Job) -> dict | None:
