@@ -500,3 +500,13 @@ def test_status_merge_patch_removes_what_went():
     assert merge_patch(old, new) == {"metrics": {"step": 2, "loss": None}, "restarts": 1, "gpus": None}
     assert merge_patch(old, old) == {}
     assert merge_patch({"conditions": [1, 2]}, {"conditions": [1]}) == {"conditions": [1]}
+
+
+def test_a_gang_scheduler_gets_the_pod_group_before_any_pod():
+    cfg = config.from_dict({"gangScheduling": {"scheduler": "scheduler-plugins"}})
+    actions = decide(snap(body(), gang_scheduler="scheduler-plugins"), cfg, NOW).actions
+    lines = summary(actions)
+    assert lines.index("apply PodGroup j") < lines.index("create Pod j-worker-0")
+    worker = next(a.obj for a in actions if isinstance(a, Create) and a.obj["kind"] == "Pod")
+    assert worker["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+    assert "apply PodGroup j" not in summary(decide(snap(body()), cfg, NOW).actions)  # API not served
