@@ -51,7 +51,8 @@ def test_volume_envfrom_and_sidecar_reach_the_training_container(real_cluster, r
     manifest = {
         "apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob", "metadata": {"name": "tpl"},
         "spec": {
-            "framework": "pytorch", "launcher": "torchrun", "workers": 2, "gpusPerWorker": 0,
+            # one GPU each: the gpu pool's real node is where the trainer image is loaded
+            "framework": "pytorch", "launcher": "torchrun", "workers": 2, "gpusPerWorker": 1,
             "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
             "command": ["sh", "-c", SCRIPT],
             "runPolicy": {"backoffLimit": 0},
