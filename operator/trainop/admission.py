@@ -142,6 +142,11 @@ def _effective(pod_spec: dict, which: int) -> Usage:
     return _max(_add(total, sidecars), init_peak)
 
 
+def pod_requests(pod_spec: dict) -> Usage:
+    """What the scheduler reserves for a pod: its effective requests."""
+    return _effective(pod_spec, 0)
+
+
 def pod_usage(pod: dict) -> Usage:
     """What one pod counts in a ResourceQuota (see the module docstring)."""
     spec = pod.get("spec") or {}

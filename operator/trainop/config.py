@@ -35,6 +35,19 @@ Format (every key optional; camelCase like Helm values):
       # scheme and host must match (a host "*.example.com" matches its subdomains), the port if
       # given, the path as a prefix of whole segments. http:// only where listed here.
       allowedAccountURLs: [https://*.blob.local.azurestack.external, http://127.0.0.1:10000]
+    gangScheduling:                  # PodGroups (render/podgroup.py), where the API is served
+      scheduler: null                # scheduler-plugins | volcano | null (none)
+      schedulerName: null            # the pods' schedulerName; default scheduler-plugins-scheduler
+                                     # or volcano
+    podTemplate:
+      allow:                         # what spec.podTemplate may add beyond Pod Security
+        hostPath: false              # "restricted" (render/overrides.py, docs/security.md)
+        hostNetwork: false           # also hostPort on a container
+        hostPID: false
+        hostIPC: false
+        privileged: false            # privileged, allowPrivilegeEscalation, root, Unconfined
+        capabilities: []             # added capabilities besides NET_BIND_SERVICE
+        volumeTypes: []              # inline volume types besides restricted's (e.g. nfs)
     datastage:                       # raw keys: render/datastage.py; checked here:
       allowedNfsExports:             # existing exports destination.nfs may name (none by default)
         - {server: 10.240.0.4, path: /export}   # path: a prefix of whole segments
@@ -79,7 +92,24 @@ DEFAULTS: dict = {
     "limits": {"maxGpusPerJob": None, "maxPriority": 1_000_000_000},
     "blob": {"allowedAccountURLs": []},
     "datastage": {"allowedNfsExports": [], "nfsClientCIDRs": []},
+    "gangScheduling": {"scheduler": None, "schedulerName": None},
+    "podTemplate": {"allow": {"hostPath": False, "hostNetwork": False, "hostPID": False,
+                              "hostIPC": False, "privileged": False, "capabilities": [],
+                              "volumeTypes": []}},
 }
+ALLOW_SWITCHES = ("hostPath", "hostNetwork", "hostPID", "hostIPC", "privileged")
+
+
+@dataclass(frozen=True)
+class PodTemplateAllow:
+    """podTemplate.allow: what spec.podTemplate may add beyond Pod Security "restricted"."""
+    host_path: bool = False
+    host_network: bool = False
+    host_pid: bool = False
+    host_ipc: bool = False
+    privileged: bool = False
+    capabilities: tuple[str, ...] = ()
+    volume_types: tuple[str, ...] = ()
 
 
 class ConfigError(ValueError):
@@ -110,6 +140,9 @@ class Config:
     allowed_account_urls: tuple[str, ...] = ()       # blob.allowedAccountURLs
     allowed_nfs_exports: tuple[tuple[str, str], ...] = ()  # datastage.allowedNfsExports
     nfs_client_cidrs: tuple[str, ...] = ()           # datastage.nfsClientCIDRs
+    pod_template_allow: PodTemplateAllow = PodTemplateAllow()  # podTemplate.allow
+    gang_scheduler: str | None = None        # gangScheduling.scheduler
+    gang_scheduler_name: str | None = None   # gangScheduling.schedulerName
 
     def section(self, name: str) -> dict:
         return copy.deepcopy(self.raw.get(name) or {})
@@ -169,7 +202,42 @@ def from_dict(data: dict | None) -> Config:
                   launcher_resources=raw["launcherResources"], max_gpus_per_job=max_gpus,
                   max_priority=max_priority, raw=raw,
                   allowed_account_urls=_account_urls(raw), allowed_nfs_exports=_nfs_exports(raw),
-                  nfs_client_cidrs=_cidrs(raw))
+                  nfs_client_cidrs=_cidrs(raw), pod_template_allow=_pod_template_allow(raw),
+                  **_gang_scheduling(raw))
+
+
+GANG_SCHEDULERS = ("scheduler-plugins", "volcano")
+
+
+def _gang_scheduling(raw: dict) -> dict:
+    gang = raw.get("gangScheduling") or {}
+    kind, name = gang.get("scheduler"), gang.get("schedulerName")
+    if kind is not None and kind not in GANG_SCHEDULERS:
+        raise ConfigError(f"gangScheduling.scheduler: {kind!r} is not one of "
+                          f"{', '.join(GANG_SCHEDULERS)} (or null)")
+    if name is not None and not (isinstance(name, str) and name):
+        raise ConfigError("gangScheduling.schedulerName: must be a scheduler's name or null")
+    return {"gang_scheduler": kind, "gang_scheduler_name": name}
+
+
+def _pod_template_allow(raw: dict) -> PodTemplateAllow:
+    allow = (raw.get("podTemplate") or {}).get("allow") or {}
+    if not isinstance(allow, dict):
+        raise ConfigError("podTemplate.allow: must be a mapping of switches")
+    for key in ALLOW_SWITCHES:
+        if not isinstance(allow.get(key, False), bool):
+            raise ConfigError(f"podTemplate.allow.{key}: must be true or false")
+    lists = {}
+    for key in ("capabilities", "volumeTypes"):
+        value = allow.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"podTemplate.allow.{key}: must be a list of names")
+        lists[key] = tuple(value)
+    return PodTemplateAllow(host_path=allow.get("hostPath", False),
+                            host_network=allow.get("hostNetwork", False),
+                            host_pid=allow.get("hostPID", False), host_ipc=allow.get("hostIPC", False),
+                            privileged=allow.get("privileged", False),
+                            capabilities=lists["capabilities"], volume_types=lists["volumeTypes"])
 
 
 def _list(raw: dict, section: str, key: str) -> list:

@@ -33,6 +33,7 @@ from trainop import (
     jobsync,
     kueue,
     metrics,
+    podgroup,
     priority,
     stagesync,
 )
@@ -327,6 +328,7 @@ class Controller:
 
     def _decide_and_act(self, key: tuple, snap: jobsync.JobSnapshot):
         snap.kueue = kueue.manages(snap.body)
+        snap.gang_scheduler = podgroup.scheduler(self.cfg)
         _confirm_class(snap)
         _confirm_flavors(snap)
         outcome = jobsync.decide(snap, self.cfg, dt.datetime.now(dt.timezone.utc))

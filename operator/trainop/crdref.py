@@ -37,7 +37,8 @@ def _constraints(node: dict) -> str:
     if "enum" in node:
         parts.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
     for key, label in (("minimum", "min"), ("maximum", "max"), ("minLength", "min length"),
-                       ("maxLength", "max length"), ("maxItems", "max items"), ("pattern", "pattern"),
+                       ("maxLength", "max length"), ("maxItems", "max items"),
+                       ("maxProperties", "max keys"), ("pattern", "pattern"),
                        ("format", "format")):
         if key in node and not (key == "maxLength" and "enum" in node):
             value = f"`{node[key]}`" if key == "pattern" else node[key]
@@ -58,7 +59,9 @@ def _rows(node: dict, path: str, out: list[list[str]]) -> None:
         for rule in child.get("x-kubernetes-validations") or []:
             out.append(["", "", "", f"Rule: {_cell(rule['message'])}", ""])
         nested = child.get("items") if child.get("type") == "array" else child
-        if isinstance(nested, dict):
+        # A Kubernetes core type copied by coreschema.py: `kubectl explain pod.spec` documents
+        # its fields; listing them here would bury the DTJ's own.
+        if isinstance(nested, dict) and not nested.get("description", "").startswith("core/v1 "):
             _rows(nested, here + ("[]" if child.get("type") == "array" else ""), out)
 
 

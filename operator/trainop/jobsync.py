@@ -20,7 +20,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import conditions, kueue, phases, priority, progress
+from trainop import conditions, kueue, phases, podgroup, priority, progress
 from trainop.actions import (
     Apply,
     Create,
@@ -66,6 +66,7 @@ class JobSnapshot:
     kueue: bool = False        # Kueue admits this job (spec.queue and Kueue is installed)
     workload: dict | None = None  # its Kueue Workload (the watch cache's, controlled by the job)
     flavors: dict[str, dict] = field(default_factory=dict)  # the admitted ResourceFlavors by name
+    gang_scheduler: str | None = None  # served gang scheduler of the configuration (podgroup.py)
     problem: Problem | None = None                        # what the last apply met (apply.py)
 
 
@@ -269,6 +270,7 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
         if st.data.get("phase") not in TERMINAL:
             _finish(st, "Failed", "InvalidSpec", str(exc), now)
         return plan.out
+    job = podgroup.bind(job, plan.snap.gang_scheduler, cfg)
 
     rp = job.run_policy
     if st.data.get("phase") in TERMINAL:
@@ -509,6 +511,9 @@ def _version(obj: dict | None) -> str:
 def _shared_children(plan: _Plan, job: Job) -> None:
     snap, body, acts = plan.snap, plan.body, plan.out.actions
     acts.append(Apply(render.render_service(job), body, _version(snap.service)))
+    pod_group = podgroup.render_for(job)
+    if pod_group is not None:  # before any pod of the group (a kind the operator does not watch)
+        acts.append(Apply(pod_group, body, None))
     for obj in logship.rbac(job, job.logship):
         acts.append(Apply(obj, body, None))  # kinds the operator does not watch
     progress = logship.progress_config_map(job, job.logship)

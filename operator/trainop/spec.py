@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainop import blob, crds
-from trainop.config import Config, NodePool
+from trainop.config import Config, NodePool, PodTemplateAllow
 
 KIND = "DistributedTrainingJob"
 
@@ -75,6 +75,16 @@ class FlavorPlacement:
     nodeLabels as nodeSelector terms and its tolerations (kueue.place; Kueue's podset.Merge)."""
     node_selector: tuple[tuple[str, str], ...] = ()
     tolerations: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class SchedulingPolicy:
+    """`spec.runPolicy.schedulingPolicy` (render/podgroup.py)."""
+    min_available: int | None = None
+    queue: str | None = None
+    min_resources: dict | None = None
+    priority_class: str | None = None
+    schedule_timeout_seconds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +161,11 @@ class Job:
     logship: dict  # the operator's `logship` configuration section (render/logship.py)
     security: SecurityContext
     priority_class_name: str | None = None  # spec.priorityClassName (priority.py resolves it)
+    # spec.podTemplate, checked: role -> {metadata, spec} (render/overrides.py merges it)
+    pod_template: dict = field(default_factory=dict)
+    scheduling_policy: SchedulingPolicy = SchedulingPolicy()
+    gang_scheduler: str | None = None       # set by podgroup.bind: scheduler-plugins | volcano
+    gang_scheduler_name: str | None = None  # the pods' schedulerName under it
     pod_priority_class: str | None = None   # the pods' priorityClassName, set by priority.bind
     # Kueue's admitted flavors per pod set ("workers", "launcher"), set by kueue.place once the
     # Workload is admitted; render/dtj.py adds them to the pods' placement.
@@ -223,6 +238,112 @@ def _output(output: dict | None, cfg: Config) -> Output | None:
     return out
 
 
+# ---- spec.podTemplate: what Pod Security "restricted" allows, unless podTemplate.allow says more.
+# Conflicts with what the operator renders are judged by render/overrides.py against the
+# rendered pods themselves (parse() renders them once), so no list of its names can go stale.
+RESTRICTED_VOLUME_TYPES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                           "persistentVolumeClaim", "projected", "secret")
+RESTRICTED_CAPABILITIES = ("NET_BIND_SERVICE",)
+SELINUX_TYPES = ("", "container_t", "container_init_t", "container_kvm_t", "container_engine_t")
+CONTAINER_RESOURCES = WORKER_RESOURCES
+
+
+def _check_container_security(sc: dict, where: str, allow: PodTemplateAllow) -> None:
+    fix = "remove it (or ask the cluster admin for podTemplate.allow.privileged)"
+    escalating = {"privileged": sc.get("privileged") is True,
+                  "allowPrivilegeEscalation": sc.get("allowPrivilegeEscalation") is True,
+                  "runAsNonRoot": sc.get("runAsNonRoot") is False,
+                  "runAsUser": sc.get("runAsUser") == 0,
+                  "seccompProfile.type": (sc.get("seccompProfile") or {}).get("type") == "Unconfined",
+                  "appArmorProfile.type": (sc.get("appArmorProfile") or {}).get("type") == "Unconfined",
+                  "procMount": sc.get("procMount", "Default") != "Default",
+                  "seLinuxOptions": bool(set(sc.get("seLinuxOptions") or {}) - {"level"}) and (
+                      (sc["seLinuxOptions"].get("type") or "") not in SELINUX_TYPES
+                      or bool(sc["seLinuxOptions"].get("user") or sc["seLinuxOptions"].get("role"))),
+                  "windowsOptions.hostProcess": (sc.get("windowsOptions") or {}).get("hostProcess") is True}
+    for key, bad in escalating.items():
+        if bad and not allow.privileged:
+            raise SpecError(f"{where}.securityContext.{key}", f"escalates privilege beyond Pod "
+                            f"Security \"restricted\": {fix}")
+    added = ((sc.get("capabilities") or {}).get("add")) or []
+    for i, cap in enumerate(added):
+        if cap not in RESTRICTED_CAPABILITIES + allow.capabilities and not allow.privileged:
+            raise SpecError(f"{where}.securityContext.capabilities.add[{i}]", f"{cap} is not allowed: "
+                            f"only {', '.join(RESTRICTED_CAPABILITIES + allow.capabilities)} may be "
+                            f"added (the cluster admin's podTemplate.allow.capabilities)")
+
+
+def _check_containers(containers: list[dict], where: str, allow: PodTemplateAllow) -> None:
+    for i, c in enumerate(containers):
+        here = f"{where}[{i}]"
+        _check_container_security(c.get("securityContext") or {}, here, allow)
+        for which in ("requests", "limits"):
+            for key in (c.get("resources") or {}).get(which) or {}:
+                if key not in CONTAINER_RESOURCES and not key.startswith("hugepages-"):
+                    raise SpecError(f"{here}.resources.{which}", f"{key!r} cannot be requested by an "
+                                    f"added container: GPUs come from spec.gpusPerWorker and the RDMA "
+                                    f"device from spec.infiniband (which quotas count); only "
+                                    f"{', '.join(CONTAINER_RESOURCES)} and hugepages-<size>")
+        for j, port in enumerate(c.get("ports") or []):
+            if port.get("hostPort") and not allow.host_network:
+                raise SpecError(f"{here}.ports[{j}].hostPort", "binds a port of the node: remove it "
+                                "(or ask the cluster admin for podTemplate.allow.hostNetwork)")
+
+
+def _pod_template(spec: dict, allow: PodTemplateAllow) -> dict:
+    """spec.podTemplate checked against what the admin allows: role -> override."""
+    out = {}
+    for role, override in (spec.get("podTemplate") or {}).items():
+        where = f"spec.podTemplate.{role}"
+        if role == "launcher" and spec["launcher"] != "mpi":
+            raise SpecError(where, "a torchrun job has no launcher pod: use podTemplate.worker")
+        pod = override.get("spec") or {}
+        for key, allowed in (("hostNetwork", allow.host_network), ("hostPID", allow.host_pid),
+                             ("hostIPC", allow.host_ipc)):
+            if pod.get(key) and not allowed:
+                raise SpecError(f"{where}.spec.{key}", f"shares the node's namespaces with the pod: "
+                                f"remove it (or ask the cluster admin for podTemplate.allow.{key})")
+        for i, volume in enumerate(pod.get("volumes") or []):
+            kind = next((k for k in volume if k != "name"), "emptyDir")  # the API's default
+            if kind == "hostPath" and not allow.host_path:
+                raise SpecError(f"{where}.spec.volumes[{i}].hostPath", "mounts the node's files into "
+                                "the pod: use a persistentVolumeClaim, configMap, secret or emptyDir "
+                                "(or ask the cluster admin for podTemplate.allow.hostPath)")
+            if kind not in RESTRICTED_VOLUME_TYPES + ("hostPath",) + allow.volume_types:
+                raise SpecError(f"{where}.spec.volumes[{i}].{kind}", f"volume type {kind!r} is not "
+                                f"allowed: use one of {', '.join(RESTRICTED_VOLUME_TYPES)} (a "
+                                f"persistentVolumeClaim reaches any storage), or ask the cluster "
+                                f"admin for podTemplate.allow.volumeTypes")
+        _check_containers(pod.get("initContainers") or [], f"{where}.spec.initContainers", allow)
+        _check_containers(pod.get("containers") or [], f"{where}.spec.containers", allow)
+        out[role] = override
+    return out
+
+
+def _scheduling_policy(policy: dict) -> SchedulingPolicy:
+    return SchedulingPolicy(min_available=policy.get("minAvailable"), queue=policy.get("queue"),
+                            min_resources={k: str(v) for k, v in policy["minResources"].items()}
+                            if policy.get("minResources") else None,
+                            priority_class=policy.get("priorityClass"),
+                            schedule_timeout_seconds=policy.get("scheduleTimeoutSeconds"))
+
+
+def _priority_class(spec: dict) -> str | None:
+    """spec.priorityClassName, or the one class the pod templates name (the CRD's rules refuse
+    both at once and two different ones; repeated for --local)."""
+    named = {role: (o.get("spec") or {}).get("priorityClassName")
+             for role, o in (spec.get("podTemplate") or {}).items()}
+    named = {r: n for r, n in named.items() if n}
+    if spec.get("priorityClassName") and named:
+        raise SpecError(f"spec.podTemplate.{next(iter(named))}.spec.priorityClassName",
+                        "conflicts with spec.priorityClassName: set only spec.priorityClassName")
+    if len(set(named.values())) > 1:
+        raise SpecError("spec.podTemplate.launcher.spec.priorityClassName",
+                        "worker and launcher name different priority classes: a gang has one "
+                        "priority; set spec.priorityClassName instead")
+    return spec.get("priorityClassName") or next(iter(named.values()), None)
+
+
 def parse(body: dict, cfg: Config) -> Job:
     """The job as a typed value; SpecError for input only the operator can judge."""
     obj = crds.default({"apiVersion": body.get("apiVersion", "trainop.io/v1alpha1"),
@@ -247,7 +368,7 @@ def parse(body: dict, cfg: Config) -> Job:
                         f"per job: reduce workers or gpusPerWorker")
     data, train, run, output = spec["data"], spec["training"], spec["runPolicy"], spec.get("output")
     user = spec["securityContext"]
-    return Job(
+    job = Job(
         name=meta["name"], namespace=meta.get("namespace", "default"),
         framework=spec["framework"], launcher=spec["launcher"], image=image,
         image_pull_policy=spec.get("imagePullPolicy"),
@@ -272,8 +393,17 @@ def parse(body: dict, cfg: Config) -> Job:
         launcher_resources=cfg.launcher_resources, logship=cfg.section("logship"),
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),
-        priority_class_name=spec.get("priorityClassName"),
+        priority_class_name=_priority_class(spec),
+        pod_template=_pod_template(spec, cfg.pod_template_allow),
+        scheduling_policy=_scheduling_policy(run.get("schedulingPolicy") or {}),
     )
+    if job.pod_template:
+        # The operator's own fields win: the merge refuses an override that contradicts what
+        # the renderer makes (render/overrides.py), judged here once so that bad input fails
+        # the job before any child exists. Imported here: the renderers import this module.
+        from trainop.render import dtj
+        dtj.check_overrides(job)
+    return job
 
 
 # Parsing validates against the CRD's schema (milliseconds): a reconcile that runs on every watch

@@ -40,6 +40,8 @@ NAMESPACED_RULES = {
     ("kueue.x-k8s.io", "workloads"): ["get", "list", "watch", "create", "patch", "delete"],
     ("kueue.x-k8s.io", "workloads/status"): ["patch"],
     ("batch", "jobs"): ["get", "list", "watch", "create", "delete"],
+    ("scheduling.x-k8s.io", "podgroups"): ["get", "create", "patch"],
+    ("scheduling.volcano.sh", "podgroups"): ["get", "create", "patch"],
     ("", "services"): ["get", "list", "watch", "create", "patch"],
     ("", "configmaps"): ["get", "list", "watch", "create", "patch"],
     ("", "serviceaccounts"): ["get", "list", "watch", "create", "patch"],

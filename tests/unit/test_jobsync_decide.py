@@ -551,3 +551,11 @@ def test_a_forged_report_gives_no_progress_it_cannot_support():
         out = decide(running, CFG, NOW)
         assert out.status.get("progress") == expected, report
         assert out.status["phase"] == "Running"
+def test_a_gang_scheduler_gets_the_pod_group_before_any_pod():
+    cfg = config.from_dict({"gangScheduling": {"scheduler": "scheduler-plugins"}})
+    actions = decide(snap(body(), gang_scheduler="scheduler-plugins"), cfg, NOW).actions
+    lines = summary(actions)
+    assert lines.index("apply PodGroup j") < lines.index("create Pod j-worker-0")
+    worker = next(a.obj for a in actions if isinstance(a, Create) and a.obj["kind"] == "Pod")
+    assert worker["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+    assert "apply PodGroup j" not in summary(decide(snap(body()), cfg, NOW).actions)  # API not served

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import shlex
 
-from trainop.render import common, logship
+from trainop.render import common, logship, overrides, podgroup
 from trainop.spec import Job
 
 SSH_PORT = 2222  # unprivileged, so the same config works for non-root images
@@ -429,11 +429,14 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
                 "containers": [container], "volumes": volumes}
     annotations: dict[str, str] = {}
     _ship_logs(job, WORKER, index, attempt, pod_spec, labels, annotations)
-    return {
+    pod = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": common.metadata(worker_name(job, index), job.namespace, labels, annotations),
         "spec": pod_spec,
     }
+    podgroup.decorate(job, pod["metadata"], pod_spec)
+    overrides.apply(pod, job.pod_template.get(WORKER), f"spec.podTemplate.{WORKER}")  # last
+    return pod
 
 
 def render_launcher(job: Job, attempt: int) -> dict:
@@ -454,8 +457,20 @@ def render_launcher(job: Job, attempt: int) -> dict:
     template_meta: dict = {"labels": dict(labels)}
     if annotations:
         template_meta["annotations"] = annotations
+    template = {"metadata": template_meta, "spec": pod_spec}
+    podgroup.decorate(job, template_meta, pod_spec)
+    overrides.apply(template, job.pod_template.get(LAUNCHER), f"spec.podTemplate.{LAUNCHER}")
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": common.metadata(launcher_name(job), job.namespace, labels),
-        "spec": {"backoffLimit": 0, "template": {"metadata": template_meta, "spec": pod_spec}},
+        "spec": {"backoffLimit": 0, "template": template},
     }
+
+
+def check_overrides(job: Job) -> None:
+    """SpecError when spec.podTemplate contradicts what the operator renders: the merge of
+    render_worker/render_launcher, run once at parse time (spec.parse) on pods the job could
+    have (a DataStage's claim by a stand-in name), so nothing is created for bad input."""
+    render_worker(job, 0, 0, claim_name="check" if job.data_stage else None)
+    if job.launcher == "mpi":
+        render_launcher(job, 0)

@@ -1,0 +1,89 @@
+"""Which gang scheduler places a job's pods: the one the operator's configuration names
+(`gangScheduling.scheduler`: scheduler-plugins or volcano), when the cluster serves its PodGroup
+API. Without the API nothing changes: no PodGroup, the pods keep the default scheduler (a
+schedulerName that nothing serves would leave them Pending forever).
+
+    kind = podgroup.scheduler(cfg)         # "scheduler-plugins" | "volcano" | None (cached)
+    job = podgroup.bind(job, kind, cfg)    # the pods get schedulerName and the group's label
+    obj = podgroup.render_for(job)         # the PodGroup manifest (render/podgroup.py), or None
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+
+from kubernetes.client.exceptions import ApiException
+
+from trainop import admission, kube
+from trainop.config import Config
+from trainop.render import dtj
+from trainop.render import podgroup as render
+from trainop.spec import Job
+
+log = logging.getLogger(__name__)
+RECHECK_SECONDS = 30.0  # how long "the PodGroup API is not served" is believed
+DEFAULT_SCHEDULER_NAMES = {render.PLUGINS: "scheduler-plugins-scheduler", render.VOLCANO: "volcano"}
+
+_lock = threading.Lock()
+_served: dict[str, tuple[bool, float]] = {}
+
+
+def served(kind: str) -> bool:
+    """Is `kind`'s PodGroup API served? (cached; a positive answer for good)"""
+    with _lock:
+        hit = _served.get(kind)
+        if hit and (hit[0] or time.monotonic() - hit[1] < RECHECK_SECONDS):
+            return hit[0]
+        try:
+            kube.request("GET", f"/apis/{render.API_VERSION[kind]}")
+            found = True
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            found = False
+        if hit is None and not found:
+            log.info("gangScheduling.scheduler is %s but the cluster does not serve %s: pods use "
+                     "the default scheduler, without a PodGroup", kind, render.API_VERSION[kind])
+        _served[kind] = (found, time.monotonic())
+        return found
+
+
+def scheduler(cfg: Config) -> str | None:
+    kind = cfg.gang_scheduler
+    return kind if kind and served(kind) else None
+
+
+# Bound jobs by the identity of the parsed (and priority-bound) Job, as priority.bind keeps
+# them: the same object on every reconcile keeps admission's per-Job caches hitting.
+_BOUND: dict[tuple[int, str], tuple[Job, Job]] = {}
+_BOUND_MAX = 4096
+
+
+def bind(job: Job, kind: str | None, cfg: Config) -> Job:
+    """`job` whose pods `kind` places (None: unchanged)."""
+    if kind is None:
+        return job
+    hit = _BOUND.get((id(job), kind))
+    if hit is not None and hit[0] is job:
+        return hit[1]
+    bound = dataclasses.replace(job, gang_scheduler=kind, gang_scheduler_name=(
+        cfg.gang_scheduler_name or DEFAULT_SCHEDULER_NAMES[kind]))
+    with _lock:
+        if len(_BOUND) >= _BOUND_MAX:
+            _BOUND.pop(next(iter(_BOUND)))
+        _BOUND[(id(job), kind)] = (job, bound)
+    return bound
+
+
+def render_for(job: Job) -> dict | None:
+    """The bound job's PodGroup, its minResources from a rendered worker's requests."""
+    if job.gang_scheduler is None:
+        return None
+    worker = dtj.render_worker(job, 0, 0)
+    n = render.min_member(job)
+    requests = {k: admission.show(v * n, k)
+                for k, v in admission.pod_requests(worker["spec"]).items()}
+    return render.render(job, requests)

@@ -1,0 +1,228 @@
+"""spec.podTemplate: the merge into rendered pods (render/overrides.py) and what spec.parse
+refuses (the admin's podTemplate.allow, conflicts with the operator's own fields)."""
+
+import copy
+
+import pytest
+
+from trainop import config
+from trainop.render import common, dtj
+from trainop.spec import SpecError, parse
+
+CFG = config.load(None)
+GPU_TOL = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+WORKER = {
+    "metadata": {"labels": {"team": "vision"}, "annotations": {"example.com/owner": "ana"}},
+    "spec": {
+        "volumes": [{"name": "datasets", "persistentVolumeClaim": {"claimName": "imagenet"}},
+                    {"name": "settings", "configMap": {"name": "train-settings"}}],
+        "imagePullSecrets": [{"name": "registry"}],
+        "nodeSelector": {"example.com/zone": "1"},
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                              "labelSelector": {"matchLabels": {"team": "vision"}}}}]}},
+        "tolerations": [{"key": "example.com/dedicated", "operator": "Exists"}, GPU_TOL],
+        "initContainers": [{"name": "fetch", "image": "busybox", "command": ["true"]}],
+        "containers": [
+            {"name": "worker",
+             "env": [{"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "t", "key": "k"}}}],
+             "envFrom": [{"configMapRef": {"name": "train-settings"}}],
+             "volumeMounts": [{"name": "settings", "mountPath": "/settings"}],
+             "securityContext": {"readOnlyRootFilesystem": True}},
+            {"name": "exporter", "image": "exporter:1", "resources": {"requests": {"cpu": "10m"}},
+             "volumeMounts": [{"name": "settings", "mountPath": "/settings"}]},
+        ],
+    },
+}
+
+
+def job(cfg=CFG, **spec):
+    return parse({"metadata": {"name": "j1", "namespace": "team-a"}, "spec": spec}, cfg)
+
+
+def refused(field, cfg=CFG, **spec):
+    with pytest.raises(SpecError) as err:
+        job(cfg, **spec)
+    assert err.value.field == field, str(err.value)
+    return str(err.value)
+
+
+def test_worker_override_merges_every_field():
+    j = job(workers=2, gpusPerWorker=1, podTemplate={"worker": WORKER})
+    pod = dtj.render_worker(j, 1, 0)
+    plain = dtj.render_worker(job(workers=2, gpusPerWorker=1), 1, 0)
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["labels"] == plain["metadata"]["labels"] | {"team": "vision"}
+    assert meta["annotations"] == {"example.com/owner": "ana"}
+    assert spec["volumes"] == plain["spec"]["volumes"] + WORKER["spec"]["volumes"]
+    assert spec["imagePullSecrets"] == [{"name": "registry"}]
+    assert spec["nodeSelector"] == {"kubernetes.azure.com/agentpool": "gpu", "example.com/zone": "1"}
+    assert spec["affinity"] == WORKER["spec"]["affinity"]
+    # the pool's toleration once, the user's added
+    assert spec["tolerations"] == [GPU_TOL, {"key": "example.com/dedicated", "operator": "Exists"}]
+    assert spec["initContainers"] == [{"name": "fetch", "image": "busybox", "command": ["true"],
+                                       "securityContext": common.container_security_context()}]
+    worker, exporter = spec["containers"]
+    base = plain["spec"]["containers"][0]
+    assert worker["env"] == base["env"] + WORKER["spec"]["containers"][0]["env"]
+    assert worker["envFrom"] == [{"configMapRef": {"name": "train-settings"}}]
+    assert worker["volumeMounts"] == base["volumeMounts"] + [{"name": "settings", "mountPath": "/settings"}]
+    assert worker["securityContext"] == base["securityContext"] | {"readOnlyRootFilesystem": True}
+    assert worker["image"] == base["image"] and worker["command"] == base["command"]
+    assert exporter == WORKER["spec"]["containers"][1] | {
+        "securityContext": common.container_security_context()}
+    # the job's own selectors still match its pods
+    assert dtj.render_service(j)["spec"]["selector"].items() <= meta["labels"].items()
+
+
+def test_launcher_override_goes_on_the_launcher_pod_only():
+    launcher = {"metadata": {"labels": {"team": "vision"}},
+                "spec": {"imagePullSecrets": [{"name": "registry"}],
+                         "containers": [{"name": "launcher", "env": [{"name": "EXTRA", "value": "1"}]}]}}
+    j = job(podTemplate={"launcher": launcher})
+    out = dtj.render_launcher(j, 0)
+    template = out["spec"]["template"]
+    assert template["metadata"]["labels"]["team"] == "vision"
+    assert "team" not in out["metadata"]["labels"]  # the Job object keeps the operator's labels
+    assert template["spec"]["imagePullSecrets"] == [{"name": "registry"}]
+    assert template["spec"]["containers"][0]["env"][-1] == {"name": "EXTRA", "value": "1"}
+    assert dtj.render_worker(j, 0, 0) == dtj.render_worker(job(), 0, 0)
+
+
+def test_same_block_for_both_roles_and_the_input_is_not_mutated():
+    block = {"metadata": {"labels": {"team": "vision"}},
+             "spec": {"volumes": [{"name": "scratch", "emptyDir": {}}]}}
+    before = copy.deepcopy(block)
+    j = job(podTemplate={"worker": block, "launcher": block})
+    for pod_spec in (dtj.render_worker(j, 0, 0)["spec"],
+                     dtj.render_launcher(j, 0)["spec"]["template"]["spec"]):
+        assert pod_spec["volumes"][-1] == {"name": "scratch", "emptyDir": {}}
+    dtj.render_worker(j, 0, 0)  # rendering twice adds nothing twice
+    assert dtj.render_worker(j, 0, 0)["spec"]["volumes"].count({"name": "scratch", "emptyDir": {}}) == 1
+    assert block == before
+
+
+def test_priority_class_of_the_template_becomes_the_jobs():
+    j = job(podTemplate={"worker": {"spec": {"priorityClassName": "high"}},
+                         "launcher": {"spec": {"priorityClassName": "high"}}})
+    assert j.priority_class_name == "high"
+    refused("spec.podTemplate.worker.spec.priorityClassName", priorityClassName="low",
+            podTemplate={"worker": {"spec": {"priorityClassName": "high"}}})
+    refused("spec.podTemplate.launcher.spec.priorityClassName",
+            podTemplate={"worker": {"spec": {"priorityClassName": "high"}},
+                         "launcher": {"spec": {"priorityClassName": "low"}}})
+
+
+@pytest.mark.parametrize("override, field, says", [
+    ({"metadata": {"labels": {"trainop.io/role": "x"}}},
+     "spec.podTemplate.worker.metadata.labels[trainop.io/role]", "trainop.io/"),
+    ({"spec": {"volumes": [{"name": "ok", "emptyDir": {}}, {"name": "ssh", "emptyDir": {}}]}},
+     "spec.podTemplate.worker.spec.volumes[1].name", "choose another name"),
+    ({"spec": {"containers": [{"name": "worker", "env": [{"name": "NCCL_IB_DISABLE", "value": "0"}]}]}},
+     "spec.podTemplate.worker.spec.containers[0].env[0].name", "set by the operator"),
+    ({"spec": {"containers": [{"name": "worker", "env": [{"name": "OMPI_COMM_WORLD_RANK", "value": "0"}]}]}},
+     "spec.podTemplate.worker.spec.containers[0].env[0].name", "choose another name"),
+    ({"spec": {"containers": [{"name": "worker", "env": [{"name": "RANK", "value": "0"}]}]}},
+     "spec.podTemplate.worker.spec.containers[0].env[0].name", "choose another name"),
+    ({"spec": {"containers": [{"name": "worker", "image": "other"}]}},
+     "spec.podTemplate.worker.spec.containers[0].image", "spec.image"),
+    ({"spec": {"containers": [{"name": "worker", "volumeMounts": [{"name": "shm", "mountPath": "/output"}]}]}},
+     "spec.podTemplate.worker.spec.containers[0].volumeMounts[0].mountPath", "choose another path"),
+    ({"spec": {"volumes": [{"name": "v"}], "containers": [
+        {"name": "worker", "volumeMounts": [{"name": "v", "mountPath": "/etc/trainop/ssh/extra"}]}]}},
+     "spec.podTemplate.worker.spec.containers[0].volumeMounts[0].mountPath", "/etc/trainop/ssh itself"),
+    ({"spec": {"containers": [{"name": "worker", "volumeMounts": [{"name": "nope", "mountPath": "/x"}]}]}},
+     "spec.podTemplate.worker.spec.containers[0].volumeMounts[0].name", "no volume 'nope'"),
+    ({"spec": {"containers": [{"name": "worker", "securityContext": {"allowPrivilegeEscalation": True}}]}},
+     "spec.podTemplate.worker.spec.containers[0].securityContext.allowPrivilegeEscalation", "restricted"),
+    ({"spec": {"containers": [{"name": "worker", "securityContext": {"runAsUser": 5}}]}},
+     "spec.podTemplate.worker.spec.containers[0].securityContext.runAsUser", "spec.securityContext"),
+    ({"spec": {"nodeSelector": {"kubernetes.azure.com/agentpool": "cpu"}}},
+     "spec.podTemplate.worker.spec.nodeSelector[kubernetes.azure.com/agentpool]", "same value"),
+    ({"spec": {"volumes": [{"name": "host", "hostPath": {"path": "/"}}]}},
+     "spec.podTemplate.worker.spec.volumes[0].hostPath", "podTemplate.allow.hostPath"),
+    ({"spec": {"volumes": [{"name": "n", "nfs": {"server": "s", "path": "/"}}]}},
+     "spec.podTemplate.worker.spec.volumes[0].nfs", "podTemplate.allow.volumeTypes"),
+    ({"spec": {"hostNetwork": True}}, "spec.podTemplate.worker.spec.hostNetwork", "podTemplate.allow.hostNetwork"),
+    ({"spec": {"hostPID": True}}, "spec.podTemplate.worker.spec.hostPID", "podTemplate.allow.hostPID"),
+    ({"spec": {"hostIPC": True}}, "spec.podTemplate.worker.spec.hostIPC", "podTemplate.allow.hostIPC"),
+    ({"spec": {"containers": [{"name": "s", "image": "x", "securityContext": {"privileged": True}}]}},
+     "spec.podTemplate.worker.spec.containers[0].securityContext.privileged", "podTemplate.allow.privileged"),
+    ({"spec": {"initContainers": [{"name": "s", "image": "x", "securityContext": {"runAsUser": 0}}]}},
+     "spec.podTemplate.worker.spec.initContainers[0].securityContext.runAsUser", "privilege"),
+    ({"spec": {"containers": [{"name": "s", "image": "x",
+                               "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE", "SYS_ADMIN"]}}}]}},
+     "spec.podTemplate.worker.spec.containers[0].securityContext.capabilities.add[1]", "SYS_ADMIN"),
+    ({"spec": {"containers": [{"name": "s", "image": "x", "securityContext": {"seLinuxOptions": {"type": "spc_t"}}}]}},
+     "spec.podTemplate.worker.spec.containers[0].securityContext.seLinuxOptions", "restricted"),
+    ({"spec": {"containers": [{"name": "s", "image": "x", "ports": [{"containerPort": 80, "hostPort": 80}]}]}},
+     "spec.podTemplate.worker.spec.containers[0].ports[0].hostPort", "node"),
+    ({"spec": {"containers": [{"name": "s", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}},
+     "spec.podTemplate.worker.spec.containers[0].resources.limits", "spec.gpusPerWorker"),
+])
+def test_refused_overrides_name_the_field(override, field, says):
+    assert says in refused(field, podTemplate={"worker": override})
+
+
+def test_the_log_shippers_name_is_the_operators():
+    output = {"blob": {"accountURL": "https://acct.blob.core.windows.net", "container": "out",
+                       "auth": {"sasSecretRef": {"name": "sas", "key": "token"}}}}
+    for key in ("containers", "initContainers"):
+        refused(f"spec.podTemplate.worker.spec.{key}[0].name", output=output,
+                podTemplate={"worker": {"spec": {key: [{"name": "logship", "image": "x"}]}}})
+
+
+def test_a_torchrun_job_has_no_launcher_to_override():
+    refused("spec.podTemplate.launcher", launcher="torchrun",
+            podTemplate={"launcher": {"metadata": {"labels": {"a": "b"}}}})
+
+
+def test_operator_affinity_wins():
+    """An affinity part the operator rendered (none today: a plugin such as topology-aware
+    placement would add one) cannot be replaced."""
+    from trainop.render import overrides
+    pod = {"metadata": {}, "spec": {"containers": [{"name": "worker"}],
+                                    "affinity": {"nodeAffinity": {"x": 1}}}}
+    with pytest.raises(SpecError) as err:
+        overrides.apply(pod, {"spec": {"affinity": {"nodeAffinity": {"y": 2}}}}, "spec.podTemplate.worker")
+    assert err.value.field == "spec.podTemplate.worker.spec.affinity.nodeAffinity"
+
+
+def test_admin_switches_allow_what_restricted_does_not():
+    cfg = config.from_dict({"podTemplate": {"allow": {
+        "hostPath": True, "hostNetwork": True, "privileged": True, "capabilities": ["IPC_LOCK"],
+        "volumeTypes": ["nfs"]}}})
+    j = job(cfg, podTemplate={"worker": {"spec": {
+        "hostNetwork": True,
+        "volumes": [{"name": "host", "hostPath": {"path": "/var/log"}},
+                    {"name": "n", "nfs": {"server": "s", "path": "/"}}],
+        "containers": [{"name": "worker", "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}},
+                       {"name": "debug", "image": "x", "securityContext": {"privileged": True}}]}}})
+    spec = dtj.render_worker(j, 0, 0)["spec"]
+    assert spec["hostNetwork"] is True
+    assert [v["name"] for v in spec["volumes"][-2:]] == ["host", "n"]
+    assert spec["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert spec["containers"][1]["securityContext"]["privileged"] is True
+    # the admin's capability list, nothing else
+    refused("spec.podTemplate.worker.spec.containers[0].securityContext.capabilities.add[0]",
+            config.from_dict({"podTemplate": {"allow": {"capabilities": ["IPC_LOCK"]}}}),
+            podTemplate={"worker": {"spec": {"containers": [
+                {"name": "s", "image": "x", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}}})
+
+
+def test_bad_allow_config_names_the_key():
+    with pytest.raises(config.ConfigError, match="podTemplate.allow.hostPath"):
+        config.from_dict({"podTemplate": {"allow": {"hostPath": "yes"}}})
+    with pytest.raises(config.ConfigError, match="podTemplate.allow.capabilities"):
+        config.from_dict({"podTemplate": {"allow": {"capabilities": "IPC_LOCK"}}})
+
+
+def test_merged_pods_still_pass_the_restricted_profile():
+    from tests.unit.test_render_pod_security import restricted_violations
+    j = job(workers=2, podTemplate={"worker": WORKER, "launcher": {"spec": {
+        "containers": [{"name": "sidecar", "image": "x",
+                        "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"]}}}]}}})
+    for pod_spec in (dtj.render_worker(j, 0, 0)["spec"],
+                     dtj.render_launcher(j, 0)["spec"]["template"]["spec"]):
+        assert restricted_violations(pod_spec) == []
