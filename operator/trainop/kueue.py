@@ -226,9 +226,13 @@ def place(job: Job, wl: dict, flavors: dict[str, dict]) -> Job:
     job's own nodeSelector (Kueue's "conflicting nodeSelector"); FlavorMissing when a flavor is
     not in `flavors` (name -> ResourceFlavor)."""
     admission = (wl.get("status") or {}).get("admission") or {}
-    own = dict(job.placement.node_selector)
     out = []
     for assignment in admission.get("podSetAssignments") or []:
+        # The pool's selector and the role's spec.podTemplate nodeSelector: judged here, at
+        # admission, so a contradiction fails the job instead of every render (overrides.apply).
+        role = "launcher" if assignment.get("name") == "launcher" else "worker"
+        template = ((job.pod_template.get(role) or {}).get("spec") or {}).get("nodeSelector") or {}
+        own = {**template, **dict(job.placement.node_selector)}
         labels: dict[str, str] = {}
         tolerations: list[dict] = []
         for name in dict.fromkeys((assignment.get("flavors") or {}).values()):
@@ -240,8 +244,10 @@ def place(job: Job, wl: dict, flavors: dict[str, dict]) -> Job:
             tolerations += [t for t in fspec.get("tolerations") or [] if t not in tolerations]
             for key, value in (fspec.get("nodeLabels") or {}).items():
                 if key in own and own[key] != value:
-                    field = "spec.nodePool.name" if job.placement.pool else \
-                        "spec.nodePool.nodeSelector"
+                    field = (f"spec.podTemplate.{role}.spec.nodeSelector"
+                             if key not in job.placement.node_selector
+                             else "spec.nodePool.name" if job.placement.pool
+                             else "spec.nodePool.nodeSelector")
                     raise SpecError(field, (
                         f"Kueue admitted pod set {assignment.get('name')} on ResourceFlavor "
                         f"{name}, whose nodeLabels say {key}={value}, but the job's nodeSelector "

@@ -244,3 +244,17 @@ def test_a_flavor_problem_fails_or_waits_before_the_start_and_never_stops_a_runn
     s = kueue_snap(KUEUE_RUNNING, wl, pods=workers(), launcher=launcher())
     s.flavors = conflict
     assert decide(s, CFG, NOW).status["phase"] == "Running"
+
+
+def test_a_flavor_contradicting_the_pod_template_fails_the_job_naming_the_template_field():
+    """A nodeSelector from spec.podTemplate is the job's own too: a flavor that contradicts it
+    fails the job at admission (FlavorConflict) instead of failing every render."""
+    status = {"conditions": cond(("Created", True, "ChildrenCreated"))}
+    s = kueue_snap(status, workload(*ADMITTED_WL), admit=Decision(ADMITTED, "KueueAdmitted", "ok"))
+    s.body["spec"]["podTemplate"] = {"worker": {"spec": {"nodeSelector": {"gpu.sku": "h100"}}}}
+    out = decide(s, CFG, NOW)
+    assert out.status["phase"] == "Failed" and reasons(out.status)["Failed"] == \
+        ("True", "FlavorConflict") and not summary(out.actions)
+    failed = conditions.get_condition(out.status["conditions"], "Failed")
+    assert "spec.podTemplate.worker.spec.nodeSelector" in failed["message"]
+    assert "gpu.sku=a100" in failed["message"] and "gpu.sku=h100" in failed["message"]
