@@ -1,6 +1,6 @@
 """Operator configuration: node pools, default images, limits. YAML at $TRAINOP_CONFIG (the Helm
 chart renders it from values); without it, defaults that match `trainop devcluster` (AKS-shaped
-pools `system`, `gpu`, `ibgpu`).
+pools `system`, `gpu`, `ibgpu`, and `spotgpu`: autoscaled spot VMs, at zero nodes).
 
     from trainop import config
     cfg = config.load()              # $TRAINOP_CONFIG or defaults; ConfigError names the key
@@ -82,6 +82,10 @@ DEFAULTS: dict = {
         "gpu": {"nodeSelector": {POOL_LABEL: "gpu"}, "tolerations": [GPU_TOLERATION]},
         "ibgpu": {"nodeSelector": {POOL_LABEL: "ibgpu"}, "tolerations": [GPU_TOLERATION],
                   "infiniband": True},
+        # An autoscaled spot pool, at zero nodes until a job needs it (the dev cluster has none:
+        # tests add KWOK nodes as the cluster autoscaler would).
+        "spotgpu": {"nodeSelector": {POOL_LABEL: "spotgpu"}, "tolerations": [GPU_TOLERATION],
+                    "autoscale": {"minNodes": 0, "maxNodes": 4}, "gpusPerNode": 4, "spot": True},
     },
     "defaultNodePools": {"cpu": "system", "gpu": "gpu", "infiniband": "ibgpu"},
     "images": {

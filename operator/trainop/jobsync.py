@@ -589,12 +589,12 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
                           "summary": f"{ready}/{job.workers}"}
     if not launched:
         st.phase("Starting")
-        waiting, timed_out = _nodes_waiting(plan, job, st, workers)
+        for_nodes, timed_out = _nodes_waiting(plan, job, st, workers)
         if timed_out:
             return plan.out
-        waiting = waiting or _gang_waiting(plan, job, st, ready)
+        waiting = _gang_waiting(plan, job, st, ready)
         if waiting:
-            return plan.wait(waiting)
+            return plan.wait(for_nodes or waiting)
         if job.launcher == "mpi":
             plan.out.actions.append(Create(render.render_launcher(job, attempt_), body))
     # Asserted on every pass (idempotent), so an operator that died between creating the
@@ -759,13 +759,16 @@ def _nodes_waiting(plan: _Plan, job: Job, st: _Status,
         return None, False
     pool = job.placement
     where = f"node pool {pool.pool!r}" if pool.pool else f"nodeSelector {pool.node_selector}"
-    gpus = pool.gpus_per_node
-    per_node = max(gpus // job.gpus_per_worker, 1) if gpus and job.gpus_per_worker else 1
-    missing = -(-pending // per_node)
-    text = (f"{pending}/{job.workers} workers wait for nodes of {where}: "
-            f"{'about ' if not gpus else ''}{missing} more node{'s' if missing > 1 else ''} needed")
     if pool.autoscale:
-        text += f" (the pool autoscales to at most {pool.autoscale.max_nodes})"
+        gpus = pool.gpus_per_node
+        per_node = max(gpus // job.gpus_per_worker, 1) if gpus and job.gpus_per_worker else 1
+        missing = -(-pending // per_node)
+        text = (f"{pending}/{job.workers} workers wait for nodes of {where}: "
+                f"{'' if gpus else 'up to '}{missing} more node{'s' if missing > 1 else ''} "
+                f"needed (the pool autoscales to at most {pool.autoscale.max_nodes})")
+    else:  # a fixed pool: its nodes are busy (or too few); they wait for room
+        text = (f"{pending}/{job.workers} workers wait for room on {where}: the scheduler "
+                f"finds no node for them")
     timeout = job.run_policy.scheduling_timeout_seconds
     since = conditions.get_condition(st.data.get("conditions"), "WaitingForNodes") if was else None
     start = conditions.parse_time(since["lastTransitionTime"]) if since else plan.now

@@ -322,7 +322,7 @@ def test_gang_fields_are_immutable_while_running(cluster, namespace, api, op):
 @pytest.mark.parametrize("spec,reason,message", [
     ({"nodePool": {"name": "nope"}}, "InvalidSpec",
      "spec.nodePool.name: node pool 'nope' does not exist in the operator's configuration; "
-     "use one of gpu, ibgpu, system or set nodePool.nodeSelector"),
+     "use one of gpu, ibgpu, spotgpu, system or set nodePool.nodeSelector"),
     ({"gpusPerWorker": 8, "nodePool": {"name": "gpu"}}, "Unsatisfiable",
      "spec.gpusPerWorker: 8 nvidia.com/gpu per worker, but the largest node of node pool 'gpu' "
      "has 4; use at most 4 and more workers"),
@@ -422,12 +422,14 @@ def test_waiting_is_logged_once_at_info_never_as_an_error(cluster, namespace, ap
                c["message"] == "4/5 workers ready", timeout=60, what="4 of 5 workers ready")
     wait_until(lambda: api.condition("nodata", "DataReady"), timeout=30, what="DataReady condition")
     before = api.job("patient")["metadata"]["resourceVersion"]
-    wait_until(lambda: "patient] DistributedTrainingJob Starting: 4/5 workers ready" in op.logs(),
-               timeout=10, what="the wait logged")
+    waits = ("patient] DistributedTrainingJob Starting: 1/5 workers wait for room on node pool 'gpu': "
+             "the scheduler finds no node for them")
+    wait_until(lambda: waits in op.logs(), timeout=10, what="the wait logged")
     log = op.logs()
     # about the jobs (kopf.objects, trainop.*); a fresh cluster's 429s to kopf's first LIST are not
     ours = [line for line in log.splitlines() if "kopf.objects" in line or "] trainop." in line]
     assert not [line for line in ours if "[ERROR" in line or "[WARNING" in line], log[-3000:]
-    assert log.count("patient] DistributedTrainingJob Starting: 4/5 workers ready") == 1
+    assert log.count(waits) == 1
+    assert api.condition("patient", "WaitingForNodes")["status"] == "True"
     assert log.count("nodata] DistributedTrainingJob Pending: waiting for data") == 1
     assert api.job("patient")["metadata"]["resourceVersion"] == before  # nothing rewritten
