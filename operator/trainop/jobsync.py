@@ -126,8 +126,10 @@ class Failure:
     def describe(self) -> str:
         """One line naming the pod, its node, the container and the cause."""
         where = f"pod {self.pod}" + (f" on node {self.node}" if self.node else "")
-        if self.exit_code is not None:
-            return f"{where} container {self.container} exited with code {self.exit_code} ({self.reason})"
+        if self.exit_code is not None:  # the cause too when it is more than the exit (Evicted)
+            also = "" if self.cause in (self.reason, "Error") else f": {self.cause}"
+            return (f"{where} container {self.container} exited with code {self.exit_code} "
+                    f"({self.reason}){also}")
         if self.cause == self.reason:
             return f"{where} container {self.container} ({self.reason})"
         return f"{where} container {self.container}: {self.cause} ({self.reason})"
@@ -639,8 +641,8 @@ def _gang_failures(plan: _Plan, job: Job, workers: dict[int, dict], launched: bo
     (its peers' exits are its consequence: NCCL or mpirun lose a rank), else the first to
     finish. Before launch a disrupted pod is simply recreated, which is no failure."""
     spot = job.placement.spot
-    failures = [f for f in (pod_failure(p, spot) for p in workers.values()) if f
-                and (launched or f.exit_code is not None or not f.disruption)]
+    failures = [f for p in workers.values() if (f := pod_failure(p, spot))
+                and (launched or not f.disruption or (p.get("status") or {}).get("phase") == "Failed")]
     if launched:
         departed = {p["metadata"]["name"]: p for p in plan.snap.departed
                     if p["metadata"].get("labels", {}).get(common.LABEL_ATTEMPT) == str(attempt_)}

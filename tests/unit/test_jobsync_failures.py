@@ -290,6 +290,14 @@ def test_a_disrupted_pod_before_launch_is_recreated_not_restarted():
     assert out.status["attempt"] == 0 and "Restarting" not in reasons(out.status)
 
 
+def test_a_disrupted_pod_that_failed_before_launch_restarts_the_gang():
+    """PodGC marks a lost node's pods Failed before deleting them: a Failed pod is never reused."""
+    pods = [workers(1, ready=False)[0], disrupted(workers(2, ready=False)[1], "DeletionByPodGC",
+                                                  phase="Failed", deleting=False)]
+    out = decide_(snap(body({"phase": "Starting", "conditions": CREATED, "startTime": T0}), pods=pods, **shared()))
+    assert out.status["attempt"] == 1 and out.status["restarts"]["disruptions"] == 1
+
+
 def test_history_is_bounded():
     status = copy.deepcopy(RUNNING)
     status.update(attempt=12, restarts={"failures": 0, "disruptions": 12, "history": [
@@ -358,3 +366,12 @@ def test_bad_fallback_names_the_field(pool, field):
     with pytest.raises(SpecError) as err:
         parse(body(nodePool=pool), CFG)
     assert err.value.field == field
+
+
+def test_a_container_killed_by_an_eviction_is_still_a_disruption():
+    p = disrupted(failed_worker(137), "EvictionByEvictionAPI", phase="Failed", deleting=False)
+    failure = jobsync.pod_failure(p)
+    assert (failure.cause, failure.exit_code, failure.disruption) == ("Evicted", 137, True)
+    assert failure.describe() == ("pod j-worker-1 on node aks-gpu-12345678-vmss000001 container worker "
+                                  "exited with code 137 (Error): Evicted")
+    assert jobsync.action_for(failure, ())[0] == jobsync.RESTART_UNCOUNTED
