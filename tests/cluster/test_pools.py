@@ -177,3 +177,23 @@ def test_spot_node_lost_falls_back_to_the_on_demand_pool(cluster, namespace, api
     assert (entry["cause"], entry["counted"], entry["node"]) == ("SpotEviction", False, lost)
     assert "DeletionByPodGC" in entry["message"]
     assert {p.spec.node_name for p in api.pods("sp", "worker")} <= set(ondemand)
+
+
+def test_node_tainted_out_is_node_lost_not_counted(cluster, namespace, api, pools, operator_factory):
+    """The controller-manager's taint eviction controller ends pods that do not tolerate a
+    NoExecute taint (marking them DisruptionTarget DeletionByTaintManager), as it does for an
+    unreachable node once its tolerationSeconds run out."""
+    operator_factory(config=pools.config(fixed={}))
+    nodes = [pools.add("fixed", i) for i in range(3)]
+    cluster.apply(manifest("tm", runPolicy={"backoffLimit": 0}, nodePool={"name": "fixed"}), namespace)
+    api.wait_running("tm")
+    node = next(p.spec.node_name for p in api.pods("tm", "worker") if p.metadata.name == "tm-worker-1")
+    cluster.kubectl("taint", "node", node, "trainop.io/test-out=gone:NoExecute")
+    api.wait_running("tm", attempt=1)
+    status = api.status("tm")
+    entry = status["restarts"]["history"][-1]
+    assert (entry["cause"], entry["counted"], entry["node"]) == ("NodeLost", False, node)
+    assert "DeletionByTaintManager" in entry["message"]
+    assert status["restarts"]["failures"] == 0
+    placed = {p.spec.node_name for p in api.pods("tm", "worker")}
+    assert node not in placed and placed <= set(nodes)

@@ -208,6 +208,10 @@ def test_rendered_config_is_what_the_operator_loads(render):
     ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
     ({"serviceAccount": {"workloadIdentity": {"enabled": True}}}, "clientId"),
     ({"config": {"nodePool": {}}}, "nodePool"),
+    ({"config": {"nodePools": {"big": {"nodeSelector": {"a": "b"}, "autoscale": {"minNodes": 0}}}}},
+     "at '/config/nodePools/big/autoscale': missing property 'maxNodes'"),
+    ({"config": {"nodePools": {"big": {"nodeSelector": {"a": "b"}, "spot": "yes"}}}},
+     "/config/nodePools/big/spot"),
 ])
 def test_wrong_values_fail_with_the_schema_message(helm, values, message):
     out = helm("template", "trainop", str(CHART), values=values, check=False)
