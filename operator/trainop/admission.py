@@ -87,6 +87,8 @@ class Candidate:
     pool: str
     pool_selector: dict[str, str]
     admitted: bool = False
+    max_nodes: int | None = None      # an autoscaled pool: what it can grow to
+    gpus_per_node: int | None = None  # its VM size's GPUs (None: the largest node present)
 
 
 # ---- quantities and pod usage ------------------------------------------------------------
@@ -276,7 +278,9 @@ def candidate(job: Job, meta: dict, live: list[dict], admitted: bool = False,
         created=meta.get("creationTimestamp") or "", demand=gang_pods(job),
         outstanding=outstanding(job, live), gpus=job.total_gpus,
         gpus_resource=job.placement.gpu_resource, pool=job.placement.pool or "",
-        pool_selector=dict(job.placement.node_selector), admitted=admitted)
+        pool_selector=dict(job.placement.node_selector), admitted=admitted,
+        max_nodes=job.placement.autoscale.max_nodes if job.placement.autoscale else None,
+        gpus_per_node=job.placement.gpus_per_node)
 
 
 def _usage_for(ledger: Ledger, pods: list[dict]) -> Usage:
@@ -294,14 +298,21 @@ def _label(key: str) -> str:
     return key.removeprefix("requests.")
 
 
-def pool_gpus(nodes: list[dict], selector: dict[str, str], resource: str) -> int:
-    total = 0
+def pool_gpus(nodes: list[dict], selector: dict[str, str], resource: str,
+              max_nodes: int | None = None, gpus_per_node: int | None = None) -> int | None:
+    """GPUs the pool has in all; for an autoscaled pool (`max_nodes`), what it has at
+    maxNodes (nodes of `gpus_per_node`, else of its largest node present; None when that is
+    unknown: a pool at zero nodes without gpusPerNode in the configuration)."""
+    sizes = []
     for node in nodes:
         labels = node["metadata"].get("labels") or {}
         if all(labels.get(k) == v for k, v in selector.items()):
-            total += int(quantity(((node.get("status") or {}).get("allocatable") or {})
-                                  .get(resource, 0)))
-    return total
+            sizes.append(int(quantity(((node.get("status") or {}).get("allocatable") or {})
+                                      .get(resource, 0))))
+    if max_nodes is None:
+        return sum(sizes)
+    per_node = gpus_per_node if gpus_per_node is not None else max(sizes, default=None)
+    return None if per_node is None else max(sum(sizes), max_nodes * per_node)
 
 
 def unsatisfiable(c: Candidate, ledgers_: list[Ledger], nodes: list[dict],
@@ -316,15 +327,18 @@ def unsatisfiable(c: Candidate, ledgers_: list[Ledger], nodes: list[dict],
                         f"{show(ledger.hard[key], key)}; reduce workers or per-worker resources, "
                         f"or ask for a larger quota")
     if c.gpus:
-        key = (tuple(sorted(c.pool_selector.items())), c.gpus_resource)
+        key = (tuple(sorted(c.pool_selector.items())), c.gpus_resource, c.max_nodes,
+               c.gpus_per_node)
         capacity = {} if capacity is None else capacity
         if key not in capacity:
-            capacity[key] = pool_gpus(nodes, c.pool_selector, c.gpus_resource)
+            capacity[key] = pool_gpus(nodes, c.pool_selector, c.gpus_resource, c.max_nodes,
+                                      c.gpus_per_node)
         total = capacity[key]
         where = f"node pool {c.pool!r}" if c.pool else f"nodeSelector {c.pool_selector}"
-        if c.gpus > total:
-            return (f"needs {c.gpus} {c.gpus_resource} but {where} has {total} in all; use at "
-                    f"most {total} GPUs (workers x gpusPerWorker) or add nodes to the pool")
+        if total is not None and c.gpus > total:
+            grows = f" at maxNodes={c.max_nodes}" if c.max_nodes else ""
+            return (f"needs {c.gpus} {c.gpus_resource} but {where} has {total} in all{grows}; "
+                    f"use at most {total} GPUs (workers x gpusPerWorker) or add nodes to the pool")
     return None
 
 

@@ -1,6 +1,6 @@
 """Operator configuration: node pools, default images, limits. YAML at $TRAINOP_CONFIG (the Helm
 chart renders it from values); without it, defaults that match `trainop devcluster` (AKS-shaped
-pools `system`, `gpu`, `ibgpu`).
+pools `system`, `gpu`, `ibgpu`, and `spotgpu`: autoscaled spot VMs, at zero nodes).
 
     from trainop import config
     cfg = config.load()              # $TRAINOP_CONFIG or defaults; ConfigError names the key
@@ -21,6 +21,18 @@ Format (every key optional; camelCase like Helm values):
         infiniband: false            # true: the pool's nodes have the RDMA resource
         gpuResource: nvidia.com/gpu  # per-pool override
         rdmaResource: rdma/ib        # per-pool override
+      spotgpu:                       # an AKS pool the cluster autoscaler sizes, of spot VMs
+        nodeSelector: {kubernetes.azure.com/agentpool: spotgpu}
+        autoscale: {minNodes: 0, maxNodes: 8}  # capacity checks count maxNodes, not the nodes
+                                     # present: a job that fits creates its pods, which wait
+                                     # (WaitingForNodes) until the autoscaler adds nodes
+        gpusPerNode: 8               # the VM size's GPUs: what a pool at zero nodes offers
+                                     # (default: the largest node present)
+        spot: true                   # pods get AKS's spot toleration; a node loss there is a
+                                     # SpotEviction (spec.nodePool.fallback)
+    schedulingTimeoutSeconds: 900    # how long pods on an autoscaled pool may wait for nodes
+                                     # before the job fails (SchedulingTimeout); a job's
+                                     # runPolicy.schedulingTimeoutSeconds overrides it
     defaultNodePools: {cpu: system, gpu: gpu, infiniband: ibgpu}
     images: {pytorch: IMAGE, tensorflow: IMAGE, keras: IMAGE}
     launcherResources: {requests: {cpu: 500m, memory: 512Mi}}
@@ -68,6 +80,10 @@ import yaml
 
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 POOL_LABEL = "kubernetes.azure.com/agentpool"
+# What AKS puts on every node of a spot pool (label and NoSchedule taint, same key and value).
+SPOT_LABEL, SPOT_VALUE = "kubernetes.azure.com/scalesetpriority", "spot"
+SPOT_TOLERATION = {"key": SPOT_LABEL, "operator": "Equal", "value": SPOT_VALUE,
+                   "effect": "NoSchedule"}
 
 DEFAULTS: dict = {
     "resyncSeconds": 2,
@@ -79,6 +95,10 @@ DEFAULTS: dict = {
         "gpu": {"nodeSelector": {POOL_LABEL: "gpu"}, "tolerations": [GPU_TOLERATION]},
         "ibgpu": {"nodeSelector": {POOL_LABEL: "ibgpu"}, "tolerations": [GPU_TOLERATION],
                   "infiniband": True},
+        # An autoscaled spot pool, at zero nodes until a job needs it (the dev cluster has none:
+        # tests add KWOK nodes as the cluster autoscaler would).
+        "spotgpu": {"nodeSelector": {POOL_LABEL: "spotgpu"}, "tolerations": [GPU_TOLERATION],
+                    "autoscale": {"minNodes": 0, "maxNodes": 4}, "gpusPerNode": 4, "spot": True},
     },
     "defaultNodePools": {"cpu": "system", "gpu": "gpu", "infiniband": "ibgpu"},
     "images": {
@@ -87,6 +107,7 @@ DEFAULTS: dict = {
         "keras": "trainop/trainer-keras:0.1.0",
     },
     "launcherResources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
+    "schedulingTimeoutSeconds": 900,
     # 1e9 is the highest value Kubernetes lets a user-defined PriorityClass have: larger ones
     # are system-cluster-critical and system-node-critical, which no training job may borrow.
     "limits": {"maxGpusPerJob": None, "maxPriority": 1_000_000_000},
@@ -117,6 +138,13 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class Autoscale:
+    """`nodePools.<name>.autoscale`: the cluster autoscaler's bounds of the pool."""
+    min_nodes: int
+    max_nodes: int
+
+
+@dataclass(frozen=True)
 class NodePool:
     name: str
     node_selector: dict[str, str]
@@ -124,6 +152,9 @@ class NodePool:
     infiniband: bool = False
     gpu_resource: str = "nvidia.com/gpu"
     rdma_resource: str = "rdma/ib"
+    autoscale: Autoscale | None = None
+    gpus_per_node: int | None = None  # None: the largest node present says
+    spot: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +168,7 @@ class Config:
     max_gpus_per_job: int | None
     max_priority: int | None
     raw: dict
+    scheduling_timeout_seconds: int | None = 900  # default for jobs on autoscaled pools
     allowed_account_urls: tuple[str, ...] = ()       # blob.allowedAccountURLs
     allowed_nfs_exports: tuple[tuple[str, str], ...] = ()  # datastage.allowedNfsExports
     nfs_client_cidrs: tuple[str, ...] = ()           # datastage.nfsClientCIDRs
@@ -168,10 +200,39 @@ def _pool(name: str, raw: dict, top: dict) -> NodePool:
     tolerations = raw.get("tolerations") or []
     if not isinstance(tolerations, list):
         raise ConfigError(f"{where}.tolerations: must be a list of tolerations")
+    spot = raw.get("spot", False)
+    if not isinstance(spot, bool):
+        raise ConfigError(f"{where}.spot: must be true or false")
+    if spot and SPOT_TOLERATION not in tolerations:
+        tolerations = [*tolerations, dict(SPOT_TOLERATION)]
+    gpus_per_node = raw.get("gpusPerNode")
+    if gpus_per_node is not None and not _count(gpus_per_node):
+        raise ConfigError(f"{where}.gpusPerNode: must be a non-negative integer (the GPUs of "
+                          f"one node of the pool's VM size)")
     return NodePool(name=name, node_selector={str(k): str(v) for k, v in selector.items()},
                     tolerations=tolerations, infiniband=bool(raw.get("infiniband", False)),
                     gpu_resource=raw.get("gpuResource") or top["gpuResource"],
-                    rdma_resource=raw.get("rdmaResource") or top["rdmaResource"])
+                    rdma_resource=raw.get("rdmaResource") or top["rdmaResource"],
+                    autoscale=_autoscale(where, raw.get("autoscale")),
+                    gpus_per_node=gpus_per_node, spot=spot)
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _autoscale(where: str, raw) -> Autoscale | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"minNodes", "maxNodes"}:
+        raise ConfigError(f"{where}.autoscale: must be {{minNodes: N, maxNodes: M}} (the "
+                          f"cluster autoscaler's --min-count and --max-count of the pool)")
+    low, high = raw.get("minNodes", 0), raw.get("maxNodes")
+    if not _count(low):
+        raise ConfigError(f"{where}.autoscale.minNodes: must be a non-negative integer")
+    if not _count(high) or high < 1 or high < low:
+        raise ConfigError(f"{where}.autoscale.maxNodes: required, an integer >= 1 and >= minNodes")
+    return Autoscale(min_nodes=low, max_nodes=high)
 
 
 def from_dict(data: dict | None) -> Config:
@@ -196,11 +257,14 @@ def from_dict(data: dict | None) -> Config:
     if max_priority is not None and (not isinstance(max_priority, int)
                                      or isinstance(max_priority, bool)):
         raise ConfigError("limits.maxPriority: must be an integer or null")
+    timeout = raw.get("schedulingTimeoutSeconds")
+    if timeout is not None and (not _count(timeout) or timeout < 1):
+        raise ConfigError("schedulingTimeoutSeconds: must be a positive integer (seconds) or null")
     return Config(resync_seconds=float(resync), safety_resync_seconds=float(safety),
                   node_pools=pools,
                   default_node_pools=dict(raw["defaultNodePools"]), images=dict(raw["images"]),
                   launcher_resources=raw["launcherResources"], max_gpus_per_job=max_gpus,
-                  max_priority=max_priority, raw=raw,
+                  max_priority=max_priority, raw=raw, scheduling_timeout_seconds=timeout,
                   allowed_account_urls=_account_urls(raw), allowed_nfs_exports=_nfs_exports(raw),
                   nfs_client_cidrs=_cidrs(raw), pod_template_allow=_pod_template_allow(raw),
                   **_gang_scheduling(raw))

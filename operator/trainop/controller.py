@@ -72,6 +72,7 @@ class Controller:
         self.problems: dict[tuple, Problem] = {}  # key -> what the last apply met (for decide)
         self.failures: dict[tuple, int] = {}   # key -> consecutive failed reconciles
         self.said: dict[tuple, tuple] = {}     # key -> (phase, waiting) last logged
+        self.departed: dict[tuple, dict] = {}  # (ns, job) -> pod name -> last state (deleted)
         self.tasks: list[asyncio.Task] = []
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -102,6 +103,7 @@ class Controller:
         self.queue.forget(key)
         for memo in (self.written, self.problems, self.failures, self.said):
             memo.pop(key, None)
+        self.departed.pop((namespace, name), None)
         if uid:
             self.applier.forget(uid)
 
@@ -110,6 +112,11 @@ class Controller:
         self.queue.forget(key)
         for memo in (self.written, self.problems, self.failures, self.said):
             memo.pop(key, None)
+
+    def pod_departed(self, namespace: str, job: str, pod: dict) -> None:
+        """Remember a deleted pod's last state (one per pod name: bounded by the gang's size)
+        for the job's next decisions: a worker that vanished names its node and cause."""
+        self.departed.setdefault((namespace, job), {})[pod["metadata"]["name"]] = pod
 
     def wake_gate(self, namespace: str) -> None:
         for name in gate.wake(namespace):
@@ -275,7 +282,9 @@ class Controller:
                                                 workload),
             classes=self.priority_classes(),
             workload=workload, flavors=flavors,
-            problem=self.problems.pop(key, None))
+            problem=self.problems.pop(key, None),
+            departed=[p for p in self.departed.get(ck, {}).values()
+                      if any(_controlled(p, owner) for owner in owners if owner)])
 
     async def _reconcile_job(self, key: tuple) -> None:
         snap = self.job_snapshot(key)

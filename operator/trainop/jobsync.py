@@ -9,13 +9,17 @@ only when every worker is Ready and published in DNS -> status.
 Pure: everything comes from the snapshot (the operator's watch caches, controller.py builds it)
 and the clock is an argument, so tests/unit/test_jobsync_decide.py feeds tables of snapshots.
 Level-based: an interrupted reconcile (operator restart, conflict) re-runs without duplicates.
-Children carry the gang attempt (= status.restarts) as a label; a gang restart first bumps the
-attempt in status, later reconciles delete the previous attempt's pods and recreate them.
+Children carry the gang attempt (`attempt(status)`, status.attempt) as a label; a gang restart
+(`restart_gang`) first bumps the attempt in status, later reconciles delete the previous
+attempt's pods and recreate them. Failures are classified (`pod_failure`: exit code, OOMKilled,
+Evicted, Preempted, NodeLost, SpotEviction, PodDeleted) and judged by
+runPolicy.failurePolicy (`action_for`); status.restarts counts failures and disruptions apart.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +40,7 @@ from trainop.admission import Decision
 from trainop.config import Config
 from trainop.render import common, logship
 from trainop.render import dtj as render
-from trainop.spec import MANAGED_BY, Job, SpecError, capacity_error, managed_by, parse_cached
+from trainop.spec import MANAGED_BY, FailureRule, Job, SpecError, capacity_error, managed_by, parse_cached
 
 TERMINAL = phases.TERMINAL
 # What the timer-based operator put on every job (kopf's, for its timer); nothing needs it now,
@@ -68,25 +72,88 @@ class JobSnapshot:
     flavors: dict[str, dict] = field(default_factory=dict)  # the admitted ResourceFlavors by name
     gang_scheduler: str | None = None  # served gang scheduler of the configuration (podgroup.py)
     problem: Problem | None = None                        # what the last apply met (apply.py)
+    # The last state of the job's pods deleted since this process started (the DELETED watch
+    # event's object): why a vanished worker went (DisruptionTarget, its node). Empty after an
+    # operator restart, then a vanished worker is PodDeleted.
+    departed: list[dict] = field(default_factory=list)
+
+
+# ---- the gang attempt, its restarts and why they happened ----------------------------------
+
+# runPolicy.failurePolicy actions, named after JobSet's failurePolicy (RestartJobSet counts
+# against maxRestarts, RestartJobSetAndIgnoreMaxRestarts does not, FailJobSet).
+RESTART, RESTART_UNCOUNTED, FAIL_JOB = "RestartGang", "RestartGangAndIgnoreBackoffLimit", "FailJob"
+# Causes that are not the job's fault: by default they restart the gang without counting.
+DISRUPTIONS = frozenset({"Evicted", "Preempted", "NodeLost", "SpotEviction", "PodDeleted"})
+# The reasons Kubernetes gives the DisruptionTarget condition, and what trainop calls them.
+DISRUPTION_REASONS = {"EvictionByEvictionAPI": "Evicted", "TerminationByKubelet": "Evicted",
+                      "PreemptionByScheduler": "Preempted", "DeletionByTaintManager": "NodeLost",
+                      "DeletionByPodGC": "NodeLost"}
+HISTORY = 10  # restarts kept in status.restarts.history (the newest)
+
+
+def attempt(status: dict | None) -> int:
+    """THE gang attempt number: the pods' trainop.io/attempt label, the logs' blob folder
+    <job>/<attempt>, `trainop logs --attempt`. Every reader uses this. A job written before
+    status.attempt existed kept it in status.restarts (an int then): read the same."""
+    status = status or {}
+    if status.get("attempt") is not None:
+        return int(status["attempt"])
+    old = status.get("restarts")
+    return old if isinstance(old, int) else 0
+
+
+def restart_counts(status: dict | None) -> dict:
+    """status.restarts as {failures, disruptions, spotEvictions, history}; an old int (every
+    restart counted then) becomes that many failures."""
+    old = (status or {}).get("restarts")
+    if isinstance(old, dict):
+        return {"failures": int(old.get("failures") or 0),
+                "disruptions": int(old.get("disruptions") or 0),
+                "spotEvictions": int(old.get("spotEvictions") or 0),
+                "history": list(old.get("history") or [])}
+    return {"failures": int(old or 0), "disruptions": 0, "spotEvictions": 0, "history": []}
 
 
 @dataclass
 class Failure:
+    """Why a pod of the gang ended: `cause` is the class runPolicy.failurePolicy matches
+    (Error, OOMKilled, Evicted, Preempted, NodeLost, SpotEviction, PodDeleted, WorkerExited,
+    LauncherFailed, or a caller's own such as UnhealthyNode); `reason` the pod's own word."""
     pod: str
     container: str
     exit_code: int | None
     reason: str
     finished: str = ""
+    node: str = ""
+    cause: str = ""
+    conditions: tuple[tuple[str, str], ...] = ()  # the pod's (type, status), for onPodConditions
+
+    def __post_init__(self):
+        self.cause = self.cause or self.reason
+
+    @property
+    def disruption(self) -> bool:
+        return self.cause in DISRUPTIONS
 
     def describe(self) -> str:
-        code = "" if self.exit_code is None else f" exited with code {self.exit_code}"
-        return f"pod {self.pod} container {self.container}{code} ({self.reason})"
+        """One line naming the pod, its node, the container and the cause."""
+        where = f"pod {self.pod}" + (f" on node {self.node}" if self.node else "")
+        if self.exit_code is not None:  # the cause too when it is more than the exit (Evicted)
+            also = "" if self.cause in (self.reason, "Error") else f": {self.cause}"
+            return (f"{where} container {self.container} exited with code {self.exit_code} "
+                    f"({self.reason}){also}")
+        if self.cause == self.reason:
+            return f"{where} container {self.container} ({self.reason})"
+        return f"{where} container {self.container}: {self.cause} ({self.reason})"
 
     def as_status(self) -> dict:
         out = {"pod": self.pod, "container": self.container, "reason": self.reason,
-               "message": self.describe()}
+               "cause": self.cause, "message": self.describe()}
         if self.exit_code is not None:
             out["exitCode"] = self.exit_code
+        if self.node:
+            out["node"] = self.node
         return out
 
 
@@ -138,19 +205,55 @@ def _pod_ready(pod: dict) -> bool:
                for c in pod.get("status", {}).get("conditions") or [])
 
 
-def pod_failure(pod: dict) -> Failure | None:
-    """Why a pod of the gang ended badly, naming its container, exit code and reason."""
+def pod_failure(pod: dict, spot: bool = False) -> Failure | None:
+    """Why a pod of the gang ended badly, naming its container, exit code, node and cause;
+    None while it has not. `spot`: the pod runs on a spot pool, where a lost node is the
+    spot VM taken back (SpotEviction)."""
     name, st = pod["metadata"]["name"], pod.get("status") or {}
+    node = (pod.get("spec") or {}).get("nodeName") or ""
+    conds = tuple((c.get("type"), c.get("status")) for c in st.get("conditions") or [])
+    disrupted = next((c for c in st.get("conditions") or []
+                      if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), None)
+    cause = None
+    if disrupted is not None:
+        cause = DISRUPTION_REASONS.get(disrupted.get("reason") or "", "Evicted")
+    elif st.get("reason") in ("Evicted", "NodeLost", "Preempting"):  # the kubelet's, node lifecycle's
+        cause = {"Preempting": "Preempted"}.get(st["reason"], st["reason"])
+    if cause == "NodeLost" and spot:
+        cause = "SpotEviction"
     for cs in st.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated") or \
             (cs.get("lastState") or {}).get("terminated")
         if term and (term.get("exitCode") or st.get("phase") == "Failed"):
-            return Failure(name, cs["name"], term.get("exitCode"),
-                           term.get("reason") or "Error", term.get("finishedAt") or "")
-    if st.get("phase") == "Failed":  # evicted, node lost: no container state to show
+            reason = term.get("reason") or "Error"
+            return Failure(name, cs["name"], term.get("exitCode"), reason,
+                           term.get("finishedAt") or "", node,
+                           cause or ("OOMKilled" if reason == "OOMKilled" else "Error"), conds)
+    if cause or st.get("phase") == "Failed":
         return Failure(name, (pod["spec"]["containers"][0])["name"], None,
-                       st.get("reason") or "Failed", "")
+                       (disrupted or {}).get("reason") or st.get("reason") or cause or "Failed",
+                       "", node, cause or st.get("reason") or "Failed", conds)
     return None
+
+
+def action_for(failure: Failure, rules: tuple[FailureRule, ...]) -> tuple[str, int | None]:
+    """(action, index of the rule that matched) for a failure: the first matching rule of
+    runPolicy.failurePolicy, as Kubernetes' podFailurePolicy; without one, a disruption
+    restarts the gang without counting and anything else counts."""
+    for i, rule in enumerate(rules):
+        if _matches(rule, failure):
+            return rule.action, i
+    return (RESTART_UNCOUNTED if failure.disruption else RESTART), None
+
+
+def _matches(rule: FailureRule, failure: Failure) -> bool:
+    if rule.exit_operator:  # exit code 0 never matches (as podFailurePolicy's onExitCodes)
+        if not failure.exit_code or rule.container not in (None, failure.container):
+            return False
+        return (failure.exit_code in rule.exit_values) == (rule.exit_operator == "In")
+    if rule.pod_conditions:
+        return any(c in failure.conditions for c in rule.pod_conditions)
+    return failure.cause in rule.reasons
 
 
 def _launcher_outcome(job_obj: dict | None) -> str | None:
@@ -218,6 +321,9 @@ def decide(snap: JobSnapshot, cfg: Config, now: dt.datetime) -> Outcome:
     old = snap.body.get("status") or {}
     st = _Status(old, meta.get("generation"), now)
     plan = _Plan(snap, cfg, now)
+    if isinstance(old.get("restarts"), int):  # written before restarts had two counters
+        st.data["attempt"] = attempt(old)
+        st.data["restarts"] = _compact(restart_counts(old))
     finalizers = tuple(meta.get("finalizers") or ())
     if LEGACY_FINALIZER in finalizers:
         plan.out.actions.append(DropFinalizer(Ref.of(snap.body), finalizers, LEGACY_FINALIZER,
@@ -270,6 +376,7 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
         if st.data.get("phase") not in TERMINAL:
             _finish(st, "Failed", "InvalidSpec", str(exc), now)
         return plan.out
+    job = _fallen_back(job, st)
     job = podgroup.bind(job, plan.snap.gang_scheduler, cfg)
 
     rp = job.run_policy
@@ -312,7 +419,7 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
     if claim is False:
         return plan.wait("waiting for data")
 
-    if not st.is_true("Created"):
+    if not st.is_true("Created"):  # an autoscaled pool is judged at maxNodes (spec.py)
         problem = capacity_error(job, plan.snap.nodes)
         if problem and "no node matches" in str(problem):
             st.cond("Created", False, "NoMatchingNodes", str(problem))
@@ -539,12 +646,14 @@ def _endpoints_published(job: Job, slices: list[dict]) -> bool:
 
 def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
     body, now = plan.body, plan.now
-    attempt = int(st.data.get("restarts") or 0)
+    attempt_ = attempt(st.data)
+    st.data.setdefault("attempt", attempt_)
+    st.data.setdefault("restarts", {"failures": 0, "disruptions": 0})
     pods, launcher = plan.snap.pods, plan.snap.launcher
     label = common.LABEL_ATTEMPT
-    stale = [p for p in pods if p["metadata"]["labels"].get(label) != str(attempt)]
+    stale = [p for p in pods if p["metadata"]["labels"].get(label) != str(attempt_)]
     stale_launcher = launcher is not None and \
-        launcher["metadata"].get("labels", {}).get(label) != str(attempt)
+        launcher["metadata"].get("labels", {}).get(label) != str(attempt_)
     if stale or stale_launcher:  # the previous attempt must be gone before names are reused
         if stale_launcher and not launcher["metadata"].get("deletionTimestamp"):
             plan.delete(launcher)
@@ -555,19 +664,7 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
     workers = {int(p["metadata"]["labels"][common.LABEL_INDEX]): p for p in pods
                if p["metadata"]["labels"].get(common.LABEL_ROLE) == render.WORKER}
     launched = launcher is not None or (job.launcher == "torchrun" and st.is_true("Running"))
-    failures = [f for f in (pod_failure(p) for p in workers.values()) if f]
-    if launched:
-        for i in range(job.workers):
-            pod = workers.get(i)
-            if pod is None or pod["metadata"].get("deletionTimestamp"):
-                failures.append(Failure(render.worker_name(job, i), render.WORKER, None,
-                                        "PodDeleted"))
-            elif job.launcher == "mpi" and pod.get("status", {}).get("phase") == "Succeeded":
-                failures.append(Failure(pod["metadata"]["name"], render.WORKER, 0,
-                                        "WorkerExited"))
-    failures.sort(key=lambda f: f.finished or "~")  # the first to fail is the cause
-    if job.launcher == "mpi" and _launcher_outcome(launcher) == "Failed":
-        failures.append(_launcher_failure(job, pods))
+    failures = _gang_failures(plan, job, workers, launched, attempt_)
     if failures:
         return _gang_failed(plan, job, st, failures[0])
 
@@ -583,12 +680,12 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
 
     for i in range(job.workers):
         if i not in workers:
-            plan.out.actions.append(Create(render.render_worker(job, i, attempt, claim), body))
+            plan.out.actions.append(Create(render.render_worker(job, i, attempt_, claim), body))
     if "startTime" not in st.data:
         st.data["startTime"] = _ts(now)
         if job.run_policy.active_deadline_seconds:
             plan.out.requeue_after = float(job.run_policy.active_deadline_seconds)
-    st.data.update(logship.status_urls(job, attempt, job.logship))
+    st.data.update(logship.status_urls(job, attempt_, job.logship))
     ready = sum(1 for p in workers.values() if _pod_ready(p))
     st.data["workers"] = {"ready": ready, "total": job.workers,
                           "summary": f"{ready}/{job.workers}"}
@@ -596,20 +693,23 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
         _report_pods_ready(plan, job, ready)
     if not launched:
         st.phase("Starting")
+        for_nodes, timed_out = _nodes_waiting(plan, job, st, workers)
+        if timed_out:
+            return plan.out
         waiting = _gang_waiting(plan, job, st, ready)
         if waiting:
-            return plan.wait(waiting)
+            return plan.wait(for_nodes or waiting)
         if job.launcher == "mpi":
-            plan.out.actions.append(Create(render.render_launcher(job, attempt), body))
+            plan.out.actions.append(Create(render.render_launcher(job, attempt_), body))
     # Asserted on every pass (idempotent), so an operator that died between creating the
     # launcher and writing the status still records the transition after its restart.
     if ready == job.workers:
         st.cond("WorkersReady", True, "AllWorkersReady",
                 f"{job.workers}/{job.workers} workers ready and resolvable")
     if st.is_true("Restarting"):
-        st.cond("Restarting", False, "GangRestarted", f"attempt {attempt} is running")
+        st.cond("Restarting", False, "GangRestarted", f"attempt {attempt_} is running")
     st.cond("Running", True, "LauncherCreated" if job.launcher == "mpi" else "WorkersRunning",
-            f"{job.total_slots} ranks on {job.workers} workers (attempt {attempt})")
+            f"{job.total_slots} ranks on {job.workers} workers (attempt {attempt_})")
     st.phase("Running")
     return plan.out
 
@@ -644,27 +744,164 @@ def _gang_waiting(plan: _Plan, job: Job, st: _Status, ready: int) -> str | None:
 def _launcher_failure(job: Job, pods: list[dict]) -> Failure:
     for pod in pods:
         if pod["metadata"]["labels"].get(common.LABEL_ROLE) == render.LAUNCHER:
-            failure = pod_failure(pod)
+            failure = pod_failure(pod, job.placement.spot)
             if failure:
                 return failure
     return Failure(render.launcher_name(job), render.LAUNCHER, None, "LauncherFailed")
 
 
+def _gang_failures(plan: _Plan, job: Job, workers: dict[int, dict], launched: bool,
+                   attempt_: int) -> list[Failure]:
+    """The failures of this attempt, the cause first: a disruption anywhere in the gang
+    (its peers' exits are its consequence: NCCL or mpirun lose a rank), else the first to
+    finish. Before launch a disrupted pod is simply recreated, which is no failure."""
+    spot = job.placement.spot
+    failures = [f for p in workers.values() if (f := pod_failure(p, spot))
+                and (launched or not f.disruption or (p.get("status") or {}).get("phase") == "Failed")]
+    if launched:
+        departed = {p["metadata"]["name"]: p for p in plan.snap.departed
+                    if p["metadata"].get("labels", {}).get(common.LABEL_ATTEMPT) == str(attempt_)}
+        for i in range(job.workers):
+            pod = workers.get(i)
+            if pod is None or pod["metadata"].get("deletionTimestamp"):
+                name = render.worker_name(job, i)
+                last = pod or departed.get(name)
+                known = pod_failure(last, spot) if last else None
+                if known is None:
+                    known = Failure(name, render.WORKER, None, "PodDeleted",
+                                    node=((last or {}).get("spec") or {}).get("nodeName") or "")
+                if all(f.pod != name for f in failures):
+                    failures.append(known)
+            elif job.launcher == "mpi" and pod.get("status", {}).get("phase") == "Succeeded":
+                failures.append(Failure(pod["metadata"]["name"], render.WORKER, 0,
+                                        "WorkerExited"))
+    failures.sort(key=lambda f: (not f.disruption, f.finished or "~"))
+    if job.launcher == "mpi" and _launcher_outcome(plan.snap.launcher) == "Failed":
+        failures.append(_launcher_failure(job, plan.snap.pods))
+    return failures
+
+
 def _gang_failed(plan: _Plan, job: Job, st: _Status, failure: Failure) -> Outcome:
-    restarts = int(st.data.get("restarts") or 0)
+    action, rule = action_for(failure, job.run_policy.failure_rules)
+    if action == FAIL_JOB:
+        st.data["lastFailure"] = failure.as_status()
+        _finish(st, "Failed", "FailurePolicy",
+                f"{failure.describe()}; runPolicy.failurePolicy.rules[{rule}] says FailJob",
+                plan.now)
+        _stop(plan, job.run_policy.clean_pod_policy)
+        plan.out.requeue_after = None
+        return plan.out
+    return restart_gang(plan, job, st, failure, counted=action == RESTART)
+
+
+def restart_gang(plan: _Plan, job: Job, st: _Status, failure: Failure, counted: bool) -> Outcome:
+    """THE restart path: tear the gang down and start attempt + 1 (later reconciles delete
+    the old attempt's pods, then create the new ones). `counted`: whether it uses one of
+    runPolicy.backoffLimit's restarts (a failure of the job) or not (a disruption, an
+    unhealthy node: the cluster's fault). A counted restart past the limit fails the job.
+    Status: restarts.failures or .disruptions (+ spotEvictions) up by one, the cause into
+    restarts.history (newest HISTORY) and lastFailure, the Restarting condition names the pod,
+    the node and the cause."""
+    counts = restart_counts(st.data)
     limit = job.run_policy.backoff_limit
     st.data["lastFailure"] = failure.as_status()
-    if restarts >= limit:
+    if counted and counts["failures"] >= limit:
         _finish(st, "Failed", "BackoffLimitExceeded",
                 f"{failure.describe()}; runPolicy.backoffLimit={limit} restarts used", plan.now)
         _stop(plan, job.run_policy.clean_pod_policy)
         plan.out.requeue_after = None
         return plan.out
-    st.data["restarts"] = restarts + 1
+    counts["failures" if counted else "disruptions"] += 1
+    if failure.cause == "SpotEviction":
+        counts["spotEvictions"] += 1
+    next_attempt = attempt(st.data) + 1
+    counts["history"] = (counts["history"] + [{
+        "attempt": next_attempt, "time": _ts(plan.now), "cause": failure.cause,
+        "counted": counted, "pod": failure.pod, "node": failure.node,
+        "message": failure.describe()}])[-HISTORY:]
+    st.data["restarts"] = _compact(counts)
+    st.data["attempt"] = next_attempt
+    used = (f"restart {counts['failures']} of backoffLimit {limit}" if counted else
+            f"a {'disruption' if failure.disruption else failure.cause}: not counted against "
+            f"backoffLimit ({counts['failures']} of {limit} used)")
+    where = ""
+    if job.fallback and failure.cause == "SpotEviction" and \
+            counts["spotEvictions"] == job.fallback.after:
+        where = f"; next attempt on node pool {job.fallback.placement.pool!r} (nodePool.fallback)"
     st.cond("Restarting", True, "GangRestart",
-            f"{failure.describe()}; restarting the gang (restart {restarts + 1} of {limit})")
+            f"{failure.describe()}; restarting the gang as attempt {next_attempt} ({used}){where}")
     st.cond("WorkersReady", False, "GangRestart", "the gang is being recreated")
+    if st.is_true("WaitingForNodes"):
+        st.cond("WaitingForNodes", False, "GangRestart", "the gang is being recreated")
     if conditions.get_condition(st.data.get("conditions"), "Running"):
         st.cond("Running", False, "GangRestart", failure.describe())
     st.phase("Starting")
     return plan.wait("restarting the gang")
+
+
+def _compact(counts: dict) -> dict:
+    """status.restarts as written: both counters always, the rest once it has something."""
+    return {k: v for k, v in counts.items() if v or k in ("failures", "disruptions")}
+
+
+def _fallen_back(job: Job, st: _Status) -> Job:
+    """The job as this attempt runs it: on spec.nodePool.fallback's pool once the spot pool
+    took back its nodes afterSpotEvictions times (status.nodePool says which)."""
+    fb = job.fallback
+    if fb is not None and restart_counts(st.data)["spotEvictions"] >= fb.after:
+        job = dataclasses.replace(job, placement=fb.placement)
+    if job.placement.pool:
+        st.data["nodePool"] = job.placement.pool
+    return job
+
+
+def _unschedulable(pod: dict) -> bool:
+    return not (pod.get("spec") or {}).get("nodeName") and any(
+        c.get("type") == "PodScheduled" and c.get("status") == "False"
+        and c.get("reason") == "Unschedulable"
+        for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _nodes_waiting(plan: _Plan, job: Job, st: _Status,
+                   workers: dict[int, dict]) -> tuple[str | None, bool]:
+    """(what the gang waits for, timed out). Workers the scheduler cannot place wait for
+    nodes (an autoscaled pool grows: that is the autoscaler's cue); the WaitingForNodes
+    condition says how many nodes are missing, and runPolicy.schedulingTimeoutSeconds
+    (counted from when the wait began) fails the job at its exact moment if they never come."""
+    pending = sum(1 for p in workers.values() if _unschedulable(p))
+    was = st.is_true("WaitingForNodes")
+    if not pending:
+        if was:
+            st.cond("WaitingForNodes", False, "NodesAvailable", "every worker has a node")
+        return None, False
+    pool = job.placement
+    where = f"node pool {pool.pool!r}" if pool.pool else f"nodeSelector {pool.node_selector}"
+    if pool.autoscale:
+        gpus = pool.gpus_per_node
+        per_node = max(gpus // job.gpus_per_worker, 1) if gpus and job.gpus_per_worker else 1
+        missing = -(-pending // per_node)
+        text = (f"{pending}/{job.workers} workers wait for nodes of {where}: "
+                f"{'' if gpus else 'up to '}{missing} more node{'s' if missing > 1 else ''} "
+                f"needed (the pool autoscales to at most {pool.autoscale.max_nodes})")
+    else:  # a fixed pool: its nodes are busy (or too few); they wait for room
+        text = (f"{pending}/{job.workers} workers wait for room on {where}: the scheduler "
+                f"finds no node for them")
+    timeout = job.run_policy.scheduling_timeout_seconds
+    since = conditions.get_condition(st.data.get("conditions"), "WaitingForNodes") if was else None
+    start = conditions.parse_time(since["lastTransitionTime"]) if since else plan.now
+    if timeout:
+        deadline = start + dt.timedelta(seconds=timeout)
+        left = (deadline - plan.now).total_seconds()
+        if left <= 0:
+            _finish(st, "Failed", "SchedulingTimeout",
+                    f"{text}; they did not come within runPolicy.schedulingTimeoutSeconds="
+                    f"{timeout}: check the pool's autoscaler (quota, VM availability, maxNodes)",
+                    plan.now)
+            st.cond("WaitingForNodes", False, "SchedulingTimeout", "the job failed")
+            _stop(plan, "All" if job.run_policy.clean_pod_policy == "All" else "Running")
+            plan.out.requeue_after = None
+            return text, True
+        plan.out.requeue_after = min(left, plan.out.requeue_after or left)
+        text += f"; the job fails at {_ts(deadline)} if they do not come (schedulingTimeoutSeconds={timeout})"
+    st.cond("WaitingForNodes", True, "WaitingForNodes", text)
+    return text, False

@@ -7,7 +7,7 @@ Metrics
     trainop_jobs{namespace,phase}                     gauge    DistributedTrainingJobs by status.phase
     trainop_datastages{namespace,phase}               gauge    DataStages by status.phase
     trainop_phase_transitions_total{kind,phase}       counter  objects entering a phase
-    trainop_gang_restarts_total{namespace}            counter  gang restarts (status.restarts went up)
+    trainop_gang_restarts_total{namespace}            counter  gang restarts (status.attempt went up)
     trainop_staging_bytes_copied_total{namespace}     counter  bytes the copy Jobs reported copied
     trainop_reconcile_duration_seconds{kind}          histogram one reconcile (handlers' sync call)
     trainop_reconcile_errors_total{kind,error}        counter  reconciles that raised (error: class)
@@ -38,6 +38,8 @@ from collections import Counter as _Tally
 import prometheus_client as prom
 from prometheus_client.core import GaugeMetricFamily
 
+from trainop.jobsync import attempt
+
 NEW = "New"
 JOB_KIND, STAGE_KIND = "DistributedTrainingJob", "DataStage"
 
@@ -45,7 +47,7 @@ PHASE_TRANSITIONS = prom.Counter(
     "trainop_phase_transitions", "Objects entering a phase (seen while this operator runs)",
     ["kind", "phase"])
 GANG_RESTARTS = prom.Counter(
-    "trainop_gang_restarts", "Gang restarts of DistributedTrainingJobs (status.restarts increments)",
+    "trainop_gang_restarts", "Gang restarts of DistributedTrainingJobs (status.attempt increments)",
     ["namespace"])
 STAGING_BYTES = prom.Counter(
     "trainop_staging_bytes_copied", "Bytes copied from Blob Storage by DataStage copy Jobs",
@@ -75,7 +77,7 @@ class _Seen:
         if not uid:
             return
         phase = status.get("phase") or NEW
-        restarts = int(status.get("restarts") or 0)
+        restarts = attempt(status)  # every restart, counted or not
         copied = int(status.get("bytesCopied") or 0)
         with self.lock:
             before = self.objects.pop(uid, None)

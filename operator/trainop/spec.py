@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 
 from trainop import blob, crds
-from trainop.config import Config, NodePool, PodTemplateAllow
+from trainop.config import Autoscale, Config, NodePool, PodTemplateAllow
 
 KIND = "DistributedTrainingJob"
 
@@ -35,6 +35,27 @@ class Placement:
     pool: str | None  # name in the operator's config, None for an explicit nodeSelector
     gpu_resource: str
     rdma_resource: str
+    autoscale: Autoscale | None = None  # the pool's autoscaler bounds (config nodePools)
+    gpus_per_node: int | None = None
+    spot: bool = False
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """`spec.nodePool.fallback`: after `after` spot evictions the next attempt runs here."""
+    placement: Placement
+    after: int
+
+
+@dataclass(frozen=True)
+class FailureRule:
+    """One rule of `spec.runPolicy.failurePolicy.rules` (exactly one `on*` is set)."""
+    action: str                              # RestartGang | RestartGangAndIgnoreBackoffLimit | FailJob
+    exit_operator: str | None = None         # onExitCodes.operator: In | NotIn
+    exit_values: tuple[int, ...] = ()
+    container: str | None = None             # onExitCodes.containerName
+    pod_conditions: tuple[tuple[str, str], ...] = ()  # onPodConditions: (type, status)
+    reasons: tuple[str, ...] = ()            # onFailureReasons
 
 
 @dataclass(frozen=True)
@@ -55,6 +76,9 @@ class RunPolicy:
     ttl_seconds_after_finished: int | None
     clean_pod_policy: str
     suspend: bool
+    scheduling_timeout_seconds: int | None = None  # resolved: the spec's, else the config's
+                                                   # default on an autoscaled pool
+    failure_rules: tuple[FailureRule, ...] = ()
 
 
 # runPolicy.managedBy: the MPI Operator's convention (its own name or absent: it reconciles;
@@ -166,6 +190,7 @@ class Job:
     scheduling_policy: SchedulingPolicy = SchedulingPolicy()
     gang_scheduler: str | None = None       # set by podgroup.bind: scheduler-plugins | volcano
     gang_scheduler_name: str | None = None  # the pods' schedulerName under it
+    fallback: Fallback | None = None        # spec.nodePool.fallback
     pod_priority_class: str | None = None   # the pods' priorityClassName, set by priority.bind
     # Kueue's admitted flavors per pod set ("workers", "launcher"), set by kueue.place once the
     # Workload is admitted; render/dtj.py adds them to the pods' placement.
@@ -202,13 +227,59 @@ def _placement(spec: dict, cfg: Config) -> Placement:
         raise SpecError(field, f"node pool {name!r} does not exist in the operator's "
                                f"configuration; use one of {', '.join(sorted(cfg.node_pools))} "
                                f"or set nodePool.nodeSelector")
+    return _pool_placement(pool, spec, cfg, "spec.infiniband")
+
+
+def _pool_placement(pool: NodePool, spec: dict, cfg: Config, field: str) -> Placement:
     if spec["infiniband"] and not pool.infiniband:
-        raise SpecError("spec.infiniband", f"node pool {name!r} has no InfiniBand; choose a pool "
+        raise SpecError(field, f"node pool {pool.name!r} has no InfiniBand; choose a pool "
                         f"with InfiniBand ({', '.join(sorted(p.name for p in cfg.node_pools.values() if p.infiniband)) or 'none configured'}) "
                         f"or set infiniband: false")
     return Placement(node_selector=dict(pool.node_selector), tolerations=tuple(pool.tolerations),
                      pool=pool.name, gpu_resource=pool.gpu_resource,
-                     rdma_resource=pool.rdma_resource)
+                     rdma_resource=pool.rdma_resource, autoscale=pool.autoscale,
+                     gpus_per_node=pool.gpus_per_node, spot=pool.spot)
+
+
+def _fallback(spec: dict, cfg: Config, placement: Placement) -> Fallback | None:
+    raw = (spec.get("nodePool") or {}).get("fallback")
+    if not raw:
+        return None
+    field = "spec.nodePool.fallback"
+    if not placement.spot:
+        raise SpecError(field, f"node pool {placement.pool or placement.node_selector!r} is not a "
+                               f"spot pool (spot: true in the operator's configuration); a "
+                               f"fallback applies after spot evictions: remove it or name a spot pool")
+    pool = cfg.node_pools.get(raw["name"])
+    if pool is None:
+        raise SpecError(f"{field}.name", f"node pool {raw['name']!r} does not exist in the "
+                                         f"operator's configuration; use one of "
+                                         f"{', '.join(sorted(cfg.node_pools))}")
+    if pool.spot:
+        raise SpecError(f"{field}.name", f"node pool {pool.name!r} is a spot pool too; name an "
+                                         f"on-demand pool")
+    return Fallback(_pool_placement(pool, spec, cfg, f"{field}.name"), raw["afterSpotEvictions"])
+
+
+def _failure_rules(run: dict) -> tuple[FailureRule, ...]:
+    out = []
+    for rule in (run.get("failurePolicy") or {}).get("rules") or []:
+        codes = rule.get("onExitCodes") or {}
+        out.append(FailureRule(
+            action=rule["action"], exit_operator=codes.get("operator"),
+            exit_values=tuple(codes.get("values") or ()), container=codes.get("containerName"),
+            pod_conditions=tuple((c["type"], c.get("status", "True"))
+                                 for c in rule.get("onPodConditions") or ()),
+            reasons=tuple(rule.get("onFailureReasons") or ())))
+    return tuple(out)
+
+
+def _scheduling_timeout(run: dict, placement: Placement, cfg: Config) -> int | None:
+    """The job's own value; else, on an autoscaled pool (nodes expected to come), the
+    configuration's default. A fixed pool's pods wait for busy nodes without a deadline."""
+    if run.get("schedulingTimeoutSeconds") is not None:
+        return run["schedulingTimeoutSeconds"]
+    return cfg.scheduling_timeout_seconds if placement.autoscale else None
 
 
 # What spec.resources may set (the CRD's CEL rule says the same; repeated here because the GPU
@@ -368,6 +439,7 @@ def parse(body: dict, cfg: Config) -> Job:
                         f"per job: reduce workers or gpusPerWorker")
     data, train, run, output = spec["data"], spec["training"], spec["runPolicy"], spec.get("output")
     user = spec["securityContext"]
+    placement = _placement(spec, cfg)
     job = Job(
         name=meta["name"], namespace=meta.get("namespace", "default"),
         framework=spec["framework"], launcher=spec["launcher"], image=image,
@@ -377,7 +449,7 @@ def parse(body: dict, cfg: Config) -> Job:
         env=tuple(spec.get("env") or ()), workers=spec["workers"], gpus_per_worker=gpus,
         slots_per_worker=spec.get("slotsPerWorker") or max(gpus, 1),
         mpi_implementation=spec["mpiImplementation"], resources=spec.get("resources") or {},
-        shm_size=str(spec["shmSize"]), placement=_placement(spec, cfg),
+        shm_size=str(spec["shmSize"]), placement=placement,
         infiniband=spec["infiniband"],
         data_stage=(data.get("dataStageRef") or {}).get("name"),
         synthetic=bool(data.get("synthetic")), data_mount_path=data["mountPath"],
@@ -389,13 +461,16 @@ def parse(body: dict, cfg: Config) -> Job:
         run_policy=RunPolicy(backoff_limit=run["backoffLimit"],
                              active_deadline_seconds=run.get("activeDeadlineSeconds"),
                              ttl_seconds_after_finished=run.get("ttlSecondsAfterFinished"),
-                             clean_pod_policy=run["cleanPodPolicy"], suspend=run["suspend"]),
+                             clean_pod_policy=run["cleanPodPolicy"], suspend=run["suspend"],
+                             scheduling_timeout_seconds=_scheduling_timeout(run, placement, cfg),
+                             failure_rules=_failure_rules(run)),
         launcher_resources=cfg.launcher_resources, logship=cfg.section("logship"),
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),
         priority_class_name=_priority_class(spec),
         pod_template=_pod_template(spec, cfg.pod_template_allow),
         scheduling_policy=_scheduling_policy(run.get("schedulingPolicy") or {}),
+        fallback=_fallback(spec, cfg, placement),
     )
     if job.pod_template:
         # The operator's own fields win: the merge refuses an override that contradicts what
@@ -434,27 +509,52 @@ def _node_matches(node: dict, selector: dict[str, str]) -> bool:
 
 
 def capacity_error(job: Job, nodes: list[dict]) -> SpecError | None:
-    """A SpecError when no node of the job's pool could ever hold one worker; else None."""
+    """A SpecError when no node of the job's pool could ever hold one worker; else None.
+    An autoscaled pool is judged by the nodes it can have (config `gpusPerNode`, else its
+    largest node present), not by the nodes present: at zero nodes it still fits."""
     pool = job.placement
     where = f"node pool {pool.pool!r}" if pool.pool else f"nodeSelector {pool.node_selector}"
     field = "spec.nodePool.name" if pool.pool else "spec.nodePool.nodeSelector"
     matching = [n for n in nodes if _node_matches(n, pool.node_selector)]
-    if not matching:
+    if not matching and not pool.autoscale:
         return SpecError(field, f"no node matches {where}; check the selector or add nodes to "
                                 f"the pool")
-
-    def most(resource: str) -> int:
-        return max(int((n.get("status", {}).get("allocatable") or {}).get(resource, 0) or 0)
-                   for n in matching)
-
-    if job.gpus_per_worker > (gpus := most(pool.gpu_resource)):
+    gpus = node_gpus(pool, matching)
+    if gpus is not None and job.gpus_per_worker > gpus:
         return SpecError("spec.gpusPerWorker", f"{job.gpus_per_worker} {pool.gpu_resource} per "
                          f"worker, but the largest node of {where} has {gpus}; use at most "
                          f"{gpus} and more workers")
-    if job.infiniband and most(pool.rdma_resource) < 1:
+    if job.infiniband and matching and \
+            max(_allocatable(n, pool.rdma_resource) for n in matching) < 1:
         return SpecError("spec.infiniband", f"no node of {where} has {pool.rdma_resource}; "
                                             f"choose an InfiniBand pool or set infiniband: false")
+    if pool.autoscale and gpus and job.gpus_per_worker:
+        need = nodes_needed(job, gpus)
+        if need > pool.autoscale.max_nodes:
+            return SpecError("spec.workers", f"{job.workers} workers of {job.gpus_per_worker} GPUs "
+                             f"need {need} nodes of {gpus} GPUs, but {where} grows to at most "
+                             f"{pool.autoscale.max_nodes} (autoscale.maxNodes); use fewer workers")
     return None
+
+
+def _allocatable(node: dict, resource: str) -> int:
+    return int((node.get("status", {}).get("allocatable") or {}).get(resource, 0) or 0)
+
+
+def node_gpus(pool: Placement, matching: list[dict]) -> int | None:
+    """GPUs of one node of the pool: the configured VM size's, else the largest node present;
+    None when unknown (an autoscaled pool at zero nodes without gpusPerNode)."""
+    if pool.gpus_per_node is not None:
+        return pool.gpus_per_node
+    if not matching:
+        return None
+    return max(_allocatable(n, pool.gpu_resource) for n in matching)
+
+
+def nodes_needed(job: Job, gpus_per_node: int) -> int:
+    """Nodes the gang's workers fill, packed by the scheduler (whole workers per node)."""
+    per_node = max(gpus_per_node // max(job.gpus_per_worker, 1), 1)
+    return -(-job.workers // per_node)
 
 
 # ---- DataStage ---------------------------------------------------------------------------------

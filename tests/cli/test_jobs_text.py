@@ -77,3 +77,19 @@ def test_describe_shows_progress_and_the_throughput_chart():
     assert chart[0] == "  images/sec over the last 3 report(s): latest 1100.0 at step 300, peak 1100.0"
     assert chart[-1] == "          11:59:10 … 12:00:00 UTC"
     assert "Throughput:" not in jobs.describe_text(job, [], [], history=[], now=NOW)
+def test_restarts_show_failures_disruptions_and_their_causes():
+    status = {"phase": "Running", "attempt": 3, "nodePool": "gpu",
+              "restarts": {"failures": 1, "disruptions": 2, "spotEvictions": 2, "history": [
+                  {"attempt": 3, "time": "2026-11-26T11:30:00Z", "cause": "SpotEviction", "counted": False,
+                   "message": "pod j-worker-0 on node aks-spotgpu-1 container worker: SpotEviction (DeletionByPodGC)"}]}}
+    job = {"metadata": {"name": "j", "namespace": "team", "creationTimestamp": "2026-11-26T11:00:00Z"},
+           "spec": {"workers": 2, "gpusPerWorker": 4, "nodePool": {"name": "spotgpu"}}, "status": status}
+    assert jobs.row(job, wide=False, with_namespace=False)[4] == "1+2d"
+    text = jobs.describe_text(job, [], [])
+    assert ("Restarts:    1 failures (backoffLimit 3), 2 disruptions (not counted; 2 spot evictions); "
+            "attempt 3") in text
+    assert ("attempt 3: 2026-11-26T11:30:00Z SpotEviction (not counted): pod j-worker-0 on node "
+            "aks-spotgpu-1 container worker: SpotEviction (DeletionByPodGC)") in text
+    assert "spotgpu; this attempt on gpu" in text
+    old = dict(job, status={"phase": "Failed", "restarts": 3})  # written before restarts had two counters
+    assert jobs.row(old, wide=False, with_namespace=False)[4] == "3"

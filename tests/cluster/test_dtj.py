@@ -155,17 +155,22 @@ def test_worker_crash_restarts_the_gang_then_succeeds(cluster, namespace, api, o
     api.wait_running("crash")
     old_uids = {p.metadata.uid for p in api.pods("crash", "worker")}
     cluster.end_pod(namespace, "crash-worker-1", 137, reason="OOMKilled")
-    wait_until(lambda: api.status("crash").get("restarts") == 1, timeout=30, what="restarts == 1")
+    wait_until(lambda: api.status("crash").get("attempt") == 1, timeout=30, what="attempt == 1")
     # The Restarting condition may already be False again (attempt 1 running: the operator
     # reacts to pod events within milliseconds); its Warning Event says why it restarted.
     restart = wait_until(lambda: next((e for e in api.events.list_namespaced_event(
         namespace, field_selector="involvedObject.name=crash").items
         if e.reason == "GangRestart" and e.type == "Warning"), None), timeout=10,
         what="the GangRestart Warning Event")
-    assert "pod crash-worker-1 container worker exited with code 137 (OOMKilled)" in restart.message
-    assert api.status("crash")["lastFailure"] == {
+    assert "container worker exited with code 137 (OOMKilled)" in restart.message
+    assert restart.message.startswith("pod crash-worker-1 on node aks-gpu-")
+    failure = api.status("crash")["lastFailure"]
+    node = failure.pop("node")
+    assert node.startswith("aks-gpu-")
+    assert failure == {
         "pod": "crash-worker-1", "container": "worker", "exitCode": 137, "reason": "OOMKilled",
-        "message": "pod crash-worker-1 container worker exited with code 137 (OOMKilled)"}
+        "cause": "OOMKilled",
+        "message": f"pod crash-worker-1 on node {node} container worker exited with code 137 (OOMKilled)"}
 
     launcher_pod = api.wait_running("crash", attempt=1)
     workers = api.pods("crash", "worker")
@@ -174,7 +179,9 @@ def test_worker_crash_restarts_the_gang_then_succeeds(cluster, namespace, api, o
     assert api.condition("crash", "Restarting")["status"] == "False"
     cluster.end_pod(namespace, launcher_pod.metadata.name, 0)
     status = api.wait_phase("crash", "Succeeded")
-    assert status["restarts"] == 1
+    assert (status["attempt"], status["restarts"]["failures"], status["restarts"]["disruptions"]) == (1, 1, 0)
+    assert [(h["attempt"], h["cause"], h["counted"], h["pod"]) for h in status["restarts"]["history"]] == [
+        (1, "OOMKilled", True, "crash-worker-1")]
     assert "Warning/GangRestart" in api.event_reasons("crash")
 
 
@@ -187,9 +194,10 @@ def test_backoff_limit_exhausted_fails_naming_the_pod(cluster, namespace, api, o
     status = api.wait_phase("bo", "Failed")
     failed = api.condition("bo", "Failed")
     assert failed["reason"] == "BackoffLimitExceeded"
-    assert failed["message"] == ("pod bo-worker-0 container worker exited with code 137 "
+    node = status["lastFailure"]["node"]
+    assert failed["message"] == (f"pod bo-worker-0 on node {node} container worker exited with code 137 "
                                  "(OOMKilled); runPolicy.backoffLimit=1 restarts used")
-    assert status["restarts"] == 1 and status["lastFailure"]["exitCode"] == 137
+    assert status["restarts"]["failures"] == 1 and status["lastFailure"]["exitCode"] == 137
     assert "Warning/BackoffLimitExceeded" in api.event_reasons("bo")
     # the active launcher of the failed attempt is stopped, running workers go
     wait_until(lambda: api.launcher("bo") is None, timeout=30, what="launcher Job deleted")
@@ -203,8 +211,8 @@ def test_launcher_failure_names_the_launcher_pod(cluster, namespace, api, op):
     cluster.end_pod(namespace, launcher_pod.metadata.name, 2)
     api.wait_phase("lf", "Failed")
     assert api.condition("lf", "Failed")["message"] == (
-        f"pod {launcher_pod.metadata.name} container launcher exited with code 2 (Error); "
-        "runPolicy.backoffLimit=0 restarts used")
+        f"pod {launcher_pod.metadata.name} on node {launcher_pod.spec.node_name} container launcher "
+        "exited with code 2 (Error); runPolicy.backoffLimit=0 restarts used")
 
 
 def test_active_deadline(cluster, namespace, api, op):
@@ -314,7 +322,7 @@ def test_gang_fields_are_immutable_while_running(cluster, namespace, api, op):
 @pytest.mark.parametrize("spec,reason,message", [
     ({"nodePool": {"name": "nope"}}, "InvalidSpec",
      "spec.nodePool.name: node pool 'nope' does not exist in the operator's configuration; "
-     "use one of gpu, ibgpu, system or set nodePool.nodeSelector"),
+     "use one of gpu, ibgpu, spotgpu, system or set nodePool.nodeSelector"),
     ({"gpusPerWorker": 8, "nodePool": {"name": "gpu"}}, "Unsatisfiable",
      "spec.gpusPerWorker: 8 nvidia.com/gpu per worker, but the largest node of node pool 'gpu' "
      "has 4; use at most 4 and more workers"),
@@ -347,7 +355,8 @@ def test_kubectl_get_columns(cluster, namespace, api, op):
     assert out[0].split() == ["NAME", "PHASE", "WORKERS", "GPUS", "AGE"]
     assert out[1].split()[:4] == ["cols", "Running", "3/3", "6"]
     wide = cluster.kubectl("get", "dtj", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split() == ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS", "AGE"]
+    assert wide[0].split() == ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS", "DISRUPTIONS", "AGE"]
+    assert wide[1].split()[4:6] == ["0", "0"]
 
 
 def test_torchrun_job_succeeds_when_every_worker_completes(cluster, namespace, api, op):
@@ -413,12 +422,14 @@ def test_waiting_is_logged_once_at_info_never_as_an_error(cluster, namespace, ap
                c["message"] == "4/5 workers ready", timeout=60, what="4 of 5 workers ready")
     wait_until(lambda: api.condition("nodata", "DataReady"), timeout=30, what="DataReady condition")
     before = api.job("patient")["metadata"]["resourceVersion"]
-    wait_until(lambda: "patient] DistributedTrainingJob Starting: 4/5 workers ready" in op.logs(),
-               timeout=10, what="the wait logged")
+    waits = ("patient] DistributedTrainingJob Starting: 1/5 workers wait for room on node pool 'gpu': "
+             "the scheduler finds no node for them")
+    wait_until(lambda: waits in op.logs(), timeout=10, what="the wait logged")
     log = op.logs()
     # about the jobs (kopf.objects, trainop.*); a fresh cluster's 429s to kopf's first LIST are not
     ours = [line for line in log.splitlines() if "kopf.objects" in line or "] trainop." in line]
     assert not [line for line in ours if "[ERROR" in line or "[WARNING" in line], log[-3000:]
-    assert log.count("patient] DistributedTrainingJob Starting: 4/5 workers ready") == 1
+    assert log.count(waits) == 1
+    assert api.condition("patient", "WaitingForNodes")["status"] == "True"
     assert log.count("nodata] DistributedTrainingJob Pending: waiting for data") == 1
     assert api.job("patient")["metadata"]["resourceVersion"] == before  # nothing rewritten

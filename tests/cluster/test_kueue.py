@@ -206,7 +206,7 @@ def test_a_preempted_gang_stops_requeues_and_runs_again_on_its_flavor(
     api.wait_running(high)
     wait_until(lambda: not api.pods(low), what="the preempted gang's pods gone")
     status = api.status(low)
-    assert (status.get("restarts") or 0) == 0 and status["evictions"] == 1
+    assert status.get("attempt", 0) == 0 and status["evictions"] == 1
     assert "Warning/Preempted" in api.event_reasons(low)
     wl = workload(api, low)
     assert "admission" not in wl["status"]
@@ -217,7 +217,7 @@ def test_a_preempted_gang_stops_requeues_and_runs_again_on_its_flavor(
     api.wait_phase(high, "Succeeded")
     again = api.wait_running(low)  # the same attempt: an eviction is not a restart
     assert again.metadata.uid != first.metadata.uid
-    assert (api.status(low).get("restarts") or 0) == 0
+    assert api.status(low).get("attempt", 0) == 0
     assert api.condition(low, "Evicted")["status"] == "False"
     cluster.end_pod(namespace, again.metadata.name, 0)
     api.wait_phase(low, "Succeeded")

@@ -78,7 +78,7 @@ def test_a_gang_that_cannot_start_in_time_is_evicted_requeued_and_runs_later(
     evicted = api.condition("second", "Evicted")
     assert evicted["reason"] == "Evicted"
     assert evicted["message"].startswith("Kueue evicted Workload dtj-second (PodsReadyTimeout): ")
-    assert (api.status("second").get("restarts") or 0) == 0
+    assert api.status("second").get("attempt", 0) == 0
     # the ready gang was never touched: PodsReady kept it admitted past the timeout
     assert api.launcher_pod("first").metadata.uid == first.metadata.uid
     assert "evictions" not in api.status("first")
@@ -90,4 +90,4 @@ def test_a_gang_that_cannot_start_in_time_is_evicted_requeued_and_runs_later(
     wait_until(lambda: conditions_of(workload(api, "second")).get("PodsReady", {}).get("status")
                == "True", what="second's PodsReady")
     status = api.status("second")
-    assert status["evictions"] >= 1 and (status.get("restarts") or 0) == 0
+    assert status["evictions"] >= 1 and status.get("attempt", 0) == 0

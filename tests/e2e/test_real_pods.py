@@ -127,10 +127,10 @@ def test_killed_worker_restarts_the_gang_then_succeeds(real_cluster, real_namesp
     real_cluster.dev.kill_container(worker["spec"]["nodeName"], container_id)
 
     status = wait_phase(real_cluster, ns, "crash", "Succeeded")
-    assert status["restarts"] == 1
+    assert (status["attempt"], status["restarts"]["failures"]) == (1, 1)
     failure = status["lastFailure"]
     assert (failure["pod"], failure["container"], failure["exitCode"]) == ("crash-worker-1", "worker", 137), failure
-    assert "pod crash-worker-1 container worker exited with code 137" in failure["message"]
+    assert f"pod crash-worker-1 on node {failure['node']} container worker exited with code 137" in failure["message"]
 
 
 def test_custom_image_with_its_own_non_root_user(real_cluster, real_namespace, real_operator):

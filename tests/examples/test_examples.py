@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.fixtures.waiting import wait_until
+from trainop import config
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (REPO / "examples").glob("*.yaml") if not p.name.startswith("datastage"))
@@ -75,12 +76,20 @@ def test_example_succeeds_on_the_cluster(cluster, namespace, operator_factory, p
     operator_factory(config=FAST)
     job = load(path)
     name, spec = job["metadata"]["name"], job["spec"]
-    cleanup = []
+    cleanup, nodes = [], []
     stage = (spec.get("data") or {}).get("dataStageRef")
     try:
         if stage:
             cleanup = provide_data_stage(cluster, namespace, stage["name"])
         cluster.kubectl("apply", "-n", namespace, "-f", str(path))
+        pool_name = (spec.get("nodePool") or {}).get("name")
+        pool_config = config.DEFAULTS["nodePools"].get(pool_name) or {}
+        if pool_config.get("autoscale"):  # at zero nodes: the pods wait, the "autoscaler" adds nodes
+            wait_until(lambda: any(c["type"] == "WaitingForNodes" and c["status"] == "True" for c in (
+                cluster.get("dtj", name, "-n", namespace).get("status") or {}).get("conditions") or []),
+                timeout=60, what=f"{name} WaitingForNodes")
+            for i in range(spec["workers"]):
+                nodes.append(cluster.add_node(pool_name, i, spot=pool_config.get("spot", False)))
         workers = f"trainop.io/job-name={name},trainop.io/role=worker"
         running = wait_until(lambda: len(w := pods(cluster, namespace, workers)) == spec["workers"] and w,
                              timeout=90, what=f"{spec['workers']} workers of {name} Running")
@@ -91,7 +100,7 @@ def test_example_succeeds_on_the_cluster(cluster, namespace, operator_factory, p
             assert ("rdma/ib" in limits) == bool(spec.get("infiniband"))
             pool = pod["spec"]["nodeSelector"]["kubernetes.azure.com/agentpool"]
             assert pod["spec"]["nodeName"].startswith(f"aks-{pool}-")
-            assert pool == ("ibgpu" if spec.get("infiniband") else "gpu")
+            assert pool == (pool_name or ("ibgpu" if spec.get("infiniband") else "gpu"))
         if spec.get("launcher", "mpi") == "mpi":
             launcher = wait_until(lambda: pods(cluster, namespace, f"trainop.io/job-name={name},trainop.io/role=launcher"),
                                   timeout=90, what=f"{name}'s launcher Running")
@@ -107,6 +116,8 @@ def test_example_succeeds_on_the_cluster(cluster, namespace, operator_factory, p
                             check=False)
         for kind, obj in cleanup:
             cluster.kubectl("delete", kind, obj, "--wait=false", check=False)
+        for node in nodes:
+            cluster.kubectl("delete", "node", node, "--wait=false", check=False)
 
 
 # ---- on this machine --------------------------------------------------------------------------

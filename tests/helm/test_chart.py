@@ -178,7 +178,7 @@ def test_rendered_config_is_what_the_operator_loads(render):
     loaded = config.from_dict(yaml.safe_load(text))
     defaults = config.from_dict(None)
     for attr in ("resync_seconds", "safety_resync_seconds", "node_pools", "default_node_pools", "images", "launcher_resources",
-                 "max_gpus_per_job", "allowed_account_urls", "allowed_nfs_exports", "nfs_client_cidrs"):
+                 "max_gpus_per_job", "scheduling_timeout_seconds", "allowed_account_urls", "allowed_nfs_exports", "nfs_client_cidrs"):
         assert getattr(loaded, attr) == getattr(defaults, attr), attr
     assert loaded.section("datastage") == {"image": IMAGE, "allowedNfsExports": [], "nfsClientCIDRs": []}
     assert loaded.section("logship") == {"image": IMAGE}
@@ -195,7 +195,7 @@ def test_rendered_config_is_what_the_operator_loads(render):
         "defaultNodePools": {"infiniband": "a100"}, "limits": {"maxGpusPerJob": 16},
         "logship": {"image": "mirror/op:1"}}})
     cfg = config.from_dict(yaml.safe_load(find(custom, "ConfigMap")["data"]["config.yaml"]))
-    assert sorted(cfg.node_pools) == ["a100", "gpu", "system"]
+    assert sorted(cfg.node_pools) == ["a100", "gpu", "spotgpu", "system"]
     assert cfg.node_pools["a100"] == config.NodePool("a100", {"pool": "a100"}, [], True, "nvidia.com/gpu", "rdma/hca")
     assert cfg.max_gpus_per_job == 16 and cfg.section("logship") == {"image": "mirror/op:1"}
 
@@ -211,6 +211,10 @@ def test_rendered_config_is_what_the_operator_loads(render):
     ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
     ({"serviceAccount": {"workloadIdentity": {"enabled": True}}}, "clientId"),
     ({"config": {"nodePool": {}}}, "nodePool"),
+    ({"config": {"nodePools": {"big": {"nodeSelector": {"a": "b"}, "autoscale": {"minNodes": 0}}}}},
+     "at '/config/nodePools/big/autoscale': missing property 'maxNodes'"),
+    ({"config": {"nodePools": {"big": {"nodeSelector": {"a": "b"}, "spot": "yes"}}}},
+     "/config/nodePools/big/spot"),
 ])
 def test_wrong_values_fail_with_the_schema_message(helm, values, message):
     out = helm("template", "trainop", str(CHART), values=values, check=False)

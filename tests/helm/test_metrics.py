@@ -32,8 +32,9 @@ def test_job_phases_restarts_and_deletion(ns):
     assert sample("trainop_jobs", namespace=ns, phase="Running") == 1
     assert sample("trainop_jobs", namespace=ns, phase="New") == 1
     assert sample("trainop_gang_restarts_total", namespace=ns) == 0
-    metrics.observe(job, body(ns, "a", phase="Starting", restarts=3))
-    metrics.observe(job, body(ns, "a", phase="Succeeded", restarts=3))
+    # an int status.restarts (written before it had two counters) was the attempt
+    metrics.observe(job, body(ns, "a", phase="Starting", attempt=3, restarts={"failures": 2, "disruptions": 1}))
+    metrics.observe(job, body(ns, "a", phase="Succeeded", attempt=3, restarts={"failures": 2, "disruptions": 1}))
     metrics.observe(job, body(ns, "b", phase="Pending"))
     assert sample("trainop_gang_restarts_total", namespace=ns) == 1
     assert sample("trainop_phase_transitions_total", kind=job, phase="Succeeded") == succeeded + 1

@@ -167,7 +167,7 @@ def test_an_evicted_gang_stops_queues_and_is_not_a_restart():
     assert summary(out.actions) == ["delete Job j-launcher", "delete Pod j-worker-0",
                                     "delete Pod j-worker-1", "delete Pod j-launcher-abc"]
     st = out.status
-    assert st["phase"] == "Queued" and st["restarts"] == 0 and st["evictions"] == 1
+    assert st["phase"] == "Queued" and st["restarts"] == {"failures": 0, "disruptions": 0} and st["evictions"] == 1
     assert "startTime" not in st
     got = reasons(st)
     assert got["Evicted"] == ("True", "Preempted") and got["Admitted"] == ("False", "WaitingForKueue")
@@ -198,7 +198,7 @@ def test_an_evicted_gang_stops_queues_and_is_not_a_restart():
     made = [a.obj for a in back.actions if getattr(a, "obj", {}).get("kind") == "Pod"]
     assert [p["metadata"]["labels"]["trainop.io/attempt"] for p in made] == ["0", "0"]
     assert all(p["spec"]["nodeSelector"]["gpu.sku"] == "a100" for p in made)
-    assert back.status["restarts"] == 0 and back.status["evictions"] == 1
+    assert back.status["restarts"] == {"failures": 0, "disruptions": 0} and back.status["evictions"] == 1
 
 
 def test_a_running_gang_reports_pods_ready_once():

@@ -143,7 +143,7 @@ def test_every_crd_field_has_a_description():
 
 
 SCHEMA_KEYWORDS = {"type", "description", "properties", "items", "required", "default", "enum",
-                   "minimum", "maximum", "minLength", "maxLength", "maxItems", "pattern", "format",
+                   "minimum", "maximum", "minLength", "maxLength", "maxItems", "minItems", "pattern", "format",
                    "additionalProperties", "x-kubernetes-validations", "x-kubernetes-int-or-string",
                    "x-kubernetes-preserve-unknown-fields", "x-kubernetes-list-type",
                    "x-kubernetes-list-map-keys", "maxProperties"}

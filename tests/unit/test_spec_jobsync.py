@@ -20,7 +20,7 @@ def test_pod_failure_names_container_exit_code_and_reason():
     assert f == Failure("j1-worker-1", "worker", 137, "OOMKilled", "t")
     assert f.describe() == "pod j1-worker-1 container worker exited with code 137 (OOMKilled)"
     assert f.as_status() == {"pod": "j1-worker-1", "container": "worker", "exitCode": 137,
-                             "reason": "OOMKilled", "message": f.describe()}
+                             "reason": "OOMKilled", "cause": "OOMKilled", "message": f.describe()}
 
 
 def test_evicted_pod_without_container_state():

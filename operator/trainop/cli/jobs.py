@@ -21,7 +21,7 @@ import time
 
 import yaml
 
-from trainop import API_VERSION, kube, manifests, progress
+from trainop import API_VERSION, jobsync, kube, manifests, progress
 from trainop.render import common
 from trainop.render import logship as render_logship
 
@@ -171,6 +171,19 @@ HEADER = ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS", "IMAGES/SEC", "PROGRES
 WIDE_HEADER = ["FRAMEWORK", "LAUNCHER", "POOL", "LAST FAILURE"]
 
 
+def _restarts(status: dict) -> str:
+    """RESTARTS: counted failures, and the disruptions beside them when there were any."""
+    counts = jobsync.restart_counts(status)
+    return str(counts["failures"]) + (f"+{counts['disruptions']}d" if counts["disruptions"] else "")
+
+
+def _restarts_long(status: dict, limit: int) -> str:
+    counts = jobsync.restart_counts(status)
+    return (f"{counts['failures']} failures (backoffLimit {limit}), {counts['disruptions']} "
+            f"disruptions (not counted; {counts['spotEvictions']} spot evictions); "
+            f"attempt {jobsync.attempt(status)}")
+
+
 def row(job: dict, wide: bool, with_namespace: bool, now: dt.datetime | None = None) -> list[str]:
     status, spec = job.get("status") or {}, job.get("spec") or {}
     metrics = status.get("metrics") or {}
@@ -179,7 +192,7 @@ def row(job: dict, wide: bool, with_namespace: bool, now: dt.datetime | None = N
     out = [job["metadata"]["namespace"]] if with_namespace else []
     out += [job["metadata"]["name"], status.get("phase") or "Pending", workers,
             str(status.get("gpus", spec.get("workers", 1) * spec.get("gpusPerWorker", 0))),
-            str(status.get("restarts", 0)),
+            _restarts(status),
             _rate(metrics.get("imagesPerSec")),
             progress.percent_text(status.get("progress")),
             progress.eta_text(status.get("progress"), now),
@@ -329,10 +342,16 @@ def describe_text(job: dict, pods: list[dict], events: list[dict], history: list
                     f"{gpus} GPUs each ({workers * gpus} in all)"),
         ("Node pool", (pool.get("name") or (f"nodeSelector {pool['nodeSelector']}" if "nodeSelector" in pool
                                             else "the operator's default"))
-                      + (", InfiniBand" if spec.get("infiniband") else "")),
+                      + (", InfiniBand" if spec.get("infiniband") else "")
+                      + (f"; this attempt on {status['nodePool']}" if status.get("nodePool")
+                         and status["nodePool"] != pool.get("name") else "")),
         ("Data", _data(spec)), ("Output", _output(spec)),
-        ("Restarts", f"{status.get('restarts', 0)} (backoffLimit {(spec.get('runPolicy') or {}).get('backoffLimit', 3)})"),
+        ("Restarts", _restarts_long(status, (spec.get('runPolicy') or {}).get('backoffLimit', 3))),
     ]
+    for entry in jobsync.restart_counts(status)["history"]:
+        lines.append((f"  attempt {entry.get('attempt')}",
+                     f"{entry.get('time', '')} {entry.get('cause', '')}"
+                     f"{'' if entry.get('counted') else ' (not counted)'}: {entry.get('message', '')}"))
     for key, label in (("startTime", "Started"), ("completionTime", "Completed"),
                        ("outputURL", "Output URL"), ("logsURL", "Logs URL")):
         if status.get(key):

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import BinaryIO
 
-from trainop import API_VERSION, blob, kube, phases
+from trainop import API_VERSION, blob, jobsync, kube, phases
 from trainop.render import common, logship
 
 KIND = "DistributedTrainingJob"
@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     p.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing as the log grows")
     p.add_argument("--pod", help="launcher or worker-N (default: launcher for MPI jobs, worker-0 for torchrun)")
-    p.add_argument("--attempt", type=int, help="gang attempt (default: the current one, status.restarts)")
+    p.add_argument("--attempt", type=int, help="gang attempt (default: the current one, status.attempt)")
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
     p.set_defaults(func=run)
 
@@ -73,7 +73,7 @@ def show(job: dict, pod: str | None, attempt: int | None, follow: bool, out: Bin
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     role, index = parse_pod(job, pod)
     if attempt is None:
-        attempt = int((job.get("status") or {}).get("restarts") or 0)
+        attempt = jobsync.attempt(job.get("status"))
     archived = bool((job["spec"].get("output") or {}).get("blob"))
     live = _live_pod(name, namespace, role, index, attempt)
     if live is not None:

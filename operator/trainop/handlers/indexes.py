@@ -112,7 +112,7 @@ def slim_pod(body) -> dict:
     spec, st = body.get("spec") or {}, body.get("status") or {}
     out_spec = {"containers": _containers(spec.get("containers")),
                 "initContainers": _containers(spec.get("initContainers"))}
-    for key in ("activeDeadlineSeconds", "priorityClassName"):
+    for key in ("activeDeadlineSeconds", "priorityClassName", "nodeName"):
         if spec.get(key) is not None:
             out_spec[key] = spec[key]
     # the DataStage claim it mounts: a started job keeps it even if the DataStage goes (jobsync)
@@ -121,7 +121,8 @@ def slim_pod(body) -> dict:
         out_spec["volumes"] = [{"name": "data", "persistentVolumeClaim": {
             "claimName": data[0]["persistentVolumeClaim"].get("claimName")}}]
     out_status = {k: st[k] for k in ("phase", "reason") if k in st}
-    out_status["conditions"] = [{"type": c.get("type"), "status": c.get("status")}
+    # reasons too: PodScheduled's Unschedulable (WaitingForNodes), DisruptionTarget's cause
+    out_status["conditions"] = [{k: c[k] for k in ("type", "status", "reason") if k in c}
                                 for c in st.get("conditions") or []]
     out_status["containerStatuses"] = [
         {k: cs[k] for k in ("name", "state", "lastState") if k in cs}
@@ -292,6 +293,8 @@ async def route_job(type, name, namespace, body, memo: kopf.Memo, **_) -> None: 
 
 @kopf.on.event("v1", "pods", labels=_HAS_JOB)
 async def route_pod(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    if type == "DELETED":  # its last state says why it went (jobsync: departed)
+        memo.controller.pod_departed(*_job_key(body, namespace), slim_pod(body))
     memo.controller.enqueue_job(*_job_key(body, namespace))
     if type == "DELETED" or phases.finished(body):
         memo.controller.wake_gate(namespace)  # what frees GPUs no quota counts

@@ -1,0 +1,377 @@
+"""jobsync.decide() as tables for issue 16's pools and failures: autoscaled and spot pools
+(capacity at maxNodes, WaitingForNodes, schedulingTimeoutSeconds), failures classified
+(exit codes, OOMKilled, evictions, lost nodes, spot evictions) and judged by
+runPolicy.failurePolicy, status.restarts' two counters and status.attempt, and
+nodePool.fallback. Snapshots in, status and actions out, no cluster (tests/cluster/
+test_pools.py drives the real scheduler, PodGC and Eviction API)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tests.unit.test_jobsync_decide import (
+    CREATED,
+    NOW,
+    RUNNING,
+    T0,
+    body,
+    launcher,
+    pod,
+    reasons,
+    shared,
+    snap,
+    summary,
+    workers,
+)
+from trainop import admission, conditions, config, jobsync
+from trainop.devcluster.pools import default_pools
+from trainop.jobsync import JobSnapshot, decide
+from trainop.spec import SpecError, capacity_error, parse
+
+GPU = config.GPU_TOLERATION
+POOLS = {**copy.deepcopy(config.DEFAULTS["nodePools"]),
+         "spot": {"nodeSelector": {config.POOL_LABEL: "spot"}, "tolerations": [GPU], "spot": True,
+                  "autoscale": {"minNodes": 0, "maxNodes": 4}, "gpusPerNode": 4},
+         "ondemand": {"nodeSelector": {config.POOL_LABEL: "ondemand"}, "tolerations": [GPU],
+                      "autoscale": {"minNodes": 0, "maxNodes": 2}}}
+CFG = config.from_dict({"nodePools": POOLS, "schedulingTimeoutSeconds": 600})
+NODES = [n for pool in default_pools() for n in pool.nodes()]  # no spot or ondemand node
+SPOT = {"name": "spot"}
+
+
+def spot_body(status=None, **spec):
+    spec.setdefault("nodePool", SPOT)
+    return body(status, **spec)
+
+
+def decide_(s: JobSnapshot):
+    return decide(s, CFG, NOW)
+
+
+def unschedulable(p: dict) -> dict:
+    p["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+    return p
+
+
+def on_node(p: dict, node: str) -> dict:
+    p["spec"]["nodeName"] = node
+    return p
+
+
+def disrupted(p: dict, reason: str, phase: str | None = None, deleting: bool = True) -> dict:
+    """A pod the API server / scheduler / PodGC is ending, as they mark it."""
+    p["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": reason})
+    if phase:
+        p["status"]["phase"] = phase
+    if deleting:
+        p["metadata"]["deletionTimestamp"] = T0
+    return p
+
+
+# ---- the configuration ------------------------------------------------------------------------
+
+def test_spot_pool_gets_the_aks_spot_toleration_once():
+    pool = CFG.node_pools["spot"]
+    assert pool.tolerations == [GPU, config.SPOT_TOLERATION]
+    assert config.SPOT_TOLERATION == {"key": "kubernetes.azure.com/scalesetpriority",
+                                      "operator": "Equal", "value": "spot", "effect": "NoSchedule"}
+    again = config.from_dict({"nodePools": {**POOLS, "spot": {**POOLS["spot"], "tolerations": [
+        GPU, config.SPOT_TOLERATION]}}})
+    assert again.node_pools["spot"].tolerations == [GPU, config.SPOT_TOLERATION]
+    assert (pool.autoscale.min_nodes, pool.autoscale.max_nodes, pool.gpus_per_node) == (0, 4, 4)
+
+
+@pytest.mark.parametrize("pool, message", [
+    ({"autoscale": {"maxNodes": 0}}, "nodePools.p.autoscale.maxNodes: required, an integer >= 1"),
+    ({"autoscale": {"minNodes": 3, "maxNodes": 2}}, "nodePools.p.autoscale.maxNodes"),
+    ({"autoscale": {"max": 2}}, "nodePools.p.autoscale: must be {minNodes: N, maxNodes: M}"),
+    ({"spot": "yes"}, "nodePools.p.spot: must be true or false"),
+    ({"gpusPerNode": -1}, "nodePools.p.gpusPerNode: must be a non-negative integer"),
+])
+def test_bad_pool_keys_name_the_key(pool, message):
+    with pytest.raises(config.ConfigError, match=message.replace("{", r"\{").replace("}", r"\}")):
+        config.from_dict({"nodePools": {**POOLS, "p": {"nodeSelector": {"a": "b"}, **pool}}})
+
+
+# ---- capacity: an autoscaled pool is judged at maxNodes ----------------------------------------
+
+def test_pool_at_zero_nodes_still_fits_and_creates_its_pods():
+    out = decide_(snap(spot_body(), nodes=NODES))
+    created = [a.obj for a in out.actions if type(a).__name__ == "Create"]
+    assert [p["metadata"]["name"] for p in created] == ["j-worker-0", "j-worker-1"]
+    assert config.SPOT_TOLERATION in created[0]["spec"]["tolerations"]
+    assert created[0]["spec"]["nodeSelector"][config.POOL_LABEL] == "spot"
+    assert reasons(out.status)["Created"] == ("True", "ChildrenCreated")
+    assert out.status["nodePool"] == "spot"
+
+
+@pytest.mark.parametrize("spec, field, words", [
+    ({"workers": 5, "gpusPerWorker": 4}, "spec.workers", "need 5 nodes of 4 GPUs, but node pool 'spot' grows to at most 4"),
+    ({"workers": 1, "gpusPerWorker": 8}, "spec.gpusPerWorker", "the largest node of node pool 'spot' has 4"),
+])
+def test_only_what_cannot_fit_at_max_nodes_is_unsatisfiable(spec, field, words):
+    job = parse(spot_body(**spec), CFG)
+    error = capacity_error(job, NODES)
+    assert isinstance(error, SpecError) and error.field == field and words in str(error)
+    out = decide_(snap(spot_body(**spec)))
+    assert (out.status["phase"], reasons(out.status)["Failed"][1]) == ("Failed", "Unsatisfiable")
+    assert capacity_error(parse(spot_body(workers=4), CFG), NODES) is None  # exactly maxNodes
+
+
+def test_pool_without_gpus_per_node_at_zero_nodes_is_not_judged_by_size():
+    job = parse(body(nodePool={"name": "ondemand"}, workers=8, gpusPerWorker=8), CFG)
+    assert capacity_error(job, NODES) is None  # unknown VM size: the timeout judges it
+    node = copy.deepcopy(next(n for n in NODES if n["metadata"]["labels"][config.POOL_LABEL] == "gpu"))
+    node["metadata"]["labels"][config.POOL_LABEL] = "ondemand"  # one 4-GPU node present
+    assert "has 4" in str(capacity_error(job, [node]))
+
+
+def test_admission_counts_the_pool_at_max_nodes():
+    job = parse(spot_body(workers=4), CFG)
+    c = admission.candidate(job, {"creationTimestamp": T0}, [])
+    assert (c.max_nodes, c.gpus_per_node) == (4, 4)
+    assert admission.unsatisfiable(c, [], NODES) is None  # 16 GPUs at maxNodes, none present
+    big = admission.Candidate(**{**c.__dict__, "gpus": 20})
+    assert "has 16 in all at maxNodes=4" in admission.unsatisfiable(big, [], NODES)
+    fixed = admission.Candidate(**{**c.__dict__, "max_nodes": None})
+    assert "has 0 in all" in admission.unsatisfiable(fixed, [], NODES)
+
+
+# ---- WaitingForNodes and schedulingTimeoutSeconds ----------------------------------------------
+
+STARTING = {"phase": "Starting", "startTime": T0, "attempt": 0,
+            "restarts": {"failures": 0, "disruptions": 0}, "conditions": CREATED}
+
+
+def test_unschedulable_workers_wait_for_nodes_with_an_exact_deadline():
+    pods = [unschedulable(p) for p in workers(2, ready=False)]
+    out = decide_(snap(spot_body(copy.deepcopy(STARTING)), pods=pods, **shared()))
+    cond = conditions.get_condition(out.status["conditions"], "WaitingForNodes")
+    assert (cond["status"], cond["reason"]) == ("True", "WaitingForNodes")
+    assert cond["message"].startswith("2/2 workers wait for nodes of node pool 'spot': 2 more nodes "
+                                      "needed (the pool autoscales to at most 4)")
+    assert "fails at 2026-05-01T12:10:00Z" in cond["message"]
+    assert out.requeue_after == 600  # the deadline's moment, no polling
+    assert out.waiting == cond["message"]
+    assert ("Normal", "WaitingForNodes") in [(t, r) for t, r, _ in out.events]
+    assert out.status["phase"] == "Starting"
+    assert not [a for a in summary(out.actions) if a.startswith(("create", "delete"))]
+
+
+def test_half_placed_gang_counts_nodes_for_the_rest():
+    pods = [on_node(workers(2)[0], "aks-spot-0"), unschedulable(workers(2, ready=False)[1])]
+    out = decide_(snap(spot_body(copy.deepcopy(STARTING), workers=2), pods=pods, **shared()))
+    assert "1/2 workers wait for nodes of node pool 'spot': 1 more node needed" in out.waiting
+
+
+def test_nodes_that_never_come_fail_the_job_and_free_its_pods():
+    status = copy.deepcopy(STARTING)
+    status["conditions"] = conditions.set_condition(status["conditions"], "WaitingForNodes", True,
+                                                    "WaitingForNodes", "m", timestamp=T0)  # 1h ago
+    pods = [unschedulable(p) for p in workers(2, ready=False)]
+    out = decide_(snap(spot_body(status), pods=pods, **shared()))
+    assert out.status["phase"] == "Failed"
+    assert reasons(out.status)["Failed"] == ("True", "SchedulingTimeout")
+    assert "schedulingTimeoutSeconds=600" in conditions.get_condition(out.status["conditions"], "Failed")["message"]
+    assert summary(out.actions)[-2:] == ["delete Pod j-worker-0", "delete Pod j-worker-1"]
+    assert out.requeue_after is None
+
+
+def test_nodes_arriving_end_the_wait():
+    status = copy.deepcopy(STARTING)
+    status["conditions"] = conditions.set_condition(status["conditions"], "WaitingForNodes", True,
+                                                    "WaitingForNodes", "m", timestamp=T0)
+    out = decide_(snap(spot_body(status), pods=workers(2), **shared()))
+    assert reasons(out.status)["WaitingForNodes"] == ("False", "NodesAvailable")
+    assert out.waiting == "waiting for the workers' DNS names"  # the next step of the start
+
+
+def test_fixed_pool_waits_without_deadline_unless_the_job_sets_one():
+    pods = [unschedulable(p) for p in workers(2, ready=False)]
+    out = decide_(snap(body(copy.deepcopy(STARTING)), pods=pods, **shared()))
+    assert reasons(out.status)["WaitingForNodes"][0] == "True" and out.requeue_after is None
+    own = decide_(snap(body(copy.deepcopy(STARTING), runPolicy={"schedulingTimeoutSeconds": 30}),
+                       pods=copy.deepcopy(pods), **shared()))
+    assert own.requeue_after == 30
+
+
+# ---- failures classified -----------------------------------------------------------------------
+
+def running(**spec) -> dict:
+    return body(copy.deepcopy(RUNNING), **spec)
+
+
+def failed_worker(exit_code=1, reason="Error", finished="t1", index=1, attempt=0) -> dict:
+    return on_node(pod(f"j-worker-{index}", index=index, phase="Failed", exit_code=exit_code,
+                       reason=reason, finished=finished, attempt=attempt), "aks-gpu-12345678-vmss000001")
+
+
+EVICTED = disrupted(on_node(workers(2)[1], "aks-gpu-12345678-vmss000001"), "EvictionByEvictionAPI")
+PREEMPTED = disrupted(on_node(workers(2)[1], "n1"), "PreemptionByScheduler")
+# PodGC ends the pods of a node that is gone: Failed + DisruptionTarget, then deleted (the DELETED
+# event's object is all that is left: the snapshot's `departed`).
+LOST = disrupted(on_node(workers(2)[1], "aks-spot-0"), "DeletionByPodGC", phase="Failed")
+RULES = {"failurePolicy": {"rules": [
+    {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}},
+    {"action": "RestartGangAndIgnoreBackoffLimit", "onExitCodes": {"containerName": "worker", "operator": "In", "values": [3]}},
+    {"action": "RestartGang", "onFailureReasons": ["Preempted"]},
+    {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [1, 3, 42, 137]}}]}}
+
+FAILURES = [
+    # (id, spec, pods besides worker 0, departed, phase, cause, counted or None for Failed, reason)
+    ("exit code counts", {}, [failed_worker()], [], "Starting", "Error", True, "GangRestart"),
+    ("OOMKilled counts", {}, [failed_worker(137, "OOMKilled")], [], "Starting", "OOMKilled", True, "GangRestart"),
+    ("an eviction does not count", {}, [EVICTED], [], "Starting", "Evicted", False, "GangRestart"),
+    ("a preemption does not count", {}, [PREEMPTED], [], "Starting", "Preempted", False, "GangRestart"),
+    ("a vanished worker without a trace is PodDeleted", {}, [], [], "Starting", "PodDeleted", False, "GangRestart"),
+    ("a lost node is NodeLost, its node named", {}, [], [LOST], "Starting", "NodeLost", False, "GangRestart"),
+    ("a lost node on a spot pool is a SpotEviction", {"nodePool": SPOT}, [], [LOST], "Starting", "SpotEviction", False, "GangRestart"),
+    ("rule: exit 42 fails the job", RULES, [failed_worker(42)], [], "Failed", "Error", None, "FailurePolicy"),
+    ("rule: exit 3 of worker does not count", RULES, [failed_worker(3)], [], "Starting", "Error", False, "GangRestart"),
+    ("rule: a preemption counts", RULES, [PREEMPTED], [], "Starting", "Preempted", True, "GangRestart"),
+    ("rule: NotIn matches other codes", RULES, [failed_worker(2)], [], "Failed", "Error", None, "FailurePolicy"),
+    ("rule: NotIn leaves listed codes to the default", RULES, [failed_worker(1)], [], "Starting", "Error", True, "GangRestart"),
+    ("onPodConditions", {"failurePolicy": {"rules": [{"action": "FailJob", "onPodConditions": [
+        {"type": "DisruptionTarget", "status": "True"}]}]}}, [EVICTED], [], "Failed", "Evicted", None, "FailurePolicy"),
+    ("a disruption is the cause, not the exits it caused",
+     {}, [EVICTED, failed_worker(1, index=0, finished="t0")], [], "Starting", "Evicted", False, "GangRestart"),
+]
+
+
+@pytest.mark.parametrize("case", FAILURES, ids=[c[0] for c in FAILURES])
+def test_failures_classified(case):
+    _, spec, others, departed, phase, cause, counted, reason = case
+    pods = [p for p in copy.deepcopy(others) if p["metadata"]["name"] == "j-worker-0"] or [workers(1)[0]]
+    pods += [p for p in copy.deepcopy(others) if p["metadata"]["name"] != "j-worker-0"]
+    run = {k: v for k, v in spec.items() if k != "nodePool"}
+    extra = {"nodePool": spec["nodePool"]} if "nodePool" in spec else {}
+    out = decide_(snap(running(runPolicy={"backoffLimit": 1, **run}, **extra), pods=pods,
+                       launcher=launcher(), departed=copy.deepcopy(departed), **shared()))
+    st = out.status
+    assert st["phase"] == phase
+    assert st["lastFailure"]["cause"] == cause
+    if counted is None:
+        assert reasons(st)["Failed"] == ("True", reason)
+        assert "runPolicy.failurePolicy.rules[" in conditions.get_condition(st["conditions"], "Failed")["message"]
+        return
+    assert reasons(st)["Restarting"] == ("True", reason)
+    assert st["attempt"] == 1
+    assert (st["restarts"]["failures"], st["restarts"]["disruptions"]) == ((1, 0) if counted else (0, 1))
+    entry = st["restarts"]["history"][-1]
+    assert (entry["attempt"], entry["cause"], entry["counted"]) == (1, cause, counted)
+    assert entry["pod"] == "j-worker-1" and entry["message"] == st["lastFailure"]["message"]
+    message = conditions.get_condition(st["conditions"], "Restarting")["message"]
+    assert message.startswith("pod j-worker-1") and "as attempt 1" in message
+    if departed or entry["node"]:
+        assert f"on node {entry['node']}" in message and entry["node"]
+    assert st["restarts"].get("spotEvictions", 0) == (1 if cause == "SpotEviction" else 0)
+
+
+def test_disruptions_never_use_up_backoff_limit():
+    status = copy.deepcopy(RUNNING)
+    status.update(attempt=5, restarts={"failures": 0, "disruptions": 5})
+    out = decide_(snap(body(status, runPolicy={"backoffLimit": 0}), pods=[workers(1, attempt=5)[0],
+                  disrupted(workers(2, attempt=5)[1], "EvictionByEvictionAPI")],
+                  launcher=launcher(attempt=5), **shared()))
+    assert (out.status["phase"], out.status["attempt"]) == ("Starting", 6)
+    assert out.status["restarts"] == {"failures": 0, "disruptions": 6, "history": out.status["restarts"]["history"]}
+    counted = decide_(snap(body(copy.deepcopy(status), runPolicy={"backoffLimit": 0}),
+                           pods=[workers(1, attempt=5)[0], failed_worker(attempt=5)],
+                           launcher=launcher(attempt=5), **shared()))
+    assert reasons(counted.status)["Failed"] == ("True", "BackoffLimitExceeded")
+
+
+def test_a_disrupted_pod_before_launch_is_recreated_not_restarted():
+    pods = [workers(1, ready=False)[0], disrupted(workers(2, ready=False)[1], "PreemptionByScheduler")]
+    out = decide_(snap(body({"phase": "Starting", "conditions": CREATED, "startTime": T0}), pods=pods, **shared()))
+    assert out.status["attempt"] == 0 and "Restarting" not in reasons(out.status)
+
+
+def test_a_disrupted_pod_that_failed_before_launch_restarts_the_gang():
+    """PodGC marks a lost node's pods Failed before deleting them: a Failed pod is never reused."""
+    pods = [workers(1, ready=False)[0], disrupted(workers(2, ready=False)[1], "DeletionByPodGC",
+                                                  phase="Failed", deleting=False)]
+    out = decide_(snap(body({"phase": "Starting", "conditions": CREATED, "startTime": T0}), pods=pods, **shared()))
+    assert out.status["attempt"] == 1 and out.status["restarts"]["disruptions"] == 1
+
+
+def test_history_is_bounded():
+    status = copy.deepcopy(RUNNING)
+    status.update(attempt=12, restarts={"failures": 0, "disruptions": 12, "history": [
+        {"attempt": i, "cause": "Evicted"} for i in range(1, 13)][-jobsync.HISTORY:]})
+    out = decide_(snap(body(status), pods=[workers(1, attempt=12)[0]], launcher=launcher(attempt=12),
+                       **shared()))
+    history = out.status["restarts"]["history"]
+    assert len(history) == jobsync.HISTORY and history[-1]["attempt"] == 13
+    assert history[-1]["cause"] == "PodDeleted"
+
+
+# ---- status.attempt, old status.restarts ints -------------------------------------------------
+
+def test_attempt_accessor_reads_old_and_new_status():
+    assert jobsync.attempt(None) == 0
+    assert jobsync.attempt({"restarts": 2}) == 2  # before status.attempt existed
+    assert jobsync.attempt({"attempt": 3, "restarts": {"failures": 1, "disruptions": 2}}) == 3
+    assert jobsync.restart_counts({"restarts": 2})["failures"] == 2
+
+
+def test_old_int_restarts_migrate_on_the_fly_and_keep_the_attempt():
+    status = copy.deepcopy(RUNNING)
+    status["restarts"] = 2
+    out = decide_(snap(body(status), pods=workers(2, attempt=2), launcher=launcher(attempt=2), **shared()))
+    assert (out.status["attempt"], out.status["restarts"]) == (2, {"failures": 2, "disruptions": 0})
+    assert out.status["phase"] == "Running" and not [a for a in summary(out.actions) if "delete" in a]
+
+
+def test_restart_gang_takes_any_cause_counted_or_not():
+    """The one restart path other checks call (preflight: an unhealthy node, not counted)."""
+    s = snap(running(), pods=workers(2), launcher=launcher(), **shared())
+    plan = jobsync._Plan(s, CFG, NOW)
+    st = jobsync._Status(s.body["status"], 1, NOW)
+    job = parse(s.body, CFG)
+    failure = jobsync.Failure("j-worker-0", "worker", None, "UnhealthyNode", node="n7")
+    jobsync.restart_gang(plan, job, st, failure, counted=False)
+    assert (st.data["attempt"], st.data["restarts"]["failures"], st.data["restarts"]["disruptions"]) == (1, 0, 1)
+    assert st.data["restarts"]["history"][-1]["cause"] == "UnhealthyNode"
+    assert st.data["restarts"]["history"][-1]["counted"] is False
+    assert "pod j-worker-0 on node n7 container worker (UnhealthyNode)" in \
+        conditions.get_condition(st.data["conditions"], "Restarting")["message"]
+
+
+# ---- nodePool.fallback --------------------------------------------------------------------------
+
+def test_spot_evictions_move_the_next_attempt_to_the_fallback_pool():
+    spec = {"nodePool": {"name": "spot", "fallback": {"name": "ondemand", "afterSpotEvictions": 1}}}
+    out = decide_(snap(running(**spec), pods=workers(1), departed=[copy.deepcopy(LOST)],
+                       launcher=launcher(), **shared()))
+    assert out.status["restarts"]["spotEvictions"] == 1
+    assert "next attempt on node pool 'ondemand'" in \
+        conditions.get_condition(out.status["conditions"], "Restarting")["message"]
+    again = decide_(snap(running(**spec) | {"status": out.status}, **shared()))
+    assert again.status["nodePool"] == "ondemand"
+    created = [a.obj for a in again.actions if type(a).__name__ == "Create"]
+    assert created and all(p["spec"]["nodeSelector"][config.POOL_LABEL] == "ondemand" for p in created)
+    assert config.SPOT_TOLERATION not in created[0]["spec"]["tolerations"]
+
+
+@pytest.mark.parametrize("pool, field", [
+    ({"name": "gpu", "fallback": {"name": "ondemand"}}, "spec.nodePool.fallback"),
+    ({"name": "spot", "fallback": {"name": "nope"}}, "spec.nodePool.fallback.name"),
+    ({"name": "spot", "fallback": {"name": "spot"}}, "spec.nodePool.fallback.name"),
+])
+def test_bad_fallback_names_the_field(pool, field):
+    with pytest.raises(SpecError) as err:
+        parse(body(nodePool=pool), CFG)
+    assert err.value.field == field
+
+
+def test_a_container_killed_by_an_eviction_is_still_a_disruption():
+    p = disrupted(failed_worker(137), "EvictionByEvictionAPI", phase="Failed", deleting=False)
+    failure = jobsync.pod_failure(p)
+    assert (failure.cause, failure.exit_code, failure.disruption) == ("Evicted", 137, True)
+    assert failure.describe() == ("pod j-worker-1 on node aks-gpu-12345678-vmss000001 container worker "
+                                  "exited with code 137 (Error): Evicted")
+    assert jobsync.action_for(failure, ())[0] == jobsync.RESTART_UNCOUNTED
