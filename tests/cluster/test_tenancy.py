@@ -49,7 +49,9 @@ def test_a_child_the_api_server_refuses_fails_the_job_and_frees_its_quota(cluste
     assert cond["reason"] == "ChildRejected", status
     assert cond["message"].startswith("spec.resources: the API server refused Pod bad-worker-0")
     assert "must be less than or equal to cpu limit" in cond["message"]
-    assert "Warning/ChildRejected" in api.event_reasons("bad")
+    # The Event is posted after the status patch that made the job Failed: wait for it.
+    wait_until(lambda: "Warning/ChildRejected" in api.event_reasons("bad"), timeout=30,
+               what="the ChildRejected Warning event")
     assert not api.pods("bad")
     cluster.apply(manifest("next"), namespace)  # the same 8 GPUs: free again
     api.wait_running("next")
