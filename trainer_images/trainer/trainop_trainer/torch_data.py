@@ -1,0 +1,250 @@
+"""PyTorch input pipeline: DataLoader workers read (and on the CPU path decode) whole batches;
+the rank's own process finishes them on its device.
+
+Two decode paths, one augmentation contract (data.py):
+- `gpu` (default when the job has GPUs): a worker reads a batch's bytes (files, or tar members,
+  coalesced into sequential reads), parses the JPEG headers and draws each crop and flip; it
+  returns ONE flat uint8 tensor of the encoded images plus small tensors of offsets, boxes, flips
+  and labels. A thread of the rank's process decodes the batch with nvJPEG
+  (`torchvision.io.decode_jpeg(device="cuda")`, batched), crops, resizes, flips and normalises on
+  the device, on a side stream, two batches ahead of the training step.
+- `cpu` (CPU jobs, or `--decode cpu`): a worker decodes with PIL (reduced-size JPEG draft where
+  the crop allows) straight into one preallocated uint8 NHWC batch in shared memory; the rank's
+  process copies it to the device (4x fewer bytes than float32) and normalises there.
+
+Why the old path stalled at ~4,400 images/s on 64 cores whatever the worker count: each worker
+normalised to float32 per image (3 passes over 600 kB), copied it to CHW, then `default_collate`
+stacked 256 of them into a fresh 154 MB shared-memory segment per batch; the rank's single
+pin-memory thread then copied those 154 MB again into pinned memory, and the H2D copy moved
+float32. Per batch: ~0.6 GB of memory traffic and ~40k first-touch page faults on fresh shared
+memory, serialised in one thread per rank (docs/benchmarks.md has the measurement). A uint8 batch
+built in place is a quarter of the bytes with one copy in the worker, and the GPU path moves only
+the encoded JPEGs (~28 MB per batch of 256).
+
+Resuming: the batch order is `data.BatchPlan`, a pure function of (set, rank, seed); the loader's
+whole state is the number of batches the training loop has taken (`state_dict()`), and
+`load_state_dict()` before the first batch continues from there without reading what was skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from trainop_trainer import data
+
+MEAN255 = torch.tensor(data.MEAN * 255.0).view(1, 3, 1, 1)
+STD255 = torch.tensor(data.STD * 255.0).view(1, 3, 1, 1)
+AHEAD = 2  # batches the device stage prepares ahead of the training step
+
+
+def _one_thread(_worker_id: int) -> None:
+    """Loader processes run one thread each: they are already one per core, and libraries that
+    start a thread pool per process (OpenMP, OpenCV) would oversubscribe the node."""
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        import cv2  # noqa: PLC0415 (only if present)
+
+        cv2.setNumThreads(1)
+    except ImportError:
+        pass
+
+
+def _shared_uint8(*shape: int) -> torch.Tensor:
+    """An uninitialised uint8 tensor allocated in shared memory: returned from a worker, it
+    travels to the rank's process as a file descriptor, not copied (as default_collate does)."""
+    n = int(np.prod(shape))
+    storage = torch.UntypedStorage._new_shared(n)
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
+
+
+class BatchReader(torch.utils.data.Dataset):
+    """One item = one whole batch, keyed by (data epoch, sample indices)."""
+
+    def __init__(self, samples, image_size: int, seed: int, rank: int, decode_on: str, train: bool = True):
+        self.samples, self.image_size, self.seed, self.rank = samples, image_size, seed, rank
+        self.decode_on, self.train = decode_on, train
+
+    def __len__(self):
+        return 2 ** 62  # indexed by plan, never by position
+
+    def crops(self, epoch: int, indices, raws) -> list[data.Crop]:
+        return [data.draw_crop(*data.image_size_of(raw),
+                               data.sample_rng(self.seed, self.rank, epoch, int(i)) if self.train else None)
+                for i, raw in zip(indices, raws)]
+
+    def __getitem__(self, key):
+        epoch, indices = key
+        batch = [self.samples[int(i)] for i in indices]
+        raws = data.read_many(batch)
+        crops = self.crops(epoch, indices, raws)
+        labels = torch.tensor([s.label for s in batch], dtype=torch.int64)
+        if self.decode_on == "cpu":
+            size = self.image_size
+            images = _shared_uint8(len(batch), size, size, 3)
+            out = images.numpy()
+            for k, (raw, crop) in enumerate(zip(raws, crops)):
+                data.decode_uint8(raw, crop, size, out[k])
+            return images, labels
+        lengths = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
+        encoded = _shared_uint8(int(lengths.sum()))
+        encoded.numpy()[:] = np.frombuffer(b"".join(raws), dtype=np.uint8)
+        offsets = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))))
+        boxes = torch.tensor([(c.x, c.y, c.w, c.h) for c in crops], dtype=torch.int64)
+        flips = torch.tensor([c.flip for c in crops], dtype=torch.bool)
+        return encoded, offsets, boxes, flips, labels
+
+
+class _PlanSampler(torch.utils.data.Sampler):
+    """Batches `start`, `start + 1`, ... of the plan, forever (the trainer counts steps)."""
+
+    def __init__(self, plan: data.BatchPlan, start: int):
+        self.plan, self.start = plan, start
+
+    def __iter__(self):
+        n = self.start
+        while True:
+            yield self.plan.batch(n)
+            n += 1
+
+
+def finish_uint8(images: torch.Tensor, memory_format) -> torch.Tensor:
+    """uint8 NHWC batch (on its device) -> normalised float32 NCHW in `memory_format`.
+    NHWC permuted is already channels_last in memory, so that format costs no copy."""
+    x = images.permute(0, 3, 1, 2).float()
+    x = (x - MEAN255.to(x.device)) / STD255.to(x.device)
+    return x.contiguous(memory_format=memory_format)
+
+
+def decode_batch(encoded, offsets, boxes, flips, image_size: int, device: torch.device, memory_format) -> torch.Tensor:
+    """The GPU path's device half: decode (nvJPEG on CUDA, libjpeg-turbo on CPU), then the
+    contract's crop, bilinear antialiased resize, flip and normalisation on `device`."""
+    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+    views = [encoded[offsets[k]:offsets[k + 1]] for k in range(len(offsets) - 1)]
+    try:
+        images = decode_jpeg(views, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:  # a PNG or a JPEG nvJPEG refuses (CMYK): decode those on the CPU
+        images = []
+        for v in views:
+            try:
+                images.append(decode_jpeg(v, mode=ImageReadMode.RGB, device=device))
+            except RuntimeError:
+                images.append(decode_image(v, mode=ImageReadMode.RGB).to(device))
+    out = torch.empty((len(views), 3, image_size, image_size), dtype=torch.float32, device=device)
+    # One resize per image (the crops differ in size); flip and normalisation once per batch.
+    for k, (img, (x, y, w, h)) in enumerate(zip(images, boxes.tolist())):
+        out[k:k + 1] = F.interpolate(img[None, :, y:y + h, x:x + w].float(), size=(image_size, image_size),
+                                     mode="bilinear", antialias=True, align_corners=False)
+    if flips.any():
+        flipped = flips.to(device, non_blocking=True)
+        out[flipped] = out[flipped].flip(-1)
+    out.sub_(MEAN255.to(device)).div_(STD255.to(device))
+    return out.contiguous(memory_format=memory_format)
+
+
+class Loader:
+    """This rank's training batches, (x float32 NCHW normalised, y int64) on `device`, forever."""
+
+    def __init__(self, dataset: data.DataSet, rank: int, size: int, batch_size: int, image_size: int,
+                 seed: int, workers: int, decode_on: str, read_mode: str, device: torch.device,
+                 memory_format=torch.contiguous_format):
+        self.plan = data.BatchPlan(tuple(dataset.blocks(rank, size, read_mode)), batch_size, seed, rank)
+        self.reader = BatchReader(dataset.samples, image_size, seed, rank, decode_on)
+        self.workers, self.decode_on, self.device, self.memory_format = workers, decode_on, device, memory_format
+        self.image_size = image_size
+        self.consumed = 0  # batches handed to the training loop: the whole resumable state
+        self._queue: queue.Queue | None = None
+        self._it = self._thread = None
+        self._stop = threading.Event()
+
+    def state_dict(self) -> dict:
+        return {"batches": self.consumed, "batchSize": self.plan.batch_size, "seed": self.plan.seed,
+                "rank": self.plan.rank}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._queue is not None:
+            raise RuntimeError("load_state_dict() must come before the first batch")
+        if state["batchSize"] != self.plan.batch_size or state["seed"] != self.plan.seed:
+            raise ValueError(f"loader state is for batch size {state['batchSize']} and seed {state['seed']}; "
+                             f"this run has {self.plan.batch_size} and {self.plan.seed}")
+        self.consumed = int(state["batches"])
+
+    def _loader(self):
+        cuda = self.device.type == "cuda"
+        return torch.utils.data.DataLoader(
+            self.reader, batch_size=None, sampler=_PlanSampler(self.plan, self.consumed),
+            num_workers=self.workers, worker_init_fn=_one_thread if self.workers else None,
+            pin_memory=cuda and self.decode_on == "cpu", persistent_workers=self.workers > 0,
+            prefetch_factor=2 if self.workers else None)
+
+    def _finish(self, item):
+        if self.decode_on == "cpu":
+            images, labels = item
+            x = finish_uint8(images.to(self.device, non_blocking=True), self.memory_format)
+        else:
+            encoded, offsets, boxes, flips, labels = item
+            x = decode_batch(encoded, offsets, boxes, flips, self.image_size, self.device, self.memory_format)
+        return x, labels.to(self.device, non_blocking=True)
+
+    def _stage(self, it, stream):
+        """The device stage's thread: finish batches on a side stream, AHEAD of the training step."""
+        try:
+            with torch.cuda.stream(stream):
+                for item in it:
+                    x, y = self._finish(item)
+                    event = torch.cuda.Event()
+                    event.record(stream)
+                    if not self._put((x, y, event)):
+                        return
+        except BaseException as e:  # noqa: BLE001 (handed to the training thread)
+            self._put(e)
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def close(self) -> None:
+        """Stop the device stage and the workers (before the process group goes away)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._it = self._thread = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._queue is None:
+            self._queue = queue.Queue(maxsize=AHEAD)
+            self._it = iter(self._loader())  # workers fork here, in the training thread
+            if self.device.type == "cuda":
+                stream = torch.cuda.Stream(self.device)
+                self._thread = threading.Thread(target=self._stage, args=(self._it, stream), daemon=True,
+                                                name="trainop-device-stage")
+                self._thread.start()
+        if self.device.type != "cuda":
+            item = self._finish(next(self._it))
+        else:
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            x, y, event = item
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            x.record_stream(current)  # allocated on the side stream, freed after use on this one
+            y.record_stream(current)
+            item = (x, y)
+        self.consumed += 1
+        return item
