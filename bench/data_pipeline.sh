@@ -3,22 +3,23 @@
 #
 # In one run on a GPU machine with no network: generate the JPEG set deterministically
 # (bench/make_jpegs.py: ImageNet-like sizes, as class folders and as .tar shards), then train on
-# 1 GPU and on every GPU with synthetic data, with the GPU decode path (the default) and with the
-# CPU decode path, each with default loader settings; print images/sec and the ratio to synthetic.
+# 1 GPU and on every GPU with synthetic data and with JPEGs: the default (`--decode auto`: split,
+# each batch shared between PIL in the loader workers and nvJPEG on the GPU), the GPU path alone
+# and the CPU path alone, default loader settings; print images/sec and the ratio to synthetic.
 # Then (PROBE=1) bench/loader_probe.py times the loaders alone, without a model, to show where the
 # old CPU pipeline lost its time.
 #
 #   bash bench/data_pipeline.sh
 # Environment: OUT (output folder, /tmp/data-bench), DATA (/tmp/jpegs; generated when missing),
-# IMAGES (25600), GPUS (all), RUNS (kind:GPUs pairs; kind synthetic | gpu-tar | cpu-tar | gpu-folder
-# | cpu-folder), BATCH (256 per GPU), STEPS (50 per epoch), EPOCHS (3; the first is not timed),
+# IMAGES (25600), GPUS (all), RUNS (kind:GPUs pairs; kind synthetic or <decode>-<layout>, decode
+# auto | gpu | cpu, layout tar | folder), BATCH (256 per GPU), STEPS (50 per epoch), EPOCHS (3; the first is not timed),
 # PROBE (1), PROBES (the loader_probe variants), EXTRA (more trainer arguments), PY (python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/data-bench}" PY="${PY:-python3}" DATA="${DATA:-/tmp/jpegs}"
 IMAGES="${IMAGES:-25600}" BATCH="${BATCH:-256}" STEPS="${STEPS:-50}" EPOCHS="${EPOCHS:-3}"
 GPUS="${GPUS:-$(nvidia-smi -L | wc -l)}"
-RUNS="${RUNS:-synthetic:1 gpu-tar:1 cpu-tar:1 synthetic:$GPUS gpu-tar:$GPUS cpu-tar:$GPUS gpu-folder:$GPUS}"
+RUNS="${RUNS:-synthetic:1 auto-tar:1 gpu-tar:1 cpu-tar:1 synthetic:$GPUS auto-tar:$GPUS gpu-tar:$GPUS cpu-tar:$GPUS auto-folder:$GPUS}"
 PROBE="${PROBE:-1}" PROBES="${PROBES:-pil old old-nopin old-uint8 new-cpu new-gpu}"
 mkdir -p "$OUT"
 results="$OUT/results.jsonl"
@@ -45,6 +46,7 @@ for run in $RUNS; do
   case $kind in
     synthetic) src=(--synthetic --num-classes 100) ;;
     gpu-*) src=(--data-dir "$DATA/${kind#*-}" --decode gpu) ;;
+    auto-*) src=(--data-dir "$DATA/${kind#*-}") ;;
     cpu-*) src=(--data-dir "$DATA/${kind#*-}" --decode cpu) ;;
   esac
   [[ $kind == *-folder ]] && src[1]="$DATA/folder/train"
@@ -56,7 +58,7 @@ for run in $RUNS; do
   rate=$(rate_of "$log")
   echo "{\"run\": \"$kind\", \"gpus\": $n, \"imagesPerSec\": ${rate:-null}, \"seconds\": $(( $(date +%s) - start ))}" | tee -a "$results"
   [[ -n $rate ]] || tail -20 "$log"
-  grep -h "decodes on" "$log" | head -1
+  grep -h "decodes" "$log" | head -1
 done
 
 if [[ $PROBE == 1 ]]; then

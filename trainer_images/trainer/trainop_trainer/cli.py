@@ -57,9 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loader-workers", default="auto",
                    help="loader processes per rank; auto: the CPUs the job may use (affinity, cgroup quota) "
                         "divided by the ranks on the node, less one (at most 6 when decoding on the GPU)")
-    p.add_argument("--decode", choices=("auto", "cpu", "gpu"), default="auto",
-                   help="PyTorch JPEG decode: gpu (nvJPEG, augmentation on the device), cpu (PIL in the loader "
-                        "workers); auto: gpu when the job has a GPU")
+    p.add_argument("--decode", choices=("auto", "split", "cpu", "gpu"), default="auto",
+                   help="PyTorch JPEG decode: cpu (PIL in the loader workers), gpu (nvJPEG, augmentation on the "
+                        "device), split (each batch shared between the two by the workers' capacity); "
+                        "auto: split when the job has a GPU, else cpu")
     p.add_argument("--read-mode", choices=data.READ_MODES, default="auto",
                    help="sequential: blocks of consecutive .tar members (the default for shards); "
                         "random: one read per image (the default for folders)")

@@ -281,16 +281,15 @@ class BatchPlan:
         return epoch, self.epoch_order(epoch)[k * self.batch_size:(k + 1) * self.batch_size]
 
 
-def cpu_budget() -> int:
+def cpu_budget(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
     """CPUs this process may use: its affinity mask, capped by a cgroup CPU quota (cgroup v2
     cpu.max or v1 cfs quota), which os.cpu_count() ignores: a pod limited to 16 CPUs on a
     96-core node must not start 95 loader processes."""
     cpus = len(os.sched_getaffinity(0))
-    for quota_file, period_file in (("/sys/fs/cgroup/cpu.max", None),
-                                    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
+    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
         try:
-            fields = Path(quota_file).read_text().split()
-            quota, period = fields[0], (fields[1] if period_file is None else Path(period_file).read_text().strip())
+            fields = (cgroup / quota_file).read_text().split()
+            quota, period = fields[0], (fields[1] if period_file is None else (cgroup / period_file).read_text().strip())
         except (OSError, IndexError):
             continue
         if quota not in ("max", "-1"):

@@ -76,12 +76,13 @@ def _folder_batches(cfg: Config, world: World, device: torch.device, memory_form
     dataset = data.scan(cfg.data_dir)
     mode = dataset.read_mode(cfg.read_mode)
     dataset.rank_shard(world.rank, world.size, cfg.data_dir, mode)
-    decode_on = cfg.decode if cfg.decode != "auto" else ("gpu" if device.type == "cuda" else "cpu")
+    decode_on = cfg.decode if cfg.decode != "auto" else ("split" if device.type == "cuda" else "cpu")
     workers = cfg.loader_workers if cfg.loader_workers is not None else data.auto_workers(world.local_size, decode_on)
-    print(f"trainop_trainer: rank {world.rank} decodes on the {decode_on.upper()} with {workers} loader workers",
-          file=sys.stderr, flush=True)
     loader = torch_data.Loader(dataset, world.rank, world.size, cfg.batch_size, cfg.image_size, cfg.seed, workers,
                                decode_on, mode, device, memory_format)
+    print(f"trainop_trainer: rank {world.rank} decodes {loader.cpu_count} of every {cfg.batch_size} images on the "
+          f"CPU ({workers} loader workers), the rest on the {device.type.upper()} ({decode_on})",
+          file=sys.stderr, flush=True)
     return loader, dataset.steps_per_epoch(world.size, cfg.batch_size, mode)
 
 
