@@ -35,7 +35,7 @@ def _assert_agree(cpu, gpu, labels, labels2, dataset):
     assert cpu.dtype == gpu.dtype == torch.float32
     assert cpu.is_contiguous(memory_format=torch.channels_last) and gpu.is_contiguous(memory_format=torch.channels_last)
     for x in (cpu, gpu):  # normalised from 0..255: inside the contract's range, and not constant
-        assert LOW - 1e-4 <= float(x.min()) and float(x.max()) <= HIGH + 1e-4 and float(x.std()) > 0.1
+        assert float(x.min()) >= LOW - 1e-4 and float(x.max()) <= HIGH + 1e-4 and float(x.std()) > 0.1
     assert torch.equal(labels, labels2) and labels.tolist() == [s.label for s in dataset.samples]
     # Same crop and flip, different decoders and resizers: a grey level or so apart on average.
     diff = (cpu - gpu).abs().mean(dim=(1, 2, 3)).cpu()
@@ -87,7 +87,7 @@ def test_random_resized_crop_stays_inside_the_contract():
     for w, h in [(500, 375), (375, 500), (40, 48), (2000, 90), (33, 33)]:
         for _ in range(200):
             c = data.draw_crop(w, h, rng)
-            assert 0 <= c.x and c.x + c.w <= w and 0 <= c.y and c.y + c.h <= h and c.w > 0 and c.h > 0
+            assert c.x >= 0 and c.x + c.w <= w and c.y >= 0 and c.y + c.h <= h and c.w > 0 and c.h > 0
         centre = data.draw_crop(w, h, None)
         assert centre.w == centre.h == min(w, h) and not centre.flip
     # Same (seed, rank, epoch, index): the same crop, in any process; another epoch: another crop.

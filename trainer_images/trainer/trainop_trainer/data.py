@@ -82,12 +82,20 @@ class DataSet:
         in `sequential` mode (every `size`-th block). Disjoint across ranks, covering the set."""
         if mode == "random":
             return [(i,) for i in range(rank, len(self.samples), size)]
-        runs, start = [], 0
-        for i in range(1, len(self.samples) + 1):  # cut at BLOCK members or a tar boundary
-            if i == len(self.samples) or i - start == BLOCK or self.samples[i].path != self.samples[start].path:
-                runs.append(tuple(range(start, i)))
-                start = i
-        return runs[rank::size]
+        return self._runs()[rank::size]
+
+    def _runs(self) -> list[tuple[int, ...]]:
+        """The sequential blocks, cut at BLOCK members or a tar boundary; computed once (a set of
+        1.28 M images is one pass, and every rank's plan and step count reads it)."""
+        runs = self.__dict__.get("_cached_runs")
+        if runs is None:
+            runs, start = [], 0
+            for i in range(1, len(self.samples) + 1):
+                if i == len(self.samples) or i - start == BLOCK or self.samples[i].path != self.samples[start].path:
+                    runs.append(tuple(range(start, i)))
+                    start = i
+            object.__setattr__(self, "_cached_runs", runs)  # a cache on a frozen value, not state
+        return runs
 
     def shard(self, rank: int, size: int, mode: str = "random") -> tuple[Sample, ...]:
         """This rank's samples: disjoint across ranks, covering the whole set."""
@@ -102,7 +110,10 @@ class DataSet:
 
     def steps_per_epoch(self, size: int, batch_size: int, mode: str = "random") -> int:
         """Full batches of the smallest shard: every rank must run the same number of steps."""
-        return min(sum(map(len, self.blocks(r, size, mode))) for r in range(size)) // batch_size
+        if mode == "random":
+            return len(self.samples) // size // batch_size
+        lengths = [len(run) for run in self._runs()]
+        return min(sum(lengths[r::size]) for r in range(size)) // batch_size
 
 
 def _is_image(name: str) -> bool:
@@ -270,10 +281,17 @@ class BatchPlan:
         return sum(map(len, self.blocks)) // self.batch_size
 
     def epoch_order(self, epoch: int) -> np.ndarray:
+        """This rank's sample indices in data epoch `epoch`; the last epoch's is kept (the loader
+        asks for every batch of an epoch in turn)."""
+        cached = self.__dict__.get("_cached_order")
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
         order = np.arange(len(self.blocks))
         if self.shuffle:
             np.random.default_rng((self.seed, self.rank, epoch)).shuffle(order)
-        return np.fromiter((i for b in order for i in self.blocks[b]), dtype=np.int64)
+        indices = np.fromiter((i for b in order for i in self.blocks[b]), dtype=np.int64)
+        object.__setattr__(self, "_cached_order", (epoch, indices))  # a cache on a frozen value, not state
+        return indices
 
     def batch(self, n: int) -> tuple[int, np.ndarray]:
         """(data epoch, sample indices) of batch n."""

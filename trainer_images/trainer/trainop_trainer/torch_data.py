@@ -1,25 +1,27 @@
 """PyTorch input pipeline: DataLoader workers read (and on the CPU path decode) whole batches;
 the rank's own process finishes them on its device.
 
-Two decode paths, one augmentation contract (data.py):
-- `gpu` (default when the job has GPUs): a worker reads a batch's bytes (files, or tar members,
-  coalesced into sequential reads), parses the JPEG headers and draws each crop and flip; it
-  returns ONE flat uint8 tensor of the encoded images plus small tensors of offsets, boxes, flips
-  and labels. A thread of the rank's process decodes the batch with nvJPEG
-  (`torchvision.io.decode_jpeg(device="cuda")`, batched), crops, resizes, flips and normalises on
-  the device, on a side stream, two batches ahead of the training step.
+Decode paths, one augmentation contract (data.py):
 - `cpu` (CPU jobs, or `--decode cpu`): a worker decodes with PIL (reduced-size JPEG draft where
   the crop allows) straight into one preallocated uint8 NHWC batch in shared memory; the rank's
   process copies it to the device (4x fewer bytes than float32) and normalises there.
+- `gpu` (`--decode gpu`): a worker reads a batch's bytes (files, or tar members coalesced into
+  sequential reads), parses the JPEG headers and draws each crop and flip; it returns ONE flat
+  uint8 tensor of the encoded images plus small tensors of offsets, boxes, flips and labels. A
+  thread of the rank's process decodes them with nvJPEG (`torchvision.io.decode_jpeg(device=
+  "cuda")`, batched), crops, resizes, flips and normalises on the device, on a side stream, a
+  couple of batches ahead of the training step.
+- `split` (the default when the job has GPUs): the first `cpu_share` of every batch goes the `cpu`
+  way, the rest the `gpu` way, so the node's cores and nvJPEG both work (all on the CPU when the
+  rank has cores enough).
 
-Why the old path stalled at ~4,400 images/s on 64 cores whatever the worker count: each worker
-normalised to float32 per image (3 passes over 600 kB), copied it to CHW, then `default_collate`
-stacked 256 of them into a fresh 154 MB shared-memory segment per batch; the rank's single
-pin-memory thread then copied those 154 MB again into pinned memory, and the H2D copy moved
-float32. Per batch: ~0.6 GB of memory traffic and ~40k first-touch page faults on fresh shared
-memory, serialised in one thread per rank (docs/benchmarks.md has the measurement). A uint8 batch
-built in place is a quarter of the bytes with one copy in the worker, and the GPU path moves only
-the encoded JPEGs (~28 MB per batch of 256).
+Why the old path stalled whatever the worker count (measured, docs/benchmarks.md): the CPU
+work per image was about twice the decode's. Each worker normalised to float32 per image (three
+passes over 600 kB) and copied it to CHW, then `default_collate` stacked 256 of them into a fresh
+154 MB shared-memory segment per batch (first-touch page faults), which the pin thread copied
+again. uint8 on the wire with normalisation on the device gave +50% for the loaders alone; whole
+batches built in place in one shared uint8 tensor a further +33%. The pin thread and OpenMP
+threads were not the cause.
 
 Resuming: the batch order is `data.BatchPlan`, a pure function of (set, rank, seed); the loader's
 whole state is the number of batches the training loop has taken (`state_dict()`), and
@@ -35,7 +37,6 @@ import threading
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from trainop_trainer import data
 

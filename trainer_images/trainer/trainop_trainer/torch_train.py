@@ -6,7 +6,6 @@ import itertools
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torchvision
