@@ -20,8 +20,13 @@ def _run(launcher: str, ranks: int, args: list[str], out):
      "argument --framework: invalid choice: 'mxnet' (choose from 'pytorch', 'tensorflow', 'keras')"),
     (["--framework", "pytorch", "--data-dir", "/nonexistent/imagenet", "--batch-size", "2"],
      "--data-dir /nonexistent/imagenet: no such directory; mount the data set there or pass --synthetic"),
+    (["--framework", "pytorch", "--synthetic", "--batch-size", "2", "--loader-workers", "many"],
+     "--loader-workers must be 'auto' or a number of processes (0: load in the rank's own process), got 'many'"),
+    (["--framework", "pytorch", "--data-dir", "{folder}", "--batch-size", "2", "--read-mode", "sequential"],
+     "--read-mode sequential needs .tar shards; a folder of files is read with --read-mode random"),
 ])
-def test_one_line_and_nothing_created(args, message, tmp_path):
+def test_one_line_and_nothing_created(args, message, tmp_path, image_folder):
+    args = [a.format(folder=image_folder) for a in args]
     out = tmp_path / "out"
     proc = _run("single", 1, args, out)
     assert proc.returncode == 2

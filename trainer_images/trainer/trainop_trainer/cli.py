@@ -54,7 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-epochs", type=float, default=5.0)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=5e-5)
-    p.add_argument("--loader-workers", type=int, default=4)
+    p.add_argument("--loader-workers", default="auto",
+                   help="loader processes per rank; auto: the CPUs the job may use (affinity, cgroup quota) "
+                        "divided by the ranks on the node, less one (at most 6 when decoding on the GPU)")
+    p.add_argument("--decode", choices=("auto", "split", "cpu", "gpu"), default="auto",
+                   help="PyTorch JPEG decode: cpu (PIL in the loader workers), gpu (nvJPEG, augmentation on the "
+                        "device), split (each batch shared between the two by the workers' capacity); "
+                        "auto: split when the job has a GPU, else cpu")
+    p.add_argument("--read-mode", choices=data.READ_MODES, default="auto",
+                   help="sequential: blocks of consecutive .tar members (the default for shards); "
+                        "random: one read per image (the default for folders)")
     p.add_argument("--seed", type=int, default=42)
     return p
 
@@ -62,6 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _positive(name: str, value: int | None) -> None:
     if value is not None and value <= 0:
         raise ConfigError(f"{name} must be a positive integer, got {value}")
+
+
+def _loader_workers(value: str) -> int | None:
+    if value == "auto":
+        return None
+    if not value.isdigit():
+        raise ConfigError(f"--loader-workers must be 'auto' or a number of processes (0: load in the rank's own "
+                          f"process), got {value!r}")
+    return int(value)
 
 
 def resolve_backend(requested: str, framework: str, launcher: str) -> str:
@@ -92,11 +110,13 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
         batch_size = args.batch_size
     if args.image_size < 32:
         raise ConfigError(f"--image-size must be at least 32 (ResNet downsamples 32x), got {args.image_size}")
+    workers = _loader_workers(args.loader_workers)
     num_classes = args.num_classes
     if args.data_dir is not None:
         dataset = data.scan(args.data_dir)  # raises DataError naming the path
         num_classes = len(dataset.classes)
-        if dataset.steps_per_epoch(world.size, batch_size) == 0:
+        mode = dataset.read_mode(args.read_mode)  # raises DataError naming the option
+        if dataset.steps_per_epoch(world.size, batch_size, mode) == 0:
             raise ConfigError(
                 f"--batch-size {batch_size} is more than each of the {world.size} ranks' share of the "
                 f"{len(dataset.samples)} images in {args.data_dir}; use a smaller batch")
@@ -127,7 +147,9 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
         warmup_epochs=args.warmup_epochs,
         momentum=args.momentum,
         weight_decay=args.weight_decay,
-        loader_workers=args.loader_workers,
+        loader_workers=workers,
+        decode=args.decode,
+        read_mode=args.read_mode,
         seed=args.seed,
     )
 

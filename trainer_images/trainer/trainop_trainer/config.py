@@ -29,5 +29,7 @@ class Config:
     warmup_epochs: float
     momentum: float
     weight_decay: float
-    loader_workers: int
+    loader_workers: int | None  # None: auto (data.auto_workers)
+    decode: str  # auto | cpu | gpu (PyTorch)
+    read_mode: str  # auto | sequential | random
     seed: int

@@ -74,21 +74,67 @@ def _dataset(tf, cfg: Config, world: World):
         ds = tf.data.Dataset.from_tensor_slices((noise + tiled, labels)).repeat()
         return ds, 100
     dataset = data.scan(cfg.data_dir)
-    shard = dataset.rank_shard(world.rank, world.size, cfg.data_dir)
-    rng = np.random.default_rng(cfg.seed + world.rank)
+    mode = dataset.read_mode(cfg.read_mode)
+    dataset.rank_shard(world.rank, world.size, cfg.data_dir, mode)
+    return _image_dataset(tf, dataset, mode, cfg, world), dataset.steps_per_epoch(world.size, cfg.batch_size, mode)
 
-    def load(i):
-        s = shard[int(i)]
-        return data.decode(s.read(), cfg.image_size, rng), np.int64(s.label)
 
-    def load_tf(i):
-        x, y = tf.numpy_function(load, [i], (tf.float32, tf.int64))
-        return tf.ensure_shape(x, (cfg.image_size, cfg.image_size, 3)), tf.ensure_shape(y, ())
+def _image_dataset(tf, dataset: data.DataSet, mode: str, cfg: Config, world: World):
+    """tf.data over the same `BatchPlan` and augmentation contract as the PyTorch loader.
 
-    ds = (tf.data.Dataset.range(len(shard)).shuffle(len(shard), seed=cfg.seed + world.rank).repeat()
-          .map(load_tf, num_parallel_calls=max(1, cfg.loader_workers))
-          .batch(cfg.batch_size, drop_remainder=True))
-    return ds, dataset.steps_per_epoch(world.size, cfg.batch_size)
+    A Python generator names the samples in plan order (cheap); a parallel map reads each batch's
+    bytes (tar blocks coalesced) and draws its crops with data.py's code (the GIL is held only for
+    the read and the header parse); a second parallel map decodes with TensorFlow's own kernels
+    (`decode_and_crop_jpeg` decodes only the crop window), outside the GIL on tf.data's threads;
+    normalisation is one vectorised op per batch. AUTOTUNE sizes both maps and the prefetch."""
+    plan = data.BatchPlan(tuple(dataset.blocks(world.rank, world.size, mode)), cfg.batch_size, cfg.seed, world.rank)
+    size, autotune = cfg.image_size, tf.data.AUTOTUNE
+
+    def batch_keys():
+        n = 0
+        while True:
+            epoch, indices = plan.batch(n)
+            yield epoch, indices
+            n += 1
+
+    def read(epoch, indices):
+        batch = [dataset.samples[int(i)] for i in indices]
+        raws = data.read_many(batch)
+        crops = [data.draw_crop(*data.image_size_of(raw), data.sample_rng(cfg.seed, world.rank, int(epoch), int(i)))
+                 for i, raw in zip(indices, raws)]
+        boxes = np.array([(c.y, c.x, c.h, c.w) for c in crops], dtype=np.int32)
+        flips = np.array([c.flip for c in crops], dtype=bool)
+        labels = np.array([s.label for s in batch], dtype=np.int64)
+        return np.array(raws, dtype=object), boxes, flips, labels
+
+    def read_tf(epoch, indices):
+        raws, boxes, flips, labels = tf.numpy_function(read, [epoch, indices], (tf.string, tf.int32, tf.bool, tf.int64))
+        return (tf.ensure_shape(raws, (cfg.batch_size,)), tf.ensure_shape(boxes, (cfg.batch_size, 4)),
+                tf.ensure_shape(flips, (cfg.batch_size,)), tf.ensure_shape(labels, (cfg.batch_size,)))
+
+    def decode_one(raw, box, flip):
+        def jpeg():
+            return tf.io.decode_and_crop_jpeg(raw, box, channels=3)
+
+        def other():  # PNG and the like: decode whole, then crop
+            return tf.image.crop_to_bounding_box(tf.io.decode_image(raw, channels=3, expand_animations=False),
+                                                 box[0], box[1], box[2], box[3])
+
+        img = tf.cond(tf.io.is_jpeg(raw), jpeg, other)
+        img = tf.image.resize(img, (size, size), method="bilinear", antialias=True)
+        return tf.cond(flip, lambda: tf.image.flip_left_right(img), lambda: img)
+
+    def normalise(images, labels):
+        return (images - tf.constant(data.MEAN * 255.0)) / tf.constant(data.STD * 255.0), labels
+
+    keys = tf.data.Dataset.from_generator(batch_keys, output_signature=(
+        tf.TensorSpec((), tf.int64), tf.TensorSpec((cfg.batch_size,), tf.int64)))
+    # Unbatched for the decode (one image per parallel call), re-batched on the plan's boundaries:
+    # the order is deterministic, so batch n holds exactly the plan's batch n.
+    return (keys.map(read_tf, num_parallel_calls=autotune).unbatch()
+            .map(lambda raw, box, flip, label: (decode_one(raw, box, flip), label), num_parallel_calls=autotune)
+            .batch(cfg.batch_size, drop_remainder=True)
+            .map(normalise, num_parallel_calls=autotune))
 
 
 class _Backend:
@@ -130,8 +176,12 @@ class _Backend:
                 write(Path(scratch) / Path(path).name)
 
     def distribute(self, ds):
+        tf = self.tf
         if self.hvd:
-            return ds.prefetch(self.tf.data.AUTOTUNE)
+            ds = ds.prefetch(tf.data.AUTOTUNE)
+            # Batches wait on the GPU, not in host memory (the strategy path below does this itself:
+            # distribute_datasets_from_function fetches to the replica's device).
+            return ds.apply(tf.data.experimental.prefetch_to_device("/gpu:0")) if tf.config.list_logical_devices("GPU") else ds
         # Each worker feeds its own rank's data (no auto-sharding): one replica per worker here.
         return self.strategy.distribute_datasets_from_function(lambda _ctx: ds.prefetch(self.tf.data.AUTOTUNE))
 

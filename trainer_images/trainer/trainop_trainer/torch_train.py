@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torchvision
@@ -68,35 +68,21 @@ def _synthetic_batches(cfg: Config, world: World, device: torch.device, memory_f
     return itertools.cycle(batches), 100
 
 
-class _Images(torch.utils.data.Dataset):
-    def __init__(self, samples, image_size: int):
-        self.samples, self.image_size = samples, image_size
-
-    def __len__(self):
-        return len(self.samples)
-
-    def __getitem__(self, i):
-        s = self.samples[i]
-        arr = data.decode(s.read(), self.image_size, np.random.default_rng())
-        return torch.from_numpy(arr.transpose(2, 0, 1).copy()), s.label
-
-
 def _folder_batches(cfg: Config, world: World, device: torch.device, memory_format):
+    """A `torch_data.Loader` (iterable; `state_dict()`/`load_state_dict()` hold its position)."""
+    from trainop_trainer import torch_data
+
     dataset = data.scan(cfg.data_dir)
-    shard = dataset.rank_shard(world.rank, world.size, cfg.data_dir)
-    loader = torch.utils.data.DataLoader(
-        _Images(shard, cfg.image_size), batch_size=cfg.batch_size, shuffle=True, drop_last=True,
-        num_workers=cfg.loader_workers, pin_memory=device.type == "cuda",
-        persistent_workers=cfg.loader_workers > 0, prefetch_factor=4 if cfg.loader_workers else None,
-        generator=torch.Generator().manual_seed(cfg.seed + world.rank))
-
-    def batches():
-        while True:
-            for x, y in loader:
-                yield (x.to(device, non_blocking=True).contiguous(memory_format=memory_format),
-                       y.to(device, non_blocking=True))
-
-    return batches(), dataset.steps_per_epoch(world.size, cfg.batch_size)
+    mode = dataset.read_mode(cfg.read_mode)
+    dataset.rank_shard(world.rank, world.size, cfg.data_dir, mode)
+    decode_on = cfg.decode if cfg.decode != "auto" else ("split" if device.type == "cuda" else "cpu")
+    workers = cfg.loader_workers if cfg.loader_workers is not None else data.auto_workers(world.local_size, decode_on)
+    loader = torch_data.Loader(dataset, world.rank, world.size, cfg.batch_size, cfg.image_size, cfg.seed, workers,
+                               decode_on, mode, device, memory_format)
+    print(f"trainop_trainer: rank {world.rank} decodes {loader.cpu_count} of every {cfg.batch_size} images on the "
+          f"CPU ({workers} loader workers), the rest on the {device.type.upper()} ({decode_on})",
+          file=sys.stderr, flush=True)
+    return loader, dataset.steps_per_epoch(world.size, cfg.batch_size, mode)
 
 
 def train(cfg: Config, world: World) -> None:
@@ -158,6 +144,8 @@ def train(cfg: Config, world: World) -> None:
         total_rate, loss_total = comm.sum([own_rate, local_loss])
         loss = loss_total / world.size
         reporter.epoch(epoch, global_step, loss, total_rate, steps)
+    if hasattr(batches, "close"):
+        batches.close()
     reporter.final(cfg.epochs, global_step, loss)
     report.log_digest(world.rank, world.size,
                       report.parameter_digest(p.detach().float().cpu().numpy() for p in net.parameters()))

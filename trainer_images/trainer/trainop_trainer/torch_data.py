@@ -1,0 +1,279 @@
+"""PyTorch input pipeline: DataLoader workers read (and on the CPU path decode) whole batches;
+the rank's own process finishes them on its device.
+
+Decode paths, one augmentation contract (data.py):
+- `cpu` (CPU jobs, or `--decode cpu`): a worker decodes with PIL (reduced-size JPEG draft where
+  the crop allows) straight into one preallocated uint8 NHWC batch in shared memory; the rank's
+  process copies it to the device (4x fewer bytes than float32) and normalises there.
+- `gpu` (`--decode gpu`): a worker reads a batch's bytes (files, or tar members coalesced into
+  sequential reads), parses the JPEG headers and draws each crop and flip; it returns ONE flat
+  uint8 tensor of the encoded images plus small tensors of offsets, boxes, flips and labels. A
+  thread of the rank's process decodes them with nvJPEG (`torchvision.io.decode_jpeg(device=
+  "cuda")`, batched), crops, resizes, flips and normalises on the device, on a side stream, a
+  couple of batches ahead of the training step.
+- `split` (the default when the job has GPUs): the first `cpu_share` of every batch goes the `cpu`
+  way, the rest the `gpu` way, so the node's cores and nvJPEG both work (all on the CPU when the
+  rank has cores enough).
+
+Why the old path stalled whatever the worker count (measured, docs/benchmarks.md): the CPU
+work per image was about twice the decode's. Each worker normalised to float32 per image (three
+passes over 600 kB) and copied it to CHW, then `default_collate` stacked 256 of them into a fresh
+154 MB shared-memory segment per batch (first-touch page faults), which the pin thread copied
+again. uint8 on the wire with normalisation on the device gave +50% for the loaders alone; whole
+batches built in place in one shared uint8 tensor a further +33%. The pin thread and OpenMP
+threads were not the cause.
+
+Resuming: the batch order is `data.BatchPlan`, a pure function of (set, rank, seed); the loader's
+whole state is the number of batches the training loop has taken (`state_dict()`), and
+`load_state_dict()` before the first batch continues from there without reading what was skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+
+import numpy as np
+import torch
+
+from trainop_trainer import data
+
+MEAN255 = torch.tensor(data.MEAN * 255.0).view(1, 3, 1, 1)
+STD255 = torch.tensor(data.STD * 255.0).view(1, 3, 1, 1)
+AHEAD = 2  # batches the device stage prepares ahead of the training step
+
+
+def _one_thread(_worker_id: int) -> None:
+    """Loader processes run one thread each: they are already one per core, and libraries that
+    start a thread pool per process (OpenMP, OpenCV) would oversubscribe the node."""
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        import cv2  # noqa: PLC0415 (only if present)
+
+        cv2.setNumThreads(1)
+    except ImportError:
+        pass
+
+
+def _shared_uint8(*shape: int) -> torch.Tensor:
+    """An uninitialised uint8 tensor allocated in shared memory: returned from a worker, it
+    travels to the rank's process as a file descriptor, not copied (as default_collate does)."""
+    n = int(np.prod(shape))
+    storage = torch.UntypedStorage._new_shared(n)
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
+
+
+class BatchReader(torch.utils.data.Dataset):
+    """One item = one whole batch, keyed by (data epoch, sample indices, how many to decode here)."""
+
+    def __init__(self, samples, image_size: int, seed: int, rank: int, train: bool = True):
+        self.samples, self.image_size, self.seed, self.rank, self.train = samples, image_size, seed, rank, train
+
+    def __len__(self):
+        return 2 ** 62  # indexed by plan, never by position
+
+    def crops(self, epoch: int, indices, raws) -> list[data.Crop]:
+        return [data.draw_crop(*data.image_size_of(raw),
+                               data.sample_rng(self.seed, self.rank, epoch, int(i)) if self.train else None)
+                for i, raw in zip(indices, raws)]
+
+    def __getitem__(self, key):
+        """(uint8 NHWC images of the first `cpu_count` samples, decoded here; the encoded bytes of
+        the rest as one flat uint8 tensor, their offsets, crop boxes and flips; all labels)."""
+        epoch, indices, cpu_count = key
+        batch = [self.samples[int(i)] for i in indices]
+        raws = data.read_many(batch)
+        crops = self.crops(epoch, indices, raws)
+        labels = torch.tensor([s.label for s in batch], dtype=torch.int64)
+        size = self.image_size
+        images = _shared_uint8(cpu_count, size, size, 3)
+        out = images.numpy()
+        for k in range(cpu_count):
+            data.decode_uint8(raws[k], crops[k], size, out[k])
+        rest, crops = raws[cpu_count:], crops[cpu_count:]
+        lengths = np.fromiter(map(len, rest), dtype=np.int64, count=len(rest))
+        encoded = _shared_uint8(int(lengths.sum()))
+        if rest:
+            encoded.numpy()[:] = np.frombuffer(b"".join(rest), dtype=np.uint8)
+        offsets = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))))
+        boxes = torch.tensor([(c.x, c.y, c.w, c.h) for c in crops], dtype=torch.int64).reshape(-1, 4)
+        flips = torch.tensor([c.flip for c in crops], dtype=torch.bool)
+        return images, encoded, offsets, boxes, flips, labels
+
+
+class _PlanSampler(torch.utils.data.Sampler):
+    """Batches `start`, `start + 1`, ... of the plan, forever (the trainer counts steps), each
+    with the number of its images the worker decodes on the CPU."""
+
+    def __init__(self, plan: data.BatchPlan, start: int, cpu_count: int):
+        self.plan, self.start, self.cpu_count = plan, start, cpu_count
+
+    def __iter__(self):
+        n = self.start
+        while True:
+            yield (*self.plan.batch(n), self.cpu_count)
+            n += 1
+
+
+def finish_uint8(images: torch.Tensor, memory_format) -> torch.Tensor:
+    """uint8 NHWC batch (on its device) -> normalised float32 NCHW in `memory_format`.
+    NHWC permuted is already channels_last in memory, so that format costs no copy."""
+    x = images.permute(0, 3, 1, 2).float()
+    x = (x - MEAN255.to(x.device)) / STD255.to(x.device)
+    return x.contiguous(memory_format=memory_format)
+
+
+def decode_batch(encoded, offsets, boxes, flips, image_size: int, device: torch.device, memory_format) -> torch.Tensor:
+    """The GPU path's device half: decode (nvJPEG on CUDA, libjpeg-turbo on CPU), then the
+    contract's crop, bilinear antialiased resize, flip and normalisation on `device`."""
+    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+    bounds = offsets.tolist()
+    views = [encoded[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
+    try:
+        images = decode_jpeg(views, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:  # a PNG or a JPEG nvJPEG refuses (CMYK): decode those on the CPU
+        images = []
+        for v in views:
+            try:
+                images.append(decode_jpeg(v, mode=ImageReadMode.RGB, device=device))
+            except RuntimeError:
+                images.append(decode_image(v, mode=ImageReadMode.RGB).to(device))
+    out = torch.empty((len(views), 3, image_size, image_size), dtype=torch.float32, device=device)
+    # One resize per image (the crops differ in size), written in place through the ATen op:
+    # F.interpolate's Python checks and a copy per image would hold the GIL the training thread
+    # needs. Flip and normalisation run once per batch.
+    resize = torch._C._nn._upsample_bilinear2d_aa
+    for k, (img, (x, y, w, h)) in enumerate(zip(images, boxes.tolist())):
+        resize(img[None, :, y:y + h, x:x + w].float(), (image_size, image_size), False, out=out[k:k + 1])
+    if flips.any():
+        flipped = flips.to(device, non_blocking=True)
+        out[flipped] = out[flipped].flip(-1)
+    out.sub_(MEAN255.to(device)).div_(STD255.to(device))
+    return out.contiguous(memory_format=memory_format)
+
+
+def cpu_share(decode_on: str, workers: int) -> float:
+    """The fraction of each batch the loader workers decode on the CPU; the GPU decodes the rest.
+
+    `split` (the default with GPUs) sizes it so that the workers' PIL decodes, at PER_CORE images/s
+    each, cover as much of the GPU's appetite (TARGET images/s) as they can, and nvJPEG the rest:
+    both decoders work at once and neither alone has to keep up (DALI splits its hardware and
+    hybrid decoders the same way). Measured on 4 H100s with 64 cores (docs/benchmarks.md): the CPU
+    path alone reached 0.84 of synthetic, the GPU path alone 0.68."""
+    if decode_on in ("cpu", "gpu"):
+        return 1.0 if decode_on == "cpu" else 0.0
+    return min(1.0, workers * PER_CORE / TARGET)
+
+
+PER_CORE = 200  # images/s one loaded core decodes with PIL (ImageNet-like JPEG, crop, resize): 240 measured
+TARGET = 4000  # images/s ResNet-50 trains at on one H100 (bf16, batch 256, eager): 3,975 measured
+
+
+class Loader:
+    """This rank's training batches, (x float32 NCHW normalised, y int64) on `device`, forever."""
+
+    def __init__(self, dataset: data.DataSet, rank: int, size: int, batch_size: int, image_size: int,
+                 seed: int, workers: int, decode_on: str, read_mode: str, device: torch.device,
+                 memory_format=torch.contiguous_format):
+        self.plan = data.BatchPlan(tuple(dataset.blocks(rank, size, read_mode)), batch_size, seed, rank)
+        self.reader = BatchReader(dataset.samples, image_size, seed, rank)
+        self.cpu_count = round(cpu_share(decode_on, workers) * batch_size)
+        self.workers, self.device, self.memory_format = workers, device, memory_format
+        self.image_size = image_size
+        self.consumed = 0  # batches handed to the training loop: the whole resumable state
+        self._queue: queue.Queue | None = None
+        self._it = self._thread = None
+        self._stop = threading.Event()
+
+    def state_dict(self) -> dict:
+        return {"batches": self.consumed, "batchSize": self.plan.batch_size, "seed": self.plan.seed,
+                "rank": self.plan.rank}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self._queue is not None:
+            raise RuntimeError("load_state_dict() must come before the first batch")
+        if state["batchSize"] != self.plan.batch_size or state["seed"] != self.plan.seed:
+            raise ValueError(f"loader state is for batch size {state['batchSize']} and seed {state['seed']}; "
+                             f"this run has {self.plan.batch_size} and {self.plan.seed}")
+        self.consumed = int(state["batches"])
+
+    def _loader(self):
+        cuda = self.device.type == "cuda"
+        return torch.utils.data.DataLoader(
+            self.reader, batch_size=None, sampler=_PlanSampler(self.plan, self.consumed, self.cpu_count),
+            num_workers=self.workers, worker_init_fn=_one_thread if self.workers else None,
+            pin_memory=cuda and self.cpu_count > 0, persistent_workers=self.workers > 0,
+            prefetch_factor=2 if self.workers else None)
+
+    def _finish(self, item):
+        images, encoded, offsets, boxes, flips, labels = item
+        parts = []
+        if len(images):
+            parts.append(finish_uint8(images.to(self.device, non_blocking=True), self.memory_format))
+        if len(boxes):
+            parts.append(decode_batch(encoded, offsets, boxes, flips, self.image_size, self.device, self.memory_format))
+        x = parts[0] if len(parts) == 1 else torch.cat(parts).contiguous(memory_format=self.memory_format)
+        return x, labels.to(self.device, non_blocking=True)
+
+    def _stage(self, it, stream):
+        """The device stage's thread: finish batches on a side stream, AHEAD of the training step."""
+        try:
+            with torch.cuda.stream(stream):
+                for item in it:
+                    x, y = self._finish(item)
+                    event = torch.cuda.Event()
+                    event.record(stream)
+                    if not self._put((x, y, event)):
+                        return
+        except BaseException as e:  # noqa: BLE001 (handed to the training thread)
+            self._put(e)
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def close(self) -> None:
+        """Stop the device stage and the workers (before the process group goes away)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._it = self._thread = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._queue is None:
+            self._queue = queue.Queue(maxsize=AHEAD)
+            self._it = iter(self._loader())  # workers fork here, in the training thread
+            if self.device.type == "cuda":
+                # The stage thread and the training thread share the GIL; a shorter switch interval
+                # (5 ms by default) keeps the training thread from waiting behind a stage burst.
+                sys.setswitchinterval(0.0005)
+                stream = torch.cuda.Stream(self.device)
+                self._thread = threading.Thread(target=self._stage, args=(self._it, stream), daemon=True,
+                                                name="trainop-device-stage")
+                self._thread.start()
+        if self.device.type != "cuda":
+            item = self._finish(next(self._it))
+        else:
+            item = self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            x, y, event = item
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            x.record_stream(current)  # allocated on the side stream, freed after use on this one
+            y.record_stream(current)
+            item = (x, y)
+        self.consumed += 1
+        return item
