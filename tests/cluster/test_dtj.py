@@ -352,10 +352,11 @@ def test_kubectl_get_columns(cluster, namespace, api, op):
     cluster.apply(manifest("cols", workers=3, gpusPerWorker=2), namespace)
     api.wait_running("cols")
     out = cluster.kubectl("get", "dtj", "-n", namespace).stdout.splitlines()
-    assert out[0].split() == ["NAME", "PHASE", "WORKERS", "GPUS", "AGE"]
+    assert out[0].split() == ["NAME", "PHASE", "WORKERS", "GPUS", "PROGRESS", "ETA", "AGE"]
     assert out[1].split()[:4] == ["cols", "Running", "3/3", "6"]
     wide = cluster.kubectl("get", "dtj", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split() == ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS", "DISRUPTIONS", "AGE"]
+    assert wide[0].split() == ["NAME", "PHASE", "WORKERS", "GPUS", "RESTARTS", "DISRUPTIONS",
+                               "PROGRESS", "ETA", "IMAGES/S", "AGE"]
     assert wide[1].split()[4:6] == ["0", "0"]
 
 
