@@ -54,6 +54,11 @@ if [[ $frameworks != *tensorflow* ]] && [[ -x $PY ]] &&
   frameworks+=,tensorflow kept="; tensorflow kept: .venv has it"
 fi
 install_sh() { TRAINOP_PYTHON=$PY TRAINOP_FRAMEWORKS=$frameworks bash trainer_images/install.sh "$@"; }
+# The pins, read before .venv exists too (--plan on a fresh clone).
+pins() {
+  TRAINOP_PYTHON=$([[ -x $PY ]] && echo "$PY" || command -v python3) TRAINOP_FRAMEWORKS=$frameworks \
+    bash trainer_images/install.sh pins
+}
 
 # --- The phases -------------------------------------------------------------------------------
 install_apt() {
@@ -102,7 +107,7 @@ phases=()  # name <tab> what it installs <tab> function
 add_phase() { phases+=("$1"$'\t'"$2"$'\t'"$3"); }
 add_phase apt "${apt_packages[*]} (those missing)" install_apt
 add_phase "pip: trainop" "into .venv: pip install ${pip_specs[*]}" install_python
-add_phase "frameworks: $frameworks" "$(install_sh pins) (wheels kept in \$TRAINOP_CACHE/wheelhouse)$kept" \
+add_phase "frameworks: $frameworks" "$(pins) (wheels kept in \$TRAINOP_CACHE/wheelhouse)$kept" \
   install_frameworks
 add_phase "horovod build" "Horovod from source for $frameworks (wheel kept in \$TRAINOP_CACHE/horovod)" \
   install_horovod
