@@ -35,7 +35,7 @@ phase() {
   "$@" >>"$PROGRESS_LOG" 2>&1
   local took=$((SECONDS - _phase_start))
   _duration "$took"
-  [[ -z ${TRAINOP_TIMINGS:-} ]] || printf '  %-22s %5ds\n' "$_phase_name" "$took" >>"$TRAINOP_TIMINGS"
+  [[ -z ${TRAINOP_TIMINGS:-} ]] || printf '  %-30s %5ds\n' "$_phase_name" "$took" >>"$TRAINOP_TIMINGS"
   _phase_name=""
 }
 
@@ -44,7 +44,7 @@ _progress_exit() {
   [[ -n $_phase_name ]] || return 0
   local took=$((SECONDS - _phase_start))
   echo "FAILED after $(_duration "$took")"
-  [[ -z ${TRAINOP_TIMINGS:-} ]] || printf '  %-22s %5ds  FAILED\n' "$_phase_name" "$took" >>"$TRAINOP_TIMINGS"
+  [[ -z ${TRAINOP_TIMINGS:-} ]] || printf '  %-30s %5ds  FAILED\n' "$_phase_name" "$took" >>"$TRAINOP_TIMINGS"
   {
     echo "$_phase_name failed (exit status $rc); the last $PROGRESS_TAIL lines of $PROGRESS_LOG:"
     tail -n "$PROGRESS_TAIL" "$PROGRESS_LOG" | sed 's/^/    /'
