@@ -170,8 +170,10 @@ horovod() {
     tar xzf "$sdist" -C "$tmp"
     patch_horovod "$tmp/horovod-$HOROVOD_VERSION"
     log "building Horovod $HOROVOD_VERSION ($FRAMEWORKS, gpu=$GPU); minutes on 2 cores"
+    # -v: CMake's and the compilers' output (warnings included) go to the caller's output;
+    # scripts/bootstrap.sh puts it in its log file and shows one line for the whole build.
     (horovod_build_env && cd "$tmp/horovod-$HOROVOD_VERSION" &&
-      "$PY" -m pip wheel -q --no-deps --no-build-isolation . -w "$tmp/dist")
+      "$PY" -m pip wheel -v --no-deps --no-build-isolation . -w "$tmp/dist")
     mkdir -p "$wheel_dir"
     mv "$tmp"/dist/horovod-*.whl "$wheel_dir/"
     rm -rf "$tmp"
