@@ -13,7 +13,7 @@
 
 PROGRESS_LOG=/dev/null
 PROGRESS_TAIL=${PROGRESS_TAIL:-40}
-_phase_name="" _phase_start=0
+_phase_name="" _phase_start=0 _phase_line=0
 
 progress_log() {
   PROGRESS_LOG=$1
@@ -28,7 +28,7 @@ _duration() {  # 75 -> "1 min 15 s"
 }
 
 phase() {
-  _phase_name=$1 _phase_start=$SECONDS
+  _phase_name=$1 _phase_start=$SECONDS _phase_line=$(wc -l <"$PROGRESS_LOG")
   shift
   printf '  %-32s ' "$_phase_name"
   printf '\n=== %s: %s (%s)\n' "$_phase_name" "$*" "$(date '+%F %T')" >>"$PROGRESS_LOG"
@@ -45,8 +45,14 @@ _progress_exit() {
   local took=$((SECONDS - _phase_start))
   echo "FAILED after $(_duration "$took")"
   [[ -z ${TRAINOP_TIMINGS:-} ]] || printf '  %-30s %5ds  FAILED\n' "$_phase_name" "$took" >>"$TRAINOP_TIMINGS"
+  # A build's last lines are often the tool's traceback; the cause (a compiler's error, a full
+  # disk) comes earlier, so the phase's first error lines are shown too.
+  local errors
+  errors=$(tail -n "+$((_phase_line + 1))" "$PROGRESS_LOG" | grep -m 5 -E 'error:|ERROR:|No space left' || true)
   {
-    echo "$_phase_name failed (exit status $rc); the last $PROGRESS_TAIL lines of $PROGRESS_LOG:"
+    echo "$_phase_name failed (exit status $rc)"
+    [[ -z $errors ]] || { echo "its first errors:"; sed 's/^/    /' <<<"$errors"; }
+    echo "the last $PROGRESS_TAIL lines of $PROGRESS_LOG:"
     tail -n "$PROGRESS_TAIL" "$PROGRESS_LOG" | sed 's/^/    /'
     echo "the whole output: $PROGRESS_LOG"
   } >&2

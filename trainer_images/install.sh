@@ -167,6 +167,8 @@ horovod() {
     [[ -f $sdist ]] || pip_ download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$CACHE/horovod"
     local tmp
     tmp="$(mktemp -d)"
+    # Removed also when the build fails (set -e ends the script): a half-built tree is large.
+    trap "rm -rf '$tmp'" EXIT
     tar xzf "$sdist" -C "$tmp"
     patch_horovod "$tmp/horovod-$HOROVOD_VERSION"
     log "building Horovod $HOROVOD_VERSION ($FRAMEWORKS, gpu=$GPU); minutes on 2 cores"
