@@ -102,7 +102,21 @@ def test_a_failing_phase_stops_the_script_and_shows_the_log_and_its_last_lines(t
     assert "never" not in proc.stdout
     # Errexit holds inside the phase's function: nothing after the failed command ran.
     assert "after-the-compiler" not in log.read_text()
-    assert f"compile failed (exit status 1); the last 40 lines of {log}:" in proc.stderr
-    assert "error: 'undeclared_name' undeclared" in proc.stderr
+    stderr = proc.stderr.splitlines()
+    assert stderr[:2] == ["compile failed (exit status 1)", "its first errors:"]
+    assert "error: 'undeclared_name' undeclared" in stderr[2]
+    assert f"the last 40 lines of {log}:" in stderr
+    assert "    building" in stderr
     assert proc.stderr.splitlines()[-1] == f"the whole output: {log}"
     assert (tmp_path / "logs/b.log.1").read_text() == "the previous run\n"
+
+
+def test_the_readme_shows_the_demo_phases_as_they_are(tmp_path):
+    quickstart = (REPO / "README.md").read_text().split("## Quickstart")[1].split("\n## ")[0]
+    assert "`scripts/bootstrap.sh --plan demo`" in quickstart
+    shown = quickstart.split("A cold `make demo`:\n\n```\n")[1].split("```")[0].splitlines()
+    assert shown[0] == "scripts/bootstrap.sh demo: 4 phases (later runs only check)"
+    assert shown[1].startswith("full output (apt, pip, compilers, npm, go): ")
+    assert shown[1].endswith("/.cache/logs/bootstrap-demo.log")
+    assert [line[2:34].strip() for line in shown[2:-1]] == list(plan(fresh_clone(tmp_path), "demo", tmp_path))
+    assert shown[-1].startswith("scripts/bootstrap.sh demo: ready in ")
