@@ -58,3 +58,6 @@ _progress_exit() {
   } >&2
 }
 trap '_progress_exit $?' EXIT
+# Interrupted (Ctrl-C, a CI timeout): the EXIT trap's report then names the signal's status, not 0.
+trap 'exit 130' INT
+trap 'exit 143' TERM
