@@ -1,13 +1,15 @@
-# The two commands of the README's quickstart are `make demo` and `make test`.
+# The two commands of the README's quickstart are `make demo` and `make test`. Each first runs
+# scripts/bootstrap.sh for itself (`--plan` shows what it installs): one line per phase on the
+# terminal, the whole output in .cache/logs/bootstrap-<target>.log.
 .PHONY: demo test unit devcluster lint
 
 PYTEST ?= .venv/bin/pytest
 
-demo:  ## set up, then run the main job locally (ResNet-50, 2 workers, synthetic data)
+demo:  ## set up PyTorch + Horovod only, then run the main job locally (ResNet-50, 2 workers, synthetic data)
 	scripts/bootstrap.sh demo
 	.venv/bin/trainop run examples/pytorch-horovod-synthetic.yaml --local
 
-test:  ## set up, then run the whole test suite (what CI runs)
+test:  ## set up everything (adds to what demo installed), then run the whole test suite (what CI runs)
 	scripts/bootstrap.sh test
 	$(PYTEST) -ra --durations=20; rc=$$?; \
 	  if [ $$rc = 5 ]; then echo "make test: no tests ran; that is a failure" >&2; exit 1; fi; exit $$rc

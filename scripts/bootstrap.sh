@@ -1,77 +1,144 @@
 #!/usr/bin/env bash
-# Installs everything trainop needs on a fresh Debian/Ubuntu machine, idempotently: a second run
-# only checks. Usage: scripts/bootstrap.sh demo   (run jobs locally: Python env, trainer, Open MPI)
-#                     scripts/bootstrap.sh test   (also: Azurite, sshd, the local control plane)
+# Installs what a Makefile target needs on a fresh Debian/Ubuntu machine, idempotently: a second
+# run only checks, and `test` after `demo` adds only what `demo` left out.
+#
+#   scripts/bootstrap.sh demo    `make demo`: `trainop run --local` of the PyTorch + Horovod example.
+#                                Open MPI, OpenSSH, a compiler; .venv with trainop and the trainer;
+#                                PyTorch; Horovod built for PyTorch. No TensorFlow, no test tools.
+#   scripts/bootstrap.sh test    `make test` (CI): also the test tools, TensorFlow (Horovod rebuilt
+#                                with it), Azurite, the local control plane, Kueue, Helm, the images.
+#   scripts/bootstrap.sh --plan demo|test   prints what the target installs, phase by phase, and
+#                                installs nothing.
+#
+# Stdout gets one line per phase with its time; all the phases print (apt, pip, the compilers'
+# warnings, npm, go) goes to a log file, $TRAINOP_BOOTSTRAP_LOG (default
+# .cache/logs/bootstrap-<target>.log), whose path is printed first, and again with its last lines
+# when a phase fails. Python dependencies live in the pyproject files (this package's extra `test`,
+# the trainer's `pytorch` and `tensorflow`): add new ones there, not here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-what=${1:-test}
+source scripts/progress.sh
+plan=0
+if [[ ${1:-} == --plan ]]; then plan=1; shift; fi
+target=${1:-test}
+case $target in
+  demo | test) ;;
+  *) echo "usage: scripts/bootstrap.sh [--plan] demo|test" >&2; exit 2 ;;
+esac
 export TRAINOP_CACHE=${TRAINOP_CACHE:-$PWD/.cache}
-mkdir -p "$TRAINOP_CACHE"
 export PIP_CACHE_DIR=${PIP_CACHE_DIR:-$TRAINOP_CACHE/pip}
 export npm_config_cache=${npm_config_cache:-$TRAINOP_CACHE/npm}
-say() { printf '[bootstrap %s] %s\n' "$(date +%T)" "$*" >&2; }
-# Each step's seconds go to $TRAINOP_TIMINGS (when set), which .ci/run prints in its summary.
-step_name="" step_start=$SECONDS
-step() {
-  [ -n "$step_name" ] && [ -n "${TRAINOP_TIMINGS:-}" ] && \
-    printf '  %-22s %5ds\n' "$step_name" $((SECONDS - step_start)) >> "$TRAINOP_TIMINGS"
-  step_name=$1 step_start=$SECONDS
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+PY=$PWD/.venv/bin/python
+
+# --- What each target installs: the one place (--plan prints it) ---------------------------
+# Debian packages. demo: mpirun and sshd (the launcher reaches the workers over ssh), a compiler,
+# CMake and the MPI and Python headers to build Horovod.
+apt_packages=(openmpi-bin libopenmpi-dev openssh-server openssh-client openssl python3-venv python3-dev
+  build-essential cmake)
+if [[ $target == test ]]; then
+  # Real nodes and images: containerd + runc run pods; ipset for kube-router's NetworkPolicy
+  # controller; mmdebstrap, buildah and podman build images.
+  apt_packages+=(containerd runc iptables ipset conntrack buildah podman mmdebstrap uidmap)
+  command -v npm >/dev/null || apt_packages+=(nodejs npm)  # Azurite
+fi
+# pip, into .venv: trainop (with pyproject.toml's extras `test` and `tensorboard` for `test`) and the trainer, editable.
+pip_specs=(-e "$([[ $target == test ]] && echo '.[test,tensorboard]' || echo .)" -e trainer_images/trainer)
+frameworks=pytorch
+[[ $target == test ]] && frameworks=pytorch,tensorflow
+kept=""
+# Never fewer frameworks than .venv has: `make demo` after `make test` must not rebuild Horovod
+# without TensorFlow.
+if [[ $frameworks != *tensorflow* ]] && [[ -x $PY ]] &&
+  "$PY" -c 'from importlib.metadata import version; version("tensorflow")' 2>/dev/null; then
+  frameworks+=,tensorflow kept="; tensorflow kept: .venv has it"
+fi
+install_sh() { TRAINOP_PYTHON=$PY TRAINOP_FRAMEWORKS=$frameworks bash trainer_images/install.sh "$@"; }
+# The pins, read before .venv exists too (--plan on a fresh clone).
+pins() {
+  TRAINOP_PYTHON=$([[ -x $PY ]] && echo "$PY" || command -v python3) TRAINOP_FRAMEWORKS=$frameworks \
+    bash trainer_images/install.sh pins
 }
-trap 'step ""' EXIT
 
-step apt
-# --- Debian packages -------------------------------------------------------------------------
-apt_packages=(openmpi-bin libopenmpi-dev openssh-server openssh-client openssl python3-venv)
-# Real nodes and images: containerd + runc run pods; ipset for kube-router's NetworkPolicy
-# controller; mmdebstrap, buildah and podman build images.
-[ "$what" = test ] && apt_packages+=(containerd runc iptables ipset conntrack buildah podman mmdebstrap uidmap)
-[ "$what" = test ] && ! command -v npm >/dev/null && apt_packages+=(nodejs npm)  # Azurite
-missing=()
-for pkg in "${apt_packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done
-if ((${#missing[@]})); then
-  say "apt: installing ${missing[*]}"
-  sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
-  $sudo_ apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+# --- The phases -------------------------------------------------------------------------------
+install_apt() {
+  local missing=() pkg
+  for pkg in "${apt_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if ((${#missing[@]} == 0)); then echo "apt: all installed"; return 0; fi
+  echo "apt: installing ${missing[*]}"
+  local sudo_=""
+  [[ $(id -u) == 0 ]] || sudo_=sudo
+  $sudo_ apt-get update
+  DEBIAN_FRONTEND=noninteractive $sudo_ apt-get install -y --no-install-recommends "${missing[@]}"
+}
 
-step python
-# --- Python: one virtualenv for the operator, the trainer and the test tools -----------------
-if [ ! -x .venv/bin/python ]; then
-  say "creating .venv"
-  python3 -m venv .venv
-  .venv/bin/pip install -q --upgrade pip
-fi
-stamp=.venv/.trainop-installed
-want=$(cat pyproject.toml trainer_images/trainer/pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  say "pip: installing trainop (editable) with test tools and TensorBoard"
-  .venv/bin/pip install -q -e '.[test,tensorboard]'
-  echo "$want" > "$stamp"
-fi
-step trainer
-say "trainer: frameworks and the patched Horovod wheel (cached under $TRAINOP_CACHE)"
-TRAINOP_PYTHON="$PWD/.venv/bin/python" bash trainer_images/install.sh all
-[ "$what" = demo ] && exit 0
+install_python() {
+  if [[ ! -x $PY ]]; then
+    python3 -m venv .venv
+    "$PY" -m pip install --upgrade pip
+  fi
+  # The stamp names the pyproject files' hash and the target they were installed for (`test`
+  # covers `demo`), so an edited dependency list or a wider target installs again.
+  local stamp=.venv/.trainop-installed want have
+  want=$(cat pyproject.toml trainer_images/trainer/pyproject.toml | sha256sum | cut -c1-16)
+  have=$(cat "$stamp" 2>/dev/null || true)
+  if [[ $have == "$want test" || $have == "$want $target" ]]; then echo "pip: up to date ($have)"; return 0; fi
+  "$PY" -m pip install "${pip_specs[@]}"
+  echo "$want $target" >"$stamp"
+}
 
-step azurite
-# --- Node: Azurite, the real Blob Storage emulator ----------------------------------------------
-if [ ! -x node_modules/.bin/azurite-blob ]; then
-  say "npm: installing Azurite"
-  npm install --no-audit --no-fund --loglevel=error
-fi
+install_frameworks() { install_sh frameworks; }
+install_horovod() { install_sh horovod; }
 
-# --- Go: the real Kubernetes control plane, etcd and KWOK (cached by version) -----------------
-command -v go >/dev/null || { echo "bootstrap: Go >= 1.26 is needed to build the local control plane" >&2; exit 1; }
-step kubernetes
-.venv/bin/trainop devcluster build >/dev/null
-step kueue
-.venv/bin/python -m trainop.devcluster.kueue >/dev/null  # the real Kueue controller, for the quota tests
-step helm
-scripts/install-helm.sh >/dev/null
-step images
+install_azurite() {
+  if [[ -x node_modules/.bin/azurite-blob ]]; then echo "azurite: installed"; return 0; fi
+  npm install --no-audit --no-fund
+}
+
+install_control_plane() { .venv/bin/trainop devcluster build; }
+install_kueue() { "$PY" -m trainop.devcluster.kueue; }  # the real Kueue controller, for the quota tests
+install_helm() { scripts/install-helm.sh; }
 # The project's images, built from its Dockerfiles on a Debian base (cached by content hash).
-.venv/bin/trainop devcluster images >/dev/null
-say "ready"
+install_images() { .venv/bin/trainop devcluster images; }
+
+phases=()  # name <tab> what it installs <tab> function
+add_phase() { phases+=("$1"$'\t'"$2"$'\t'"$3"); }
+add_phase apt "${apt_packages[*]} (those missing)" install_apt
+add_phase "pip: trainop" "into .venv: pip install ${pip_specs[*]}" install_python
+add_phase "frameworks: $frameworks" "$(pins) (wheels kept in \$TRAINOP_CACHE/wheelhouse)$kept" \
+  install_frameworks
+add_phase "horovod build" "Horovod from source for $frameworks (wheel kept in \$TRAINOP_CACHE/horovod)" \
+  install_horovod
+if [[ $target == test ]]; then
+  add_phase "npm: azurite" "node_modules: Azurite (package.json)" install_azurite
+  add_phase "go: control plane" "the local control plane (kube-apiserver, controller-manager, scheduler, etcd, KWOK) and the real-node add-ons, built from source (cached by version)" \
+    install_control_plane
+  add_phase "go: kueue" "the Kueue controller built from source (cached by version)" install_kueue
+  add_phase helm "the Helm binary (cached by version)" install_helm
+  add_phase images "the project's images from its Dockerfiles (cached by content hash)" install_images
+fi
+
+if ((plan)); then
+  echo "scripts/bootstrap.sh $target installs, phase by phase:"
+  for p in "${phases[@]}"; do
+    IFS=$'\t' read -r name what _ <<<"$p"
+    printf '  %-32s %s\n' "$name" "$what"
+  done
+  exit 0
+fi
+
+# Fail now, not after half an hour of downloads and builds.
+if [[ $target == test ]] && ! command -v go >/dev/null; then
+  echo "scripts/bootstrap.sh test: Go >= 1.26 is needed to build the local control plane; install it first" >&2
+  exit 1
+fi
+mkdir -p "$TRAINOP_CACHE"
+echo "scripts/bootstrap.sh $target: $((${#phases[@]})) phases (later runs only check)"
+progress_log "${TRAINOP_BOOTSTRAP_LOG:-$PWD/.cache/logs/bootstrap-$target.log}"
+for p in "${phases[@]}"; do
+  IFS=$'\t' read -r name _ fn <<<"$p"
+  phase "$name" "$fn"
+done
+echo "scripts/bootstrap.sh $target: ready in $(_duration $SECONDS)"

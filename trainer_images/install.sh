@@ -4,6 +4,7 @@
 # what the images install is what the tests exercised. Idempotent: a warm run only checks.
 #
 #   install.sh [all | system frameworks horovod trainer ...]      (default: all)
+#   install.sh pins     prints the pins `frameworks` installs (scripts/bootstrap.sh --plan)
 #
 # Environment:
 #   TRAINOP_PYTHON      interpreter to install into (default: <repo>/.venv/bin/python, else python3)
@@ -27,11 +28,9 @@ elif [[ -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"
 else PY="$(command -v python3)"; fi
 EDITABLE="${TRAINOP_EDITABLE:-$([[ "$PY" == "$REPO/.venv/bin/python" ]] && echo 1 || echo 0)}"
 
-# Pinned versions: the GPU machine runs torch 2.11; Horovod 0.28.1 is the last release (sdist only).
-TORCH_PINS=(torch==2.11.0 torchvision==0.26.0)
-# tf-keras depends on the full `tensorflow` distribution; `tensorflow-cpu` beside it would be a
-# second copy of the same files, so both CPU and GPU installs use `tensorflow`.
-TF_PINS=(tensorflow==2.21.0 tf-keras==2.21.0)
+# The frameworks' pinned versions are the trainer's extras `pytorch` and `tensorflow`
+# (trainer/pyproject.toml): one list for pip users, this script and scripts/bootstrap.sh.
+# Horovod 0.28.1 is the last release (sdist only).
 HOROVOD_VERSION=0.28.1
 
 export PIP_CACHE_DIR="$CACHE/pip" PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -39,17 +38,35 @@ log() { echo "install.sh: $*" >&2; }
 has() { [[ ",$FRAMEWORKS," == *",$1,"* ]]; }
 pip_() { "$PY" -m pip "$@"; }
 
-# True when every `name==version` given is installed (cheap: reads metadata, imports nothing).
+# The requirements of the trainer's extra $1, one per line (tomllib from Python 3.11; the GPU
+# machines' older Pythons read the extra's list literally).
+extra_requirements() {
+  "$PY" - "$HERE/trainer/pyproject.toml" "$1" <<'EOF'
+import ast, re, sys
+text = open(sys.argv[1], encoding="utf-8").read()
+try:
+    import tomllib
+    reqs = tomllib.loads(text)["project"]["optional-dependencies"][sys.argv[2]]
+except ModuleNotFoundError:
+    section = text.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    reqs = ast.literal_eval(re.search(rf"^{re.escape(sys.argv[2])}\s*=\s*(\[.*?\])", section, re.M | re.S)[1])
+print("\n".join(reqs))
+EOF
+}
+
+# True when every requirement given is installed: `name==version` exactly, any other form by
+# name (cheap: reads metadata, imports nothing).
 pinned_installed() {
   "$PY" - "$@" <<'EOF'
-import sys
+import re, sys
 from importlib import metadata
-for pin in sys.argv[1:]:
-    name, version = pin.split("==")
+for req in sys.argv[1:]:
+    name = re.match(r"[A-Za-z0-9._-]+", req)[0]
     try:
-        if metadata.version(name) != version:
-            sys.exit(1)
+        version = metadata.version(name)
     except metadata.PackageNotFoundError:
+        sys.exit(1)
+    if "==" in req and version != req.split("==")[1].split(";")[0].strip():
         sys.exit(1)
 EOF
 }
@@ -69,8 +86,10 @@ system() {
 
 framework_pins() {
   local pins=()
-  has pytorch && pins+=("${TORCH_PINS[@]}")
-  has tensorflow && pins+=("${TF_PINS[@]}")
+  # tf-keras depends on the full `tensorflow` distribution; `tensorflow-cpu` beside it would be a
+  # second copy of the same files, so both CPU and GPU installs use `tensorflow`.
+  if has pytorch; then mapfile -t -O "${#pins[@]}" pins < <(extra_requirements pytorch); fi
+  if has tensorflow; then mapfile -t -O "${#pins[@]}" pins < <(extra_requirements tensorflow); fi
   echo "${pins[@]}"
 }
 
@@ -148,11 +167,15 @@ horovod() {
     [[ -f $sdist ]] || pip_ download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$CACHE/horovod"
     local tmp
     tmp="$(mktemp -d)"
+    # Removed also when the build fails (set -e ends the script): a half-built tree is large.
+    trap "rm -rf '$tmp'" EXIT
     tar xzf "$sdist" -C "$tmp"
     patch_horovod "$tmp/horovod-$HOROVOD_VERSION"
     log "building Horovod $HOROVOD_VERSION ($FRAMEWORKS, gpu=$GPU); minutes on 2 cores"
+    # -v: CMake's and the compilers' output (warnings included) go to the caller's output;
+    # scripts/bootstrap.sh puts it in its log file and shows one line for the whole build.
     (horovod_build_env && cd "$tmp/horovod-$HOROVOD_VERSION" &&
-      "$PY" -m pip wheel -q --no-deps --no-build-isolation . -w "$tmp/dist")
+      "$PY" -m pip wheel -v --no-deps --no-build-isolation . -w "$tmp/dist")
     mkdir -p "$wheel_dir"
     mv "$tmp"/dist/horovod-*.whl "$wheel_dir/"
     rm -rf "$tmp"
@@ -184,6 +207,7 @@ for step in "$@"; do
   case "$step" in
     all) system; frameworks; horovod; trainer ;;
     system | frameworks | horovod | trainer) "$step" ;;
-    *) log "unknown step '$step': use all, system, frameworks, horovod or trainer"; exit 2 ;;
+    pins) framework_pins ;;
+    *) log "unknown step '$step': use all, system, frameworks, horovod, trainer or pins"; exit 2 ;;
   esac
 done

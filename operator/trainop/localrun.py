@@ -198,6 +198,10 @@ def plan(job: Job, opts: Options, run_dir: Path, rdzv_port: int) -> Plan:
 def preflight(job: Job) -> None:
     """LocalRunError naming what this machine lacks to run `job`, and how to get it."""
     fix = "run scripts/bootstrap.sh demo (or trainer_images/install.sh)"
+    if job.framework != "pytorch":
+        # `make demo` installs PyTorch only; Horovod must then be rebuilt with TensorFlow too.
+        fix = ("run scripts/bootstrap.sh test, or only TRAINOP_FRAMEWORKS=pytorch,tensorflow "
+               "trainer_images/install.sh (scripts/bootstrap.sh demo installs PyTorch alone)")
     tool = "mpirun" if job.launcher == "mpi" else "torchrun"
     if shutil.which(tool, path=_search_path()) is None:
         raise LocalRunError(f"spec.launcher {job.launcher}: {tool} is not installed; {fix}")

@@ -35,4 +35,4 @@ def test_install_script_is_a_no_op_when_everything_is_installed():
 def test_install_script_refuses_unknown_steps():
     proc = subprocess.run(["bash", str(IMAGES / "install.sh"), "everything"], capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == "install.sh: unknown step 'everything': use all, system, frameworks, horovod or trainer"
+    assert proc.stderr.strip() == "install.sh: unknown step 'everything': use all, system, frameworks, horovod, trainer or pins"

@@ -1,0 +1,122 @@
+"""scripts/bootstrap.sh: what each Makefile target installs (`--plan`, computed by the same code
+that installs), and its output: one line per phase on stdout, the compilers' output in the log."""
+
+import os
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINER_EXTRAS = tomllib.loads((REPO / "trainer_images/trainer/pyproject.toml").read_text())[
+    "project"]["optional-dependencies"]
+
+
+def fresh_clone(tmp_path: Path) -> Path:
+    """The files `bootstrap.sh --plan` reads, as a fresh clone has them: no .venv, no .cache."""
+    root = tmp_path / "clone"
+    for rel in ("scripts/bootstrap.sh", "scripts/progress.sh", "trainer_images/install.sh",
+                "trainer_images/trainer/pyproject.toml", "pyproject.toml"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, root / rel)
+    return root
+
+
+def plan(root: Path, target: str, tmp_path: Path) -> dict[str, str]:
+    proc = subprocess.run(["bash", str(root / "scripts/bootstrap.sh"), "--plan", target], capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, TRAINOP_CACHE=str(tmp_path / "cache")))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    header, *lines = proc.stdout.splitlines()
+    assert header == f"scripts/bootstrap.sh {target} installs, phase by phase:"
+    # "  <phase name, 32 wide> <what it installs>"
+    return {line[2:34].strip(): line[35:] for line in lines}
+
+
+def test_demo_installs_pytorch_and_horovod_and_no_tensorflow(tmp_path):
+    root = fresh_clone(tmp_path)
+    phases = plan(root, "demo", tmp_path)
+    assert list(phases) == ["apt", "pip: trainop", "frameworks: pytorch", "horovod build"]
+    assert "tensorflow" not in "".join(phases).lower() + "".join(phases.values()).lower()
+    assert phases["frameworks: pytorch"].startswith(" ".join(TRAINER_EXTRAS["pytorch"]) + " ")
+    assert phases["horovod build"].startswith("Horovod from source for pytorch ")
+    # No test tools (pytest, mpi4py, ruff: pyproject.toml's extra `test`).
+    assert phases["pip: trainop"] == "into .venv: pip install -e . -e trainer_images/trainer"
+    assert "openmpi-bin" in phases["apt"].split() and "containerd" not in phases["apt"].split()
+    # A plan installs nothing.
+    assert sorted(p.name for p in root.iterdir()) == ["pyproject.toml", "scripts", "trainer_images"]
+    assert not (tmp_path / "cache").exists()
+
+
+def test_test_installs_everything_demo_does_and_the_rest(tmp_path):
+    root = fresh_clone(tmp_path)
+    demo, test = plan(root, "demo", tmp_path), plan(root, "test", tmp_path)
+    assert list(test) == ["apt", "pip: trainop", "frameworks: pytorch,tensorflow", "horovod build",
+                          "npm: azurite", "go: control plane", "go: kueue", "helm", "images"]
+    assert set(demo["apt"].split()) < set(test["apt"].split())
+    assert test["pip: trainop"] == "into .venv: pip install -e .[test,tensorboard] -e trainer_images/trainer"
+    pins = " ".join(TRAINER_EXTRAS["pytorch"] + TRAINER_EXTRAS["tensorflow"])
+    assert test["frameworks: pytorch,tensorflow"].startswith(pins + " ")
+    assert test["horovod build"].startswith("Horovod from source for pytorch,tensorflow ")
+
+
+def test_demo_after_test_keeps_tensorflow(tmp_path):
+    # The suite runs in the .venv that `bootstrap.sh test` made: a `make demo` now must not rebuild
+    # Horovod without TensorFlow.
+    phases = plan(REPO, "demo", tmp_path)
+    assert "frameworks: pytorch,tensorflow" in phases
+    assert phases["frameworks: pytorch,tensorflow"].endswith("; tensorflow kept: .venv has it")
+    assert phases["horovod build"].startswith("Horovod from source for pytorch,tensorflow ")
+
+
+def run_phases(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+    (tmp_path / "warn.c").write_text("int main(void) { int unused; return 0; }\n")
+    (tmp_path / "bad.c").write_text("int main(void) { return undeclared_name; }\n")
+    script = f"set -euo pipefail\nsource {REPO}/scripts/progress.sh\nprogress_log {tmp_path}/logs/b.log\n{body}"
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env=dict(os.environ, LC_ALL="C", TRAINOP_TIMINGS=str(tmp_path / "timings")))
+
+
+def test_stdout_gets_one_line_per_phase_and_the_log_the_compiler_output(tmp_path):
+    proc = run_phases(tmp_path, 'phase "compile" cc -Wall -c warn.c -o warn.o\n'
+                                'phase "link" cc warn.o -o warn\n')
+    assert proc.returncode == 0, proc.stderr
+    log = tmp_path / "logs/b.log"
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"full output (apt, pip, compilers, npm, go): {log}"
+    assert [line.split()[0] for line in lines[1:]] == ["compile", "link"]
+    assert all(line.endswith(" s") for line in lines[1:])
+    assert "warning" not in proc.stdout + proc.stderr
+    assert "warning: unused variable 'unused'" in log.read_text()
+    assert [line.split()[0] for line in (tmp_path / "timings").read_text().splitlines()] == ["compile", "link"]
+
+
+def test_a_failing_phase_stops_the_script_and_shows_the_log_and_its_last_lines(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs/b.log").write_text("the previous run\n")
+    proc = run_phases(tmp_path, 'build() { echo building; cc -c bad.c -o bad.o; echo after-the-compiler; }\n'
+                                'phase "compile" build\nphase "never" true\n')
+    assert proc.returncode == 1
+    log = tmp_path / "logs/b.log"
+    assert proc.stdout.splitlines()[-1].split()[:3] == ["compile", "FAILED", "after"]
+    assert "never" not in proc.stdout
+    # Errexit holds inside the phase's function: nothing after the failed command ran.
+    assert "after-the-compiler" not in log.read_text()
+    stderr = proc.stderr.splitlines()
+    assert stderr[:2] == ["compile failed (exit status 1)", "its first errors:"]
+    assert "error: 'undeclared_name' undeclared" in stderr[2]
+    assert f"the last 40 lines of {log}:" in stderr
+    assert "    building" in stderr
+    assert proc.stderr.splitlines()[-1] == f"the whole output: {log}"
+    assert (tmp_path / "logs/b.log.1").read_text() == "the previous run\n"
+
+
+def test_the_readme_shows_the_demo_phases_as_they_are(tmp_path):
+    quickstart = (REPO / "README.md").read_text().split("## Quickstart")[1].split("\n## ")[0]
+    assert "`scripts/bootstrap.sh --plan demo`" in quickstart
+    shown = quickstart.split("A cold `make demo`:\n\n```\n")[1].split("```")[0].splitlines()
+    assert shown[0] == "scripts/bootstrap.sh demo: 4 phases (later runs only check)"
+    assert shown[1].startswith("full output (apt, pip, compilers, npm, go): ")
+    assert shown[1].endswith("/.cache/logs/bootstrap-demo.log")
+    assert [line[2:34].strip() for line in shown[2:-1]] == list(plan(fresh_clone(tmp_path), "demo", tmp_path))
+    assert shown[-1].startswith("scripts/bootstrap.sh demo: ready in ")
