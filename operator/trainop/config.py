@@ -19,6 +19,9 @@ Format (every key optional; camelCase like Helm values):
         nodeSelector: {kubernetes.azure.com/agentpool: gpu}
         tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
         infiniband: false            # true: the pool's nodes have the RDMA resource
+        instanceType: Standard_ND96isr_H100_v5  # the pool's VM size (node label
+                                     # node.kubernetes.io/instance-type): picks NCCL_TOPO_FILE
+        preflightMinBusBandwidthGBps: 150  # spec.preflight's threshold for jobs in this pool
         gpuResource: nvidia.com/gpu  # per-pool override
         rdmaResource: rdma/ib        # per-pool override
     defaultNodePools: {cpu: system, gpu: gpu, infiniband: ibgpu}
@@ -29,6 +32,21 @@ Format (every key optional; camelCase like Helm values):
       namespaceGpus: 32              # GPUs a namespace without a ResourceQuota may use (admission.py)
       maxPriority: 1000000000        # highest class value spec.priorityClassName may name
                                      # (priority.py); null: no cap
+    infiniband:                      # what `infiniband: true` jobs get (render/fabric.py)
+      ipcLock: false                 # true: add IPC_LOCK to the training containers (docs/security.md:
+                                     # the namespace must then allow privileged pods)
+      fabricTopologyKey: kubernetes.azure.com/agentpool  # node label whose value is one IB
+                                     # fabric (on AKS a pool is one VM scale set): a required
+                                     # podAffinity keeps every worker of a job on one value
+      topologyFiles:                 # instance type -> NCCL topology file on the node
+        Standard_ND96isr_H100_v5: /opt/microsoft/ndv5-topo.xml
+      socketTransport: warn          # NCCL chose sockets on an IB job: warn (Warning Event) | fail
+    preflight:                       # spec.preflight (render/fabric.py, preflight.py)
+      image: null                    # null: images.pytorch (needs torch and trainop_trainer)
+      sizeMB: 64                     # all-reduced per iteration
+      iterations: 20
+      taintUnhealthyNodes: false     # true: taint a node the check finds slow (the chart then
+                                     # grants `patch` on nodes)
     blob:
       # Endpoints an accountURL (DataStage source, job output) may name besides https:// on Azure
       # Storage's own host suffixes (blob.AZURE_BLOB_SUFFIXES). scheme://host[:port][/path]: the
@@ -78,6 +96,13 @@ DEFAULTS: dict = {
     # are system-cluster-critical and system-node-critical, which no training job may borrow.
     "limits": {"maxGpusPerJob": None, "maxPriority": 1_000_000_000},
     "blob": {"allowedAccountURLs": []},
+    # Where AKS's HPC images keep NCCL's topology files for the ND sizes whose PCIe layout NCCL
+    # cannot discover inside a VM (Azure/azhpc-images: ndv4, ndv5). A file must exist on the node.
+    "infiniband": {"ipcLock": False, "fabricTopologyKey": POOL_LABEL, "socketTransport": "warn",
+                   "topologyFiles": {"Standard_ND96asr_v4": "/opt/microsoft/ndv4-topo.xml",
+                                     "Standard_ND96amsr_A100_v4": "/opt/microsoft/ndv4-topo.xml",
+                                     "Standard_ND96isr_H100_v5": "/opt/microsoft/ndv5-topo.xml"}},
+    "preflight": {"image": None, "sizeMB": 64, "iterations": 20, "taintUnhealthyNodes": False},
     "datastage": {"allowedNfsExports": [], "nfsClientCIDRs": []},
 }
 
@@ -94,6 +119,21 @@ class NodePool:
     infiniband: bool = False
     gpu_resource: str = "nvidia.com/gpu"
     rdma_resource: str = "rdma/ib"
+    instance_type: str | None = None                 # nodePools.<name>.instanceType
+    preflight_min_busbw: float | None = None         # nodePools.<name>.preflightMinBusBandwidthGBps
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The `infiniband` and `preflight` sections, checked (render/fabric.py, preflight.py)."""
+    ipc_lock: bool = False
+    topology_key: str = POOL_LABEL
+    topology_files: dict[str, str] = field(default_factory=dict)
+    socket_transport: str = "warn"       # warn | fail
+    preflight_image: str | None = None   # None: images.pytorch
+    preflight_size_mb: int = 64
+    preflight_iterations: int = 20
+    taint_unhealthy_nodes: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,6 +150,7 @@ class Config:
     allowed_account_urls: tuple[str, ...] = ()       # blob.allowedAccountURLs
     allowed_nfs_exports: tuple[tuple[str, str], ...] = ()  # datastage.allowedNfsExports
     nfs_client_cidrs: tuple[str, ...] = ()           # datastage.nfsClientCIDRs
+    fabric: Fabric = field(default_factory=Fabric)   # infiniband.*, preflight.*
 
     def section(self, name: str) -> dict:
         return copy.deepcopy(self.raw.get(name) or {})
@@ -135,10 +176,19 @@ def _pool(name: str, raw: dict, top: dict) -> NodePool:
     tolerations = raw.get("tolerations") or []
     if not isinstance(tolerations, list):
         raise ConfigError(f"{where}.tolerations: must be a list of tolerations")
+    instance_type = raw.get("instanceType")
+    if instance_type is not None and not isinstance(instance_type, str):
+        raise ConfigError(f"{where}.instanceType: must be a VM size such as Standard_ND96isr_H100_v5")
+    busbw = raw.get("preflightMinBusBandwidthGBps")
+    if busbw is not None and (isinstance(busbw, bool) or not isinstance(busbw, (int, float))
+                              or busbw < 0):
+        raise ConfigError(f"{where}.preflightMinBusBandwidthGBps: must be a number >= 0 (GB/s)")
     return NodePool(name=name, node_selector={str(k): str(v) for k, v in selector.items()},
                     tolerations=tolerations, infiniband=bool(raw.get("infiniband", False)),
                     gpu_resource=raw.get("gpuResource") or top["gpuResource"],
-                    rdma_resource=raw.get("rdmaResource") or top["rdmaResource"])
+                    rdma_resource=raw.get("rdmaResource") or top["rdmaResource"],
+                    instance_type=instance_type,
+                    preflight_min_busbw=None if busbw is None else float(busbw))
 
 
 def from_dict(data: dict | None) -> Config:
@@ -169,7 +219,32 @@ def from_dict(data: dict | None) -> Config:
                   launcher_resources=raw["launcherResources"], max_gpus_per_job=max_gpus,
                   max_priority=max_priority, raw=raw,
                   allowed_account_urls=_account_urls(raw), allowed_nfs_exports=_nfs_exports(raw),
-                  nfs_client_cidrs=_cidrs(raw))
+                  nfs_client_cidrs=_cidrs(raw), fabric=_fabric(raw))
+
+
+def _fabric(raw: dict) -> Fabric:
+    ib, pre = raw.get("infiniband") or {}, raw.get("preflight") or {}
+    files = ib.get("topologyFiles") or {}
+    if not isinstance(files, dict) or not all(
+            isinstance(v, str) and v.startswith("/") for v in files.values()):
+        raise ConfigError("infiniband.topologyFiles: must map instance types to absolute paths "
+                          "on the node, e.g. {Standard_ND96isr_H100_v5: /opt/microsoft/ndv5-topo.xml}")
+    if ib.get("socketTransport", "warn") not in ("warn", "fail"):
+        raise ConfigError("infiniband.socketTransport: must be warn or fail")
+    key = ib.get("fabricTopologyKey", POOL_LABEL)
+    if not isinstance(key, str) or not key:
+        raise ConfigError("infiniband.fabricTopologyKey: must be a node label key")
+    for name in ("sizeMB", "iterations"):
+        value = pre.get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"preflight.{name}: must be a positive integer")
+    return Fabric(ipc_lock=bool(ib.get("ipcLock", False)), topology_key=key,
+                  topology_files={str(k): v for k, v in files.items()},
+                  socket_transport=ib.get("socketTransport", "warn"),
+                  preflight_image=pre.get("image") or None,
+                  preflight_size_mb=int(pre.get("sizeMB", 64)),
+                  preflight_iterations=int(pre.get("iterations", 20)),
+                  taint_unhealthy_nodes=bool(pre.get("taintUnhealthyNodes", False)))
 
 
 def _list(raw: dict, section: str, key: str) -> list:

@@ -20,8 +20,8 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import conditions, phases, priority
-from trainop.actions import Apply, Create, CreateSSHSecret, DropFinalizer, Outcome, Problem, Ref, delete
+from trainop import conditions, phases, preflight, priority
+from trainop.actions import Apply, Create, CreateSSHSecret, DropFinalizer, Outcome, Problem, Ref, TaintNode, delete
 from trainop.admission import Decision
 from trainop.config import Config
 from trainop.render import common, logship
@@ -34,7 +34,7 @@ TERMINAL = phases.TERMINAL
 LEGACY_FINALIZER = "trainop.io/finalizer"
 # Conditions whose becoming True (or False, for these gates) is worth a Warning Event.
 WARN_TRUE = {"Failed", "Restarting"}
-WARN_FALSE = {"Created", "DataReady"}
+WARN_FALSE = {"Created", "DataReady", "Transport"}
 
 
 @dataclass
@@ -64,10 +64,12 @@ class Failure:
     exit_code: int | None
     reason: str
     finished: str = ""
+    detail: str = ""  # what the operator concluded (a failed preflight's verdict)
 
     def describe(self) -> str:
         code = "" if self.exit_code is None else f" exited with code {self.exit_code}"
-        return f"pod {self.pod} container {self.container}{code} ({self.reason})"
+        detail = f": {self.detail}" if self.detail else ""
+        return f"pod {self.pod} container {self.container}{code} ({self.reason}){detail}"
 
     def as_status(self) -> dict:
         out = {"pod": self.pod, "container": self.container, "reason": self.reason,
@@ -128,6 +130,11 @@ def _pod_ready(pod: dict) -> bool:
 def pod_failure(pod: dict) -> Failure | None:
     """Why a pod of the gang ended badly, naming its container, exit code and reason."""
     name, st = pod["metadata"]["name"], pod.get("status") or {}
+    for cs in st.get("initContainerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if cs.get("name") == preflight.CONTAINER and term.get("exitCode"):
+            return Failure(name, cs["name"], term["exitCode"], term.get("reason") or "Error",
+                           term.get("finishedAt") or "")
     for cs in st.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated") or \
             (cs.get("lastState") or {}).get("terminated")
@@ -306,6 +313,10 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
     if problem and problem.reason == "ChildRejected":  # fails, so the gate frees its quota
         _finish(st, "Failed", "ChildRejected", problem.message, now)
         return plan.out
+    if problem and problem.reason == "PodSecurity":  # waits: an admin may relabel the namespace
+        st.cond("Created", False, "PodSecurityForbidden", problem.message)
+        st.phase("Pending")
+        return plan.wait(problem.message)
     conflict = (problem.message if problem else None) or _foreign_child(plan)
     if conflict:
         st.cond("Created", False, "NameConflict", conflict)
@@ -468,6 +479,10 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
     failures.sort(key=lambda f: f.finished or "~")  # the first to fail is the cause
     if job.launcher == "mpi" and _launcher_outcome(launcher) == "Failed":
         failures.append(_launcher_failure(job, pods))
+    if job.preflight.enabled or job.infiniband:
+        outcome = _fabric(plan, job, st, workers, attempt, failures)
+        if outcome is not None:
+            return outcome
     if failures:
         return _gang_failed(plan, job, st, failures[0])
 
@@ -535,19 +550,78 @@ def _launcher_failure(job: Job, pods: list[dict]) -> Failure:
     return Failure(render.launcher_name(job), render.LAUNCHER, None, "LauncherFailed")
 
 
-def _gang_failed(plan: _Plan, job: Job, st: _Status, failure: Failure) -> Outcome:
+def _fabric(plan: _Plan, job: Job, st: _Status, workers: dict[int, dict], attempt: int,
+            failures: list[Failure]) -> Outcome | None:
+    """The preflight's report (render/fabric.py, preflight.py): status.preflight, the Transport
+    condition, and on a failed check the uncounted restart after tainting the slow node. None:
+    carry on."""
+    rep = preflight.report(workers.get(0), job.workers)
+    if rep is None:
+        return None
+    threshold = job.preflight.min_busbw
+    verdict = preflight.judge(rep, threshold, workers)
+    wanted = "IB" if job.infiniband else "Socket"
+    if rep.transport == "Socket" and job.infiniband:
+        message = (f"NCCL chose sockets, not InfiniBand, on an InfiniBand job (preflight of "
+                   f"attempt {attempt}): check the RDMA device plugin, memlock and "
+                   f"NCCL_IB_HCA on the nodes")
+        if job.fabric.socket_transport == "fail":
+            st.cond("Transport", False, "Socket", message)
+            _finish(st, "Failed", "SocketTransport",
+                    message + "; the operator's infiniband.socketTransport is fail", plan.now)
+            _stop(plan, job.run_policy.clean_pod_policy)
+            plan.out.requeue_after = None
+            return plan.out
+    else:
+        message = f"NCCL uses {rep.transport} (preflight of attempt {attempt})" \
+            if rep.backend == "nccl" else f"Gloo uses TCP sockets (preflight of attempt {attempt})"
+    st.cond("Transport", rep.transport == wanted or rep.transport == "unknown",
+            rep.transport if rep.transport != "unknown" else "Unknown", message)
+    # Uncounted only when the slow node is out of the next attempt's way, and at most once per
+    # worker: a gang that keeps failing after that has a problem no taint fixes.
+    uncounted = (not verdict.passed and verdict.node is not None
+                 and job.fabric.taint_unhealthy_nodes
+                 and int(st.data.get("uncountedRestarts") or 0) < job.workers)
+    if not verdict.passed and verdict.node is not None and not uncounted:
+        why = "the operator's preflight.taintUnhealthyNodes is false" \
+            if not job.fabric.taint_unhealthy_nodes else \
+            f"{job.workers} uncounted restarts were used"
+        verdict = preflight.Verdict(False, verdict.suspect, verdict.node,
+                                    f"{verdict.message}; node not tainted ({why})")
+    st.data["preflight"] = preflight.status(rep, verdict, threshold, attempt, tainted=uncounted)
+    if verdict.passed:
+        return None
+    if uncounted:
+        plan.out.actions.append(TaintNode(verdict.node, preflight.TAINT))
+    pod0 = render.worker_name(job, 0)
+    cause = next((f for f in failures if f.pod == pod0 and f.container == "preflight"), None)
+    failure = Failure(pod0, "preflight", cause.exit_code if cause else None, "FabricCheckFailed",
+                      cause.finished if cause else "", detail=verdict.message)
+    return _gang_failed(plan, job, st, failure, counted=not uncounted)
+
+
+def _gang_failed(plan: _Plan, job: Job, st: _Status, failure: Failure,
+                 counted: bool = True) -> Outcome:
+    """Restart the gang, or fail the job once runPolicy.backoffLimit restarts are used. An
+    uncounted restart (a preflight that found and tainted a bad node) is a new attempt that
+    does not use up backoffLimit."""
     restarts = int(st.data.get("restarts") or 0)
+    uncounted = int(st.data.get("uncountedRestarts") or 0)
     limit = job.run_policy.backoff_limit
     st.data["lastFailure"] = failure.as_status()
-    if restarts >= limit:
+    if counted and restarts - uncounted >= limit:
         _finish(st, "Failed", "BackoffLimitExceeded",
                 f"{failure.describe()}; runPolicy.backoffLimit={limit} restarts used", plan.now)
         _stop(plan, job.run_policy.clean_pod_policy)
         plan.out.requeue_after = None
         return plan.out
     st.data["restarts"] = restarts + 1
+    if not counted:
+        st.data["uncountedRestarts"] = uncounted + 1
+    which = f"restart {restarts - uncounted + 1} of {limit}" if counted else \
+        f"not counted against runPolicy.backoffLimit={limit}"
     st.cond("Restarting", True, "GangRestart",
-            f"{failure.describe()}; restarting the gang (restart {restarts + 1} of {limit})")
+            f"{failure.describe()}; restarting the gang ({which})")
     st.cond("WorkersReady", False, "GangRestart", "the gang is being recreated")
     if conditions.get_condition(st.data.get("conditions"), "Running"):
         st.cond("Running", False, "GangRestart", failure.describe())

@@ -15,9 +15,10 @@ import json
 from dataclasses import dataclass
 
 from trainop import blob, crds
-from trainop.config import Config, NodePool
+from trainop.config import Config, Fabric, NodePool
 
 KIND = "DistributedTrainingJob"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"  # the kubelet's well-known label
 
 
 class SpecError(ValueError):
@@ -35,6 +36,14 @@ class Placement:
     pool: str | None  # name in the operator's config, None for an explicit nodeSelector
     gpu_resource: str
     rdma_resource: str
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """`spec.preflight`, with the pool's threshold when the spec names none."""
+    enabled: bool
+    min_busbw: float  # GB/s; 0: measure and report only
+    image: str = ""   # preflight.image of the configuration, else the PyTorch trainer image
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,9 @@ class Job:
     security: SecurityContext
     priority_class_name: str | None = None  # spec.priorityClassName (priority.py resolves it)
     pod_priority_class: str | None = None   # the pods' priorityClassName, set by priority.bind
+    preflight: Preflight = Preflight(False, 0.0, "")  # spec.preflight
+    topology_file: str | None = None  # NCCL_TOPO_FILE on the node (IB, known instance type)
+    fabric: Fabric = Fabric()          # the operator's infiniband/preflight sections
 
     @property
     def total_gpus(self) -> int:
@@ -165,7 +177,10 @@ def _placement(spec: dict, cfg: Config) -> Placement:
         raise SpecError("spec.infiniband", f"node pool {name!r} has no InfiniBand; choose a pool "
                         f"with InfiniBand ({', '.join(sorted(p.name for p in cfg.node_pools.values() if p.infiniband)) or 'none configured'}) "
                         f"or set infiniband: false")
-    return Placement(node_selector=dict(pool.node_selector), tolerations=tuple(pool.tolerations),
+    selector = dict(pool.node_selector)
+    if pool.instance_type:  # NCCL_TOPO_FILE is chosen by it: only nodes of that size
+        selector.setdefault(INSTANCE_TYPE_LABEL, pool.instance_type)
+    return Placement(node_selector=selector, tolerations=tuple(pool.tolerations),
                      pool=pool.name, gpu_resource=pool.gpu_resource,
                      rdma_resource=pool.rdma_resource)
 
@@ -247,7 +262,38 @@ def parse(body: dict, cfg: Config) -> Job:
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),
         priority_class_name=spec.get("priorityClassName"),
+        preflight=_preflight(spec, cfg), topology_file=_topology_file(spec, cfg),
+        fabric=cfg.fabric,
     )
+
+
+def _pool_of(spec: dict, cfg: Config) -> NodePool | None:
+    """The configured pool a job runs in (None for an explicit nodeSelector)."""
+    pool_spec = spec.get("nodePool") or {}
+    if "nodeSelector" in pool_spec:
+        return None
+    if "name" in pool_spec:
+        return cfg.node_pools.get(pool_spec["name"])
+    kind = "infiniband" if spec["infiniband"] else "gpu" if spec["gpusPerWorker"] else "cpu"
+    return cfg.node_pools.get(cfg.default_node_pools.get(kind) or "")
+
+
+def _preflight(spec: dict, cfg: Config) -> Preflight:
+    raw = spec.get("preflight") or {}
+    pool = _pool_of(spec, cfg)
+    threshold = raw.get("minBusBandwidthGBps")
+    if threshold is None:
+        threshold = (pool.preflight_min_busbw if pool else None) or 0.0
+    image = cfg.fabric.preflight_image or cfg.images.get("pytorch") or ""
+    return Preflight(enabled=bool(raw.get("enabled")), min_busbw=float(threshold), image=image)
+
+
+def _topology_file(spec: dict, cfg: Config) -> str | None:
+    """NCCL's topology file for the pool's VM size (infiniband.topologyFiles), IB jobs only."""
+    pool = _pool_of(spec, cfg)
+    if not spec["infiniband"] or pool is None or not pool.instance_type:
+        return None
+    return cfg.fabric.topology_files.get(pool.instance_type)
 
 
 # Parsing validates against the CRD's schema (milliseconds): a reconcile that runs on every watch

@@ -1,0 +1,314 @@
+"""InfiniBand pod shaping and the preflight fabric check (issue 17, items 3 and 4): the renderer
+(render/fabric.py), the configuration, the report as untrusted input and the pairwise search
+(preflight.py), and jobsync's decisions on a report: a slow node found, tainted, and an
+uncounted restart. Tables, no cluster: tests/e2e/test_preflight.py runs the check on real pods."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from tests.unit.test_jobsync_decide import NOW, RUNNING, T0, body, cond, launcher, pod, shared, snap
+from trainop import config, preflight
+from trainop.actions import TaintNode
+from trainop.config import ConfigError
+from trainop.jobsync import decide
+from trainop.render import dtj, fabric
+from trainop.spec import parse
+
+IB_POOL = {"nodeSelector": {"kubernetes.azure.com/agentpool": "ndv5"}, "infiniband": True,
+           "instanceType": "Standard_ND96isr_H100_v5", "preflightMinBusBandwidthGBps": 150}
+
+
+BLOB = {"blob": {"accountURL": "https://a.blob.core.windows.net", "container": "results",
+                 "auth": {"sasSecretRef": {"name": "s", "key": "sas"}}}}
+
+
+def cfg(**sections) -> config.Config:
+    return config.from_dict({"nodePools": {"ndv5": IB_POOL, "system": {"nodeSelector": {"kubernetes.azure.com/agentpool": "system"}}},
+                             "defaultNodePools": {"cpu": "system", "gpu": "ndv5", "infiniband": "ndv5"},
+                             **sections})
+
+
+def job(c: config.Config | None = None, **spec):
+    spec.setdefault("workers", 2)
+    b = {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+         "metadata": {"name": "j", "namespace": "ns"}, "spec": spec}
+    return parse(b, c or cfg())
+
+
+def container(pod_spec: dict, name: str, init: bool = False) -> dict:
+    return next(c for c in pod_spec["initContainers" if init else "containers"] if c["name"] == name)
+
+
+def env(c: dict) -> dict:
+    return {e["name"]: e.get("value") for e in c["env"]}
+
+
+# ---- InfiniBand -------------------------------------------------------------------------------
+
+def test_infiniband_pods_get_the_topology_file_of_the_pools_vm_size_one_fabric_and_memlock():
+    j = job(gpusPerWorker=8, infiniband=True, launcher="mpi")
+    worker = dtj.render_worker(j, 1, attempt=0)["spec"]
+    main = container(worker, "worker")
+    # NCCL_TOPO_FILE from infiniband.topologyFiles, read from the node, only nodes of that size
+    assert env(main)["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv5-topo.xml"
+    assert {"name": "nccl-topology", "hostPath": {"path": "/opt/microsoft/ndv5-topo.xml", "type": "File"}} in worker["volumes"]
+    assert {"name": "nccl-topology", "mountPath": "/opt/microsoft/ndv5-topo.xml", "readOnly": True} in main["volumeMounts"]
+    assert worker["nodeSelector"] == {"kubernetes.azure.com/agentpool": "ndv5",
+                                      "node.kubernetes.io/instance-type": "Standard_ND96isr_H100_v5"}
+    # every worker on one value of the fabric label
+    (term,) = worker["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term == {"labelSelector": {"matchLabels": {"trainop.io/job-name": "j", "trainop.io/role": "worker"}},
+                    "topologyKey": "kubernetes.azure.com/agentpool"}
+    # sshd (whose children are the ranks) and the launcher start after the memlock raise
+    assert main["command"][2].startswith(fabric.MEMLOCK_PREAMBLE)
+    launch = dtj.render_launcher(j, attempt=0)["spec"]["template"]["spec"]
+    assert container(launch, "launcher")["command"][2].startswith(fabric.MEMLOCK_PREAMBLE)
+    assert "affinity" not in launch  # the launcher needs no fabric
+    # no capability by default: a non-root rank could not use it (docs/security.md)
+    assert main["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def test_ipc_lock_only_where_the_admin_asks_and_never_on_the_log_shipper():
+    j = job(cfg(infiniband={"ipcLock": True}), gpusPerWorker=8, infiniband=True, output=BLOB)
+    worker = dtj.render_worker(j, 0, attempt=0)["spec"]
+    assert container(worker, "worker")["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert container(worker, "logship", init=True)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_jobs_without_infiniband_get_none_of_it():
+    j = job(cfg(), gpusPerWorker=0, nodePool={"name": "system"})
+    worker = dtj.render_worker(j, 0, attempt=0)["spec"]
+    main = container(worker, "worker")
+    assert "NCCL_TOPO_FILE" not in env(main) and "affinity" not in worker
+    assert not main["command"][2].startswith(fabric.MEMLOCK_PREAMBLE)
+    assert "initContainers" not in worker
+    assert "publishNotReadyAddresses" not in dtj.render_service(j)["spec"]
+
+
+def test_an_unknown_vm_size_gets_no_topology_file():
+    c = config.from_dict({"nodePools": {"ib": {**IB_POOL, "instanceType": "Standard_ND40rs_v2"}},
+                          "defaultNodePools": {"cpu": None, "gpu": "ib", "infiniband": "ib"}})
+    j = job(c, gpusPerWorker=8, infiniband=True)
+    assert j.topology_file is None
+    assert "NCCL_TOPO_FILE" not in env(container(dtj.render_worker(j, 0, 0)["spec"], "worker"))
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"infiniband": {"topologyFiles": {"Standard_ND96asr_v4": "ndv4-topo.xml"}}}, "infiniband.topologyFiles"),
+    ({"infiniband": {"socketTransport": "ignore"}}, "infiniband.socketTransport: must be warn or fail"),
+    ({"preflight": {"sizeMB": 0}}, "preflight.sizeMB"),
+    ({"nodePools": {"ib": {**IB_POOL, "preflightMinBusBandwidthGBps": -1}}}, "nodePools.ib.preflightMinBusBandwidthGBps"),
+])
+def test_configuration_errors_name_the_key(section, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        config.from_dict(section)
+
+
+# ---- the preflight container ------------------------------------------------------------------
+
+def test_preflight_runs_in_every_worker_before_training_with_the_workers_gpus():
+    j = job(gpusPerWorker=8, infiniband=True, preflight={"enabled": True})
+    assert j.preflight.min_busbw == 150  # the pool's threshold
+    for i in range(2):
+        worker = dtj.render_worker(j, i, attempt=0)["spec"]
+        pre = container(worker, "preflight", init=True)
+        main = container(worker, "worker")
+        assert pre["resources"] == main["resources"] == {"limits": {"nvidia.com/gpu": 8, "rdma/ib": 1}}
+        assert pre["image"] == "trainop/trainer-pytorch:0.1.0"  # images.pytorch, whatever spec.image is
+        script = pre["command"][2]
+        assert f"--node-rank={i}" in script and "--nproc-per-node=8" in script
+        assert f"--master-addr={dtj.host(j, 0)}" in script and "--master-port=29401" in script
+        assert "--min-busbw 150.0" in script and "--result-file /dev/termination-log" in script
+        assert env(pre)["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv5-topo.xml"
+    # worker 0 resolves while no worker is Ready yet
+    assert dtj.render_service(j)["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_the_specs_threshold_wins_and_the_admin_picks_the_image():
+    j = job(cfg(preflight={"image": "registry.example/preflight:1"}), gpusPerWorker=8,
+            preflight={"enabled": True, "minBusBandwidthGBps": 40})
+    pre = container(dtj.render_worker(j, 0, 0)["spec"], "preflight", init=True)
+    assert "--min-busbw 40.0" in pre["command"][2] and pre["image"] == "registry.example/preflight:1"
+
+
+def test_the_preflight_comes_after_the_log_shipper():
+    j = job(gpusPerWorker=8, preflight={"enabled": True}, output=BLOB)
+    worker = dtj.render_worker(j, 0, attempt=0)["spec"]
+    assert [c["name"] for c in worker["initContainers"]] == ["logship", "preflight"]
+
+
+# ---- the report, checked as untrusted input ---------------------------------------------------
+
+GOOD = {"busBandwidthGBps": 12.5, "minBusBandwidthGBps": 150, "passed": False, "sizeBytes": 67108864,
+        "worldSize": 32, "workers": 4, "backend": "nccl", "transport": "IB",
+        "pairs": [{"workers": [0, 1], "busBandwidthGBps": 180.0}, {"workers": [1, 2], "busBandwidthGBps": 9.0},
+                  {"workers": [2, 3], "busBandwidthGBps": 8.5}, {"workers": [0, 3], "busBandwidthGBps": 175.0}]}
+
+
+def test_a_report_parses_and_junk_does_not():
+    rep = preflight.parse(json.dumps(GOOD), workers=4)
+    assert rep.busbw == 12.5 and rep.transport == "IB" and len(rep.pairs) == 4
+    for bad in ["", "not json", "[1]", json.dumps({**GOOD, "passed": "yes"}),
+                json.dumps({**GOOD, "busBandwidthGBps": float("nan")}),
+                json.dumps({**GOOD, "pairs": [{"workers": [0, 7], "busBandwidthGBps": 1}]}),  # not a worker of the gang
+                json.dumps({**GOOD, "pairs": [{"workers": [1, 1], "busBandwidthGBps": 1}]}),
+                "x" * 5000]:
+        assert preflight.parse(bad, workers=4) is None, bad
+    assert preflight.parse(json.dumps({**GOOD, "transport": "rm -rf"}), 4).transport == "unknown"
+
+
+@pytest.mark.parametrize("pairs, expected", [
+    ({(0, 1): 180, (1, 2): 9, (2, 3): 8.5, (0, 3): 175}, 2),      # worker 2 slow in both its pairs
+    ({(0, 1): 180, (1, 2): 170, (2, 3): 160, (0, 3): 5}, None),   # a link, not a node: 0 and 3 each pass once
+    ({(0, 1): 1, (1, 2): 2, (2, 3): 3, (0, 3): 4}, None),         # everything slow: the fabric or the threshold
+    ({(0, 1): 5}, None),                                          # two workers: cannot tell which
+    ({(0, 1): 5, (1, 2): 5, (0, 2): 200}, 1),                     # three workers
+    ({}, None),
+])
+def test_the_pairwise_search_names_the_one_worker_slow_in_every_pair(pairs, expected):
+    found = preflight.suspect(tuple(preflight.Pair(k, v) for k, v in pairs.items()), threshold=150)
+    assert found == expected
+
+
+# ---- decisions: a slow node found -> taint + uncounted restart --------------------------------
+
+def preflight_pods(report: dict, n: int = 4, exit_code: int = 1, attempt: int = 0) -> list[dict]:
+    """n workers stuck in Init whose preflight ended: worker 0 carries the report."""
+    out = []
+    for i in range(n):
+        p = pod(f"j-worker-{i}", index=i, attempt=attempt, phase="Failed" if exit_code else "Running",
+                ready=not exit_code)
+        p["spec"]["nodeName"] = f"aks-ndv5-{i}"
+        term = {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed", "finishedAt": T0}
+        if i == 0:
+            term["message"] = json.dumps(report)
+        p["status"]["initContainerStatuses"] = [{"name": "preflight", "state": {"terminated": term}}]
+        out.append(p)
+    return out
+
+
+def fabric_job(status=None, backoff=0, **spec):
+    spec = {"workers": 4, "gpusPerWorker": 8, "infiniband": True, "launcher": "torchrun",
+            "preflight": {"enabled": True}, "runPolicy": {"backoffLimit": backoff}, **spec}
+    return body(copy.deepcopy(status if status is not None else STARTING), **spec)
+
+
+STARTING = {"phase": "Starting", "startTime": T0, "restarts": 0, "conditions": cond(
+    ("Created", True, "ChildrenCreated"), ("Admitted", True, "QuotaReserved"),
+    ("WorkersReady", False, "WaitingForWorkers"))}
+TAINTING = cfg(preflight={"taintUnhealthyNodes": True})
+
+
+def test_a_slow_node_is_tainted_and_the_restart_is_not_counted():
+    out = decide(snap(fabric_job(), pods=preflight_pods(GOOD), **shared()), TAINTING, NOW)
+    assert TaintNode("aks-ndv5-2", preflight.TAINT) in out.actions
+    assert preflight.TAINT == {"key": "trainop.io/unhealthy", "value": "preflight", "effect": "NoSchedule"}
+    st = out.status
+    assert (st["restarts"], st["uncountedRestarts"], st["phase"]) == (1, 1, "Starting")  # backoffLimit 0, still restarts
+    pre = st["preflight"]
+    assert (pre["passed"], pre["suspectWorker"], pre["suspectNode"], pre["tainted"]) == (False, 2, "aks-ndv5-2", True)
+    assert pre["busBandwidthGBps"] == 12.5 and pre["minBusBandwidthGBps"] == 150 and len(pre["pairs"]) == 4
+    restarting = next(c for c in st["conditions"] if c["type"] == "Restarting")
+    assert "not counted against runPolicy.backoffLimit=0" in restarting["message"]
+    assert "worker 2 (node aks-ndv5-2) was slow in every pair" in restarting["message"]
+    assert st["lastFailure"]["container"] == "preflight" and st["lastFailure"]["reason"] == "FabricCheckFailed"
+
+
+def test_the_next_attempt_counts_again_from_what_was_counted():
+    """Two counted restarts used plus one uncounted: a backoffLimit of 2 is used up."""
+    status = {**copy.deepcopy(STARTING), "restarts": 3, "uncountedRestarts": 1}
+    pods = preflight_pods(GOOD, attempt=3)
+    for p in pods:
+        p["status"]["initContainerStatuses"] = []  # the preflight passed; a worker failed later
+    pods[1]["status"]["containerStatuses"] = [{"name": "worker", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]
+    out = decide(snap(fabric_job(status, backoff=2), pods=pods, **shared()), TAINTING, NOW)
+    assert out.status["phase"] == "Failed"
+    assert "runPolicy.backoffLimit=2 restarts used" in next(
+        c["message"] for c in out.status["conditions"] if c["type"] == "Failed")
+
+
+def test_without_tainting_the_restart_counts_and_names_the_node():
+    out = decide(snap(fabric_job(), pods=preflight_pods(GOOD), **shared()), cfg(), NOW)
+    assert not [a for a in out.actions if isinstance(a, TaintNode)]
+    assert out.status["phase"] == "Failed"  # backoffLimit 0: a counted restart is not left
+    failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert "node aks-ndv5-2" in failed["message"] and "preflight.taintUnhealthyNodes is false" in failed["message"]
+    assert out.status["preflight"]["tainted"] is False
+
+
+def test_no_single_slow_worker_means_a_counted_restart_and_no_taint():
+    report = {**GOOD, "pairs": [{"workers": [0, 1], "busBandwidthGBps": 9.0}, {"workers": [1, 2], "busBandwidthGBps": 9.0},
+                                {"workers": [2, 3], "busBandwidthGBps": 9.0}, {"workers": [0, 3], "busBandwidthGBps": 9.0}]}
+    out = decide(snap(fabric_job(backoff=1), pods=preflight_pods(report), **shared()), TAINTING, NOW)
+    assert not [a for a in out.actions if isinstance(a, TaintNode)]
+    assert (out.status["restarts"], out.status.get("uncountedRestarts")) == (1, None)
+    assert "no single worker was slow in every pair" in out.status["preflight"]["message"]
+
+
+def test_uncounted_restarts_stop_after_one_per_worker():
+    status = {**copy.deepcopy(STARTING), "restarts": 4, "uncountedRestarts": 4}
+    out = decide(snap(fabric_job(status, backoff=0), pods=preflight_pods(GOOD, attempt=4), **shared()), TAINTING, NOW)
+    assert not [a for a in out.actions if isinstance(a, TaintNode)]
+    assert out.status["phase"] == "Failed"
+    assert out.status["preflight"]["message"].endswith("node not tainted (4 uncounted restarts were used)")
+    assert out.status["preflight"]["tainted"] is False
+
+
+def test_a_report_naming_no_worker_of_the_gang_taints_nothing():
+    """The node comes from the operator's own pod, never from the report: a report that names
+    a worker outside the gang is refused as a whole."""
+    report = {**GOOD, "pairs": [{"workers": [0, 9], "busBandwidthGBps": 1.0}], "suspectNode": "kube-system-node"}
+    out = decide(snap(fabric_job(backoff=1), pods=preflight_pods(report), **shared()), TAINTING, NOW)
+    assert not [a for a in out.actions if isinstance(a, TaintNode)]
+    assert "preflight" not in out.status  # not a report: an ordinary (counted) failure
+    assert out.status["restarts"] == 1 and out.status["lastFailure"]["container"] == "preflight"
+
+
+# ---- decisions: a passing check, the transport -----------------------------------------------
+
+PASSED = {**GOOD, "busBandwidthGBps": 182.0, "passed": True}
+PASSED.pop("pairs")
+
+
+def test_a_passing_check_is_shown_and_training_goes_on():
+    out = decide(snap(fabric_job(), pods=preflight_pods(PASSED, exit_code=0), **shared()), TAINTING, NOW)
+    assert out.status["preflight"]["passed"] is True and out.status["preflight"]["busBandwidthGBps"] == 182.0
+    assert out.status["phase"] == "Running" and out.status.get("restarts") == 0
+    transport = next(c for c in out.status["conditions"] if c["type"] == "Transport")
+    assert (transport["status"], transport["reason"]) == ("True", "IB")
+    assert not [a for a in out.actions if isinstance(a, TaintNode)]
+
+
+def test_sockets_on_an_infiniband_job_warn_once_or_fail_if_the_admin_says_so():
+    socket = {**PASSED, "transport": "Socket"}
+    s = snap(fabric_job(), pods=preflight_pods(socket, exit_code=0), **shared())
+    out = decide(s, cfg(), NOW)
+    transport = next(c for c in out.status["conditions"] if c["type"] == "Transport")
+    assert (transport["status"], transport["reason"]) == ("False", "Socket")
+    assert [e for e in out.events if e[:2] == ("Warning", "Socket")]
+    again = decide(snap(fabric_job(out.status), pods=preflight_pods(socket, exit_code=0), **shared()), cfg(), NOW)
+    assert not [e for e in again.events if e[1] == "Socket"]  # once per transition
+    failed = decide(s, cfg(infiniband={"socketTransport": "fail"}), NOW)
+    assert failed.status["phase"] == "Failed"
+    assert next(c for c in failed.status["conditions"] if c["type"] == "Failed")["reason"] == "SocketTransport"
+
+
+def test_gloo_on_a_cpu_job_is_the_expected_socket_transport():
+    report = {**PASSED, "backend": "gloo", "transport": "Socket"}
+    b = body(copy.deepcopy(STARTING), workers=4, gpusPerWorker=0, launcher="torchrun",
+             nodePool={"name": "system"}, preflight={"enabled": True})
+    out = decide(snap(b, pods=preflight_pods(report, exit_code=0), **shared()), cfg(), NOW)
+    transport = next(c for c in out.status["conditions"] if c["type"] == "Transport")
+    assert (transport["status"], transport["reason"]) == ("True", "Socket")
+    assert "Gloo uses TCP sockets" in transport["message"]
+
+
+def test_running_jobs_without_preflight_are_untouched():
+    out = decide(snap(body(copy.deepcopy(RUNNING)), pods=[pod("j-worker-0", index=0), pod("j-worker-1", index=1)],
+                      launcher=launcher(), **shared()), TAINTING, NOW)
+    assert "preflight" not in out.status and not any(c["type"] == "Transport" for c in out.status["conditions"])
