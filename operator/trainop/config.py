@@ -38,8 +38,11 @@ Format (every key optional; camelCase like Helm values):
       fabricTopologyKey: kubernetes.azure.com/agentpool  # node label whose value is one IB
                                      # fabric (on AKS a pool is one VM scale set): a required
                                      # podAffinity keeps every worker of a job on one value
-      topologyFiles:                 # instance type -> NCCL topology file on the node
+      topologyFiles:                 # instance type -> NCCL topology file
         Standard_ND96isr_H100_v5: /opt/microsoft/ndv5-topo.xml
+      topologyFilesFrom: node        # node: a read-only hostPath of the file (the namespace
+                                     # must allow privileged pods); image: the path is inside
+                                     # the training image, nothing is mounted
       socketTransport: warn          # NCCL chose sockets on an IB job: warn (Warning Event) | fail
     preflight:                       # spec.preflight (render/fabric.py, preflight.py)
       image: null                    # null: images.pytorch (needs torch and trainop_trainer)
@@ -99,6 +102,7 @@ DEFAULTS: dict = {
     # Where AKS's HPC images keep NCCL's topology files for the ND sizes whose PCIe layout NCCL
     # cannot discover inside a VM (Azure/azhpc-images: ndv4, ndv5). A file must exist on the node.
     "infiniband": {"ipcLock": False, "fabricTopologyKey": POOL_LABEL, "socketTransport": "warn",
+                   "topologyFilesFrom": "node",
                    "topologyFiles": {"Standard_ND96asr_v4": "/opt/microsoft/ndv4-topo.xml",
                                      "Standard_ND96amsr_A100_v4": "/opt/microsoft/ndv4-topo.xml",
                                      "Standard_ND96isr_H100_v5": "/opt/microsoft/ndv5-topo.xml"}},
@@ -129,6 +133,7 @@ class Fabric:
     ipc_lock: bool = False
     topology_key: str = POOL_LABEL
     topology_files: dict[str, str] = field(default_factory=dict)
+    topology_files_from: str = "node"    # node (hostPath) | image
     socket_transport: str = "warn"       # warn | fail
     preflight_image: str | None = None   # None: images.pytorch
     preflight_size_mb: int = 64
@@ -229,6 +234,9 @@ def _fabric(raw: dict) -> Fabric:
             isinstance(v, str) and v.startswith("/") for v in files.values()):
         raise ConfigError("infiniband.topologyFiles: must map instance types to absolute paths "
                           "on the node, e.g. {Standard_ND96isr_H100_v5: /opt/microsoft/ndv5-topo.xml}")
+    if ib.get("topologyFilesFrom", "node") not in ("node", "image"):
+        raise ConfigError("infiniband.topologyFilesFrom: must be node (mounted from the node) or "
+                          "image (the path is inside the training image)")
     if ib.get("socketTransport", "warn") not in ("warn", "fail"):
         raise ConfigError("infiniband.socketTransport: must be warn or fail")
     key = ib.get("fabricTopologyKey", POOL_LABEL)
@@ -240,6 +248,7 @@ def _fabric(raw: dict) -> Fabric:
             raise ConfigError(f"preflight.{name}: must be a positive integer")
     return Fabric(ipc_lock=bool(ib.get("ipcLock", False)), topology_key=key,
                   topology_files={str(k): v for k, v in files.items()},
+                  topology_files_from=ib.get("topologyFilesFrom", "node"),
                   socket_transport=ib.get("socketTransport", "warn"),
                   preflight_image=pre.get("image") or None,
                   preflight_size_mb=int(pre.get("sizeMB", 64)),

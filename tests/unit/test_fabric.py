@@ -89,6 +89,16 @@ def test_jobs_without_infiniband_get_none_of_it():
     assert "publishNotReadyAddresses" not in dtj.render_service(j)["spec"]
 
 
+def test_a_topology_file_from_the_image_needs_no_mount():
+    """No hostPath: the job's namespace can stay baseline or restricted."""
+    j = job(cfg(infiniband={"topologyFilesFrom": "image"}), gpusPerWorker=8, infiniband=True,
+            preflight={"enabled": True})
+    worker = dtj.render_worker(j, 0, attempt=0)["spec"]
+    assert env(container(worker, "worker"))["NCCL_TOPO_FILE"] == "/opt/microsoft/ndv5-topo.xml"
+    assert not [v for v in worker["volumes"] if "hostPath" in v]
+    assert [m["name"] for m in container(worker, "preflight", init=True)["volumeMounts"]] == ["shm"]
+
+
 def test_an_unknown_vm_size_gets_no_topology_file():
     c = config.from_dict({"nodePools": {"ib": {**IB_POOL, "instanceType": "Standard_ND40rs_v2"}},
                           "defaultNodePools": {"cpu": None, "gpu": "ib", "infiniband": "ib"}})
@@ -100,6 +110,7 @@ def test_an_unknown_vm_size_gets_no_topology_file():
 @pytest.mark.parametrize("section, message", [
     ({"infiniband": {"topologyFiles": {"Standard_ND96asr_v4": "ndv4-topo.xml"}}}, "infiniband.topologyFiles"),
     ({"infiniband": {"socketTransport": "ignore"}}, "infiniband.socketTransport: must be warn or fail"),
+    ({"infiniband": {"topologyFilesFrom": "blob"}}, "infiniband.topologyFilesFrom"),
     ({"preflight": {"sizeMB": 0}}, "preflight.sizeMB"),
     ({"nodePools": {"ib": {**IB_POOL, "preflightMinBusBandwidthGBps": -1}}}, "nodePools.ib.preflightMinBusBandwidthGBps"),
 ])

@@ -16,7 +16,8 @@ InfiniBand (docs/security.md, "InfiniBand"):
   non-root process (every trainop pod is non-root) loses it at exec, because Kubernetes sets
   no ambient capabilities. It also needs a namespace whose Pod Security level is privileged.
 - NCCL_TOPO_FILE for the pool's VM size, read from the node (a read-only hostPath of that one
-  file).
+  file) or, with `infiniband.topologyFilesFrom: image`, from the training image (no mount, so
+  no privileged namespace).
 - One fabric: a required podAffinity keeps every worker of the job on one value of
   `infiniband.fabricTopologyKey` (on AKS the agent pool, one VM scale set: only VMs of one
   scale set share an InfiniBand fabric).
@@ -91,7 +92,7 @@ def shape_pod(job: Job, pod_spec: dict, role: str, index: int | None = None,
             if container["name"] in TRAINING_CONTAINERS:
                 container["securityContext"] = _training_security(job)
                 container["env"] = container["env"] + common.env(ib_env(job))
-        if job.topology_file:
+        if _mounts_topology(job):
             pod_spec["volumes"] = pod_spec["volumes"] + [_topology_volume(job)]
             for container in pod_spec["containers"]:
                 if container["name"] in TRAINING_CONTAINERS:
@@ -103,6 +104,10 @@ def shape_pod(job: Job, pod_spec: dict, role: str, index: int | None = None,
         main = pod_spec["containers"][0]
         pod_spec["initContainers"] = pod_spec.get("initContainers", []) + \
             [preflight_container(job, index or 0, master, main["env"], main.get("resources") or {})]
+
+
+def _mounts_topology(job: Job) -> bool:
+    return bool(job.infiniband and job.topology_file and job.fabric.topology_files_from == "node")
 
 
 def _topology_volume(job: Job) -> dict:
@@ -139,7 +144,7 @@ def preflight_container(job: Job, index: int, master: str, env: list[dict],
            "env": list(env),
            "securityContext": _training_security(job),
            "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]
-           + ([_topology_mount(job)] if job.infiniband and job.topology_file else []),
+           + ([_topology_mount(job)] if _mounts_topology(job) else []),
            # The result is short JSON; File (the default) keeps what the program wrote.
            "terminationMessagePolicy": "File"}
     if job.image_pull_policy:
