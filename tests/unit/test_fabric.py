@@ -323,3 +323,15 @@ def test_running_jobs_without_preflight_are_untouched():
     out = decide(snap(body(copy.deepcopy(RUNNING)), pods=[pod("j-worker-0", index=0), pod("j-worker-1", index=1)],
                       launcher=launcher(), **shared()), TAINTING, NOW)
     assert "preflight" not in out.status and not any(c["type"] == "Transport" for c in out.status["conditions"])
+
+
+def test_the_memlock_preamble_raises_the_soft_limit_to_the_hard_one_and_says_when_it_is_not_unlimited():
+    """Run by /bin/sh (dash on the trainer images), as a rank's shell runs it: no capability is
+    needed to raise the soft limit up to the hard one."""
+    import subprocess
+
+    script = f"ulimit -S -l 64\n{fabric.MEMLOCK_PREAMBLE}echo $(ulimit -S -l) $(ulimit -H -l)\n"
+    done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True, check=True)
+    soft, hard = done.stdout.split()
+    assert soft == hard
+    assert ("LimitMEMLOCK=infinity" in done.stderr) == (hard != "unlimited")
