@@ -23,18 +23,14 @@ import argparse
 import glob
 import json
 import os
-import re
 import socket
 import sys
 import time
 
+from trainop_trainer.nccl import transport_from_log  # the parser training uses too
+
 RESULT_MAX = 4096  # bytes the kubelet keeps of a termination message
 NCCL_LOG = "/tmp/trainop-nccl.%h.%p.log"
-# "Using network IB" names the network a communicator uses. Without it (older NCCL), a device
-# line: "NET/IB : Using [0]mlx5_0:1/IB ..." or "NET/Socket : Using [0]eth0:...". Not
-# "NET/IB : Using [RO]; OOB eth0", which NCCL 2.28 prints with no HCA at all.
-_USING_NETWORK = re.compile(r"Using network (\w+)")
-_NET_DEVICE = re.compile(r"NET/(IB|Socket) : Using \[\d+\]")
 
 
 def bus_bandwidth(size_bytes: int, seconds: float, ranks: int) -> float:
@@ -50,15 +46,6 @@ def ring_pairs(workers: int) -> list[tuple[int, int]]:
         return []
     pairs = [(i, (i + 1) % workers) for i in range(workers)]
     return [tuple(sorted(p)) for p in pairs[: 1 if workers == 2 else workers]]
-
-
-def transport_from_log(text: str) -> str | None:
-    """The network NCCL's INFO lines say it uses: IB, Socket (or a plugin's name); Socket if
-    any communicator uses sockets."""
-    names = _USING_NETWORK.findall(text) or _NET_DEVICE.findall(text)
-    if not names:
-        return None
-    return "Socket" if "Socket" in names else names[0]
 
 
 def _read_nccl_log() -> str:

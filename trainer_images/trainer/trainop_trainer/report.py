@@ -33,6 +33,7 @@ class Reporter:
     world_size: int
     global_batch: int
     chief: bool
+    transport: str | None = None  # "IB" | "Socket": the network NCCL chose (nccl.py); None: no NCCL
     # (seconds, steps) per epoch, seconds derived from the gathered throughput. Epochs after the
     # first (which holds compilation and warm-up) make the final figure, as in the reference.
     _epochs: list[tuple[float, int]] = field(default_factory=list)
@@ -65,6 +66,8 @@ class Reporter:
             "worldSize": self.world_size,
             "final": final,
         }
+        if self.transport:
+            record["transport"] = self.transport
         line = json.dumps(record)
         write_line(sys.stdout, line)
         with open(self.metrics_file, "a") as f:
