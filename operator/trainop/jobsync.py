@@ -495,6 +495,10 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
         _stop(plan, job.run_policy.clean_pod_policy)
         plan.out.requeue_after = None
         return plan.out
+    if launched:  # after success: a job that completed is not failed for its transport
+        stopped = _training_transport(plan, job, st)
+        if stopped is not None:
+            return stopped
 
     for i in range(job.workers):
         if i not in workers:
@@ -560,23 +564,10 @@ def _fabric(plan: _Plan, job: Job, st: _Status, workers: dict[int, dict], attemp
         return None
     threshold = job.preflight.min_busbw
     verdict = preflight.judge(rep, threshold, workers)
-    wanted = "IB" if job.infiniband else "Socket"
-    if rep.transport == "Socket" and job.infiniband:
-        message = (f"NCCL chose sockets, not InfiniBand, on an InfiniBand job (preflight of "
-                   f"attempt {attempt}): check the RDMA device plugin, memlock and "
-                   f"NCCL_IB_HCA on the nodes")
-        if job.fabric.socket_transport == "fail":
-            st.cond("Transport", False, "Socket", message)
-            _finish(st, "Failed", "SocketTransport",
-                    message + "; the operator's infiniband.socketTransport is fail", plan.now)
-            _stop(plan, job.run_policy.clean_pod_policy)
-            plan.out.requeue_after = None
-            return plan.out
-    else:
-        message = f"NCCL uses {rep.transport} (preflight of attempt {attempt})" \
-            if rep.backend == "nccl" else f"Gloo uses TCP sockets (preflight of attempt {attempt})"
-    st.cond("Transport", rep.transport == wanted or rep.transport == "unknown",
-            rep.transport if rep.transport != "unknown" else "Unknown", message)
+    stopped = _transport(plan, job, st, rep.transport, f"preflight of attempt {attempt}",
+                         gloo=rep.backend == "gloo")
+    if stopped is not None:
+        return stopped
     # Uncounted only when the slow node is out of the next attempt's way, and at most once per
     # worker: a gang that keeps failing after that has a problem no taint fixes.
     uncounted = (not verdict.passed and verdict.node is not None
@@ -598,6 +589,42 @@ def _fabric(plan: _Plan, job: Job, st: _Status, workers: dict[int, dict], attemp
     failure = Failure(pod0, "preflight", cause.exit_code if cause else None, "FabricCheckFailed",
                       cause.finished if cause else "", detail=verdict.message)
     return _gang_failed(plan, job, st, failure, counted=not uncounted)
+
+
+def _transport(plan: _Plan, job: Job, st: _Status, transport: str, source: str,
+               gloo: bool = False) -> Outcome | None:
+    """Condition Transport from the network NCCL chose (IB, Socket or unknown), as the
+    preflight or the trainer reported it (`source` says which). Both are job-side input: what
+    they can do is limited to this job, a Warning Event when an InfiniBand job runs on sockets,
+    or, where the admin set infiniband.socketTransport: fail, failing it. None: carry on."""
+    wanted = "IB" if job.infiniband else "Socket"
+    if transport == "Socket" and job.infiniband:
+        message = (f"NCCL chose sockets, not InfiniBand, on an InfiniBand job ({source}): check "
+                   f"the RDMA device plugin, memlock and NCCL_IB_HCA on the nodes")
+        if job.fabric.socket_transport == "fail":
+            st.cond("Transport", False, "Socket", message)
+            _finish(st, "Failed", "SocketTransport",
+                    message + "; the operator's infiniband.socketTransport is fail", plan.now)
+            _stop(plan, job.run_policy.clean_pod_policy)
+            plan.out.requeue_after = None
+            return plan.out
+    else:
+        message = f"Gloo uses TCP sockets ({source})" if gloo else f"NCCL uses {transport} ({source})"
+    st.cond("Transport", transport in (wanted, "unknown"),
+            transport if transport != "unknown" else "Unknown", message)
+    return None
+
+
+def _training_transport(plan: _Plan, job: Job, st: _Status) -> Outcome | None:
+    """The network NCCL chose during training: the trainer's metrics key `transport`, from the
+    log shipper's progress ConfigMap (checked by logship.progress_metrics; only NCCL runs report
+    it, so a CPU job says nothing here). Read while the gang runs; it overrides the preflight's
+    word, since it is what the training itself uses. The ConfigMap keeps the latest report of
+    any attempt, so the message does not claim one."""
+    transport = (logship.progress_metrics(plan.snap.progress) or {}).get("transport")
+    if transport is None:
+        return None
+    return _transport(plan, job, st, transport, "the trainer's report")
 
 
 def _gang_failed(plan: _Plan, job: Job, st: _Status, failure: Failure,

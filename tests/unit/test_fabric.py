@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.unit.test_jobsync_decide import NOW, RUNNING, T0, body, cond, launcher, pod, shared, snap
+from tests.unit.test_jobsync_decide import NOW, RUNNING, T0, body, cond, launcher, pod, progress, shared, snap
 from trainop import config, preflight
 from trainop.actions import TaintNode
 from trainop.config import ConfigError
@@ -323,6 +323,62 @@ def test_running_jobs_without_preflight_are_untouched():
     out = decide(snap(body(copy.deepcopy(RUNNING)), pods=[pod("j-worker-0", index=0), pod("j-worker-1", index=1)],
                       launcher=launcher(), **shared()), TAINTING, NOW)
     assert "preflight" not in out.status and not any(c["type"] == "Transport" for c in out.status["conditions"])
+
+
+# ---- decisions: the transport the trainer reports during training --------------------------
+
+def training(progress_text: str, status: dict | None = None, c=None, launcher_=None, **spec):
+    """A running IB job (torchrun, Blob output) whose log shipper reported `progress_text`."""
+    spec = {"workers": 2, "gpusPerWorker": 8, "infiniband": True, "launcher": "torchrun", "output": BLOB,
+            "runPolicy": {"backoffLimit": 2}, **spec}
+    b = body(copy.deepcopy(status if status is not None else RUNNING), **spec)
+    workers = [pod(f"j-worker-{i}", index=i) for i in range(2)]
+    return decide(snap(b, pods=workers, launcher=launcher_, **shared(), progress=progress(progress_text)),
+                  c or cfg(), NOW)
+
+
+def transport_condition(status: dict) -> dict | None:
+    return next((c for c in status["conditions"] if c["type"] == "Transport"), None)
+
+
+def test_the_trainers_transport_sets_the_condition_while_training():
+    out = training('{"step": 100, "transport": "IB"}')
+    cond_ = transport_condition(out.status)
+    assert (cond_["status"], cond_["reason"]) == ("True", "IB") and "the trainer's report" in cond_["message"]
+    assert out.status["metrics"] == {"step": 100, "transport": "IB"} and out.status["phase"] == "Running"
+
+
+def test_sockets_reported_by_the_trainer_warn_once_or_fail_this_job():
+    out = training('{"step": 100, "transport": "Socket"}')
+    cond_ = transport_condition(out.status)
+    assert (cond_["status"], cond_["reason"]) == ("False", "Socket") and out.status["phase"] == "Running"
+    assert [e for e in out.events if e[:2] == ("Warning", "Socket")]
+    again = training('{"step": 200, "transport": "Socket"}', status=out.status)
+    assert not [e for e in again.events if e[1] == "Socket"]  # once per transition
+    failed = training('{"step": 100, "transport": "Socket"}', c=cfg(infiniband={"socketTransport": "fail"}))
+    assert failed.status["phase"] == "Failed"
+    assert next(c for c in failed.status["conditions"] if c["type"] == "Failed")["reason"] == "SocketTransport"
+    assert [a for a in failed.actions if getattr(a, "ref", None) is not None]  # the gang is stopped
+
+
+def test_the_trainers_word_overrides_the_preflights_and_junk_is_ignored():
+    """The preflight saw IB; training itself runs on sockets: what training uses wins."""
+    passed = {**PASSED, "transport": "IB"}
+    b = fabric_job(copy.deepcopy(RUNNING), workers=2, output=BLOB)
+    s = snap(b, pods=preflight_pods(passed, n=2, exit_code=0), **shared(),
+             progress=progress('{"step": 1, "transport": "Socket"}'))
+    assert transport_condition(decide(s, cfg(), NOW).status)["reason"] == "Socket"
+    for junk in ('{"transport": "RDMA"}', '{"transport": ["IB"]}', '{"transport": "Socket", "x": NaN'):
+        assert transport_condition(training(junk).status) is None  # no valid word: no condition
+
+
+def test_a_finished_job_is_not_failed_for_its_transport():
+    fail = cfg(infiniband={"socketTransport": "fail"})
+    done = training('{"final": true, "transport": "Socket"}', c=fail, launcher="mpi",
+                    launcher_=launcher(outcome="Complete"))
+    assert done.status["phase"] == "Succeeded"
+    running = training('{"step": 1, "transport": "Socket"}', c=fail, launcher="mpi", launcher_=launcher())
+    assert running.status["phase"] == "Failed"  # the same report while it runs
 
 
 def test_the_memlock_preamble_raises_the_soft_limit_to_the_hard_one_and_says_when_it_is_not_unlimited():
