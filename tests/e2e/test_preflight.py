@@ -90,7 +90,7 @@ def test_a_gang_below_the_threshold_times_its_pair_and_fails_counted_without_a_t
     and the restart counts (backoffLimit 0: the job fails)."""
     ns = real_namespace
     manifest = reduced("pytorch-torchrun-synthetic.yaml", "slow", preflight={"enabled": True, "minBusBandwidthGBps": 1e6},
-                       runPolicy={"backoffLimit": 0})
+                       runPolicy={"backoffLimit": 0, "cleanPodPolicy": "None"})  # keep the pods to read
     real_cluster.apply(manifest, ns)
     status = wait_phase(real_cluster, ns, "slow", "Failed")
     pre = status["preflight"]
@@ -102,7 +102,10 @@ def test_a_gang_below_the_threshold_times_its_pair_and_fails_counted_without_a_t
     assert status["lastFailure"]["reason"] == "FabricCheckFailed"
     assert (status["lastFailure"]["container"], status["lastFailure"]["exitCode"]) == ("preflight", PREFLIGHT_EXIT_SLOW)
     assert not status.get("uncountedRestarts")
+    real_cluster.assert_ran_on_real_nodes(ns, "trainop.io/job-name=slow")
     for i in (0, 1):  # every rank knew and exited with the slow code, in a real container
-        assert preflight_state(real_cluster, ns, f"slow-worker-{i}")["exitCode"] == PREFLIGHT_EXIT_SLOW
+        term = wait_until(lambda: preflight_state(real_cluster, ns, f"slow-worker-{i}"), timeout=120,
+                          interval=1, what=f"slow-worker-{i}'s preflight to end")
+        assert term["exitCode"] == PREFLIGHT_EXIT_SLOW, term
     for node in real_cluster.get("nodes")["items"]:
         assert not [t for t in node["spec"].get("taints") or [] if t["key"] == UNHEALTHY_TAINT], node["metadata"]["name"]
