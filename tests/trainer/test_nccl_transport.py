@@ -29,7 +29,8 @@ def test_the_probe_sends_nccls_info_lines_to_a_private_file_unless_the_user_set_
     env: dict = {}
     probe = nccl.TransportProbe(env, directory=str(tmp_path))
     assert env == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
-                   "NCCL_DEBUG_FILE": str(tmp_path / f"trainop-nccl.{os.getpid()}.log")}
+                   "NCCL_DEBUG_FILE": str(tmp_path / "trainop-nccl.%p.log")}  # NCCL: %p = its pid
+    assert probe.path == tmp_path / f"trainop-nccl.{os.getpid()}.log"
     assert probe.poll() is None  # no communicator yet: no file
 
     mine = {"NCCL_DEBUG": "WARN"}
@@ -40,7 +41,7 @@ def test_the_probe_sends_nccls_info_lines_to_a_private_file_unless_the_user_set_
 def test_the_transport_is_read_as_nccl_writes_and_its_warnings_reach_the_log(tmp_path):
     env: dict = {}
     probe = nccl.TransportProbe(env, directory=str(tmp_path))
-    log = open(env["NCCL_DEBUG_FILE"], "a")
+    log = open(probe.path, "a")  # as NCCL opens NCCL_DEBUG_FILE in this process
     stderr = io.StringIO()
     lines = NO_HCA.splitlines(keepends=True)
     log.write("".join(lines[:3]))   # up to "NET/IB : Using [RO]": no HCA, not IB
@@ -65,7 +66,7 @@ def test_an_ib_run_and_another_network_plugin():
 def test_plugin_names_are_not_reported(tmp_path):
     env: dict = {}
     probe = nccl.TransportProbe(env, directory=str(tmp_path))
-    with open(env["NCCL_DEBUG_FILE"], "w") as f:
+    with open(probe.path, "w") as f:
         f.write("h:1:1 [0] NCCL INFO Using network AWS Libfabric\n")
     assert probe.poll(io.StringIO()) is None  # the contract knows IB and Socket only
 

@@ -50,9 +50,12 @@ class TransportProbe:
         self._net_lines: list[str] = []  # only the lines transport_from_log looks at
         if "NCCL_DEBUG" in env:
             return  # the user's choice: their level, their destination
-        self.path = Path(directory or tempfile.gettempdir()) / f"trainop-nccl.{os.getpid()}.log"
+        folder = Path(directory or tempfile.gettempdir())
+        self.path = folder / f"trainop-nccl.{os.getpid()}.log"
+        # NCCL puts the pid of the process that writes in place of %p: a child process that
+        # inherits the variable and happens to log cannot overwrite this process's file.
         env.update({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
-                    "NCCL_DEBUG_FILE": str(self.path)})
+                    "NCCL_DEBUG_FILE": str(folder / "trainop-nccl.%p.log")})
 
     def poll(self, warnings=sys.stderr) -> str | None:
         """Read what NCCL wrote since the last poll: copy its warnings to `warnings`, and return
