@@ -70,7 +70,7 @@ def test_preflight_measures_the_gang_in_real_pods_then_training_starts(real_clus
         return running and '"step"' in real_cluster.logs(ns, running[0]["metadata"]["name"], "-c", "launcher")
     wait_until(training, timeout=RUN_TIMEOUT, interval=1, what="the launcher's first training step")
     status = wait_phase(real_cluster, ns, "pf", "Succeeded")
-    assert status["restarts"] == 0 and status["preflight"]["attempt"] == 0
+    assert not status.get("restarts") and status["preflight"]["attempt"] == 0
 
 
 @pytest.fixture
