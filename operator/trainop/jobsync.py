@@ -34,6 +34,8 @@ TERMINAL = phases.TERMINAL
 LEGACY_FINALIZER = "trainop.io/finalizer"
 # Conditions whose becoming True (or False, for these gates) is worth a Warning Event.
 WARN_TRUE = {"Failed", "Restarting"}
+# How long a failed preflight waits for worker 0's report before it counts as an ordinary failure.
+REPORT_GRACE_SECONDS = 60
 WARN_FALSE = {"Created", "DataReady", "Transport"}
 
 
@@ -561,7 +563,7 @@ def _fabric(plan: _Plan, job: Job, st: _Status, workers: dict[int, dict], attemp
     carry on."""
     rep = preflight.report(workers.get(0), job.workers)
     if rep is None:
-        return None
+        return _await_report(plan, workers, failures)
     threshold = job.preflight.min_busbw
     verdict = preflight.judge(rep, threshold, workers)
     stopped = _transport(plan, job, st, rep.transport, f"preflight of attempt {attempt}",
@@ -589,6 +591,29 @@ def _fabric(plan: _Plan, job: Job, st: _Status, workers: dict[int, dict], attemp
     failure = Failure(pod0, "preflight", cause.exit_code if cause else None, "FabricCheckFailed",
                       cause.finished if cause else "", detail=verdict.message)
     return _gang_failed(plan, job, st, failure, counted=not uncounted)
+
+
+def _await_report(plan: _Plan, workers: dict[int, dict], failures: list[Failure]) -> Outcome | None:
+    """Another worker's preflight ended first: every rank learns the verdict at the same
+    collective, but the containers end moments apart (seen on real pods), and the verdict is in
+    worker 0's. Judging now would take a slow node for an ordinary (counted) failure, so wait for
+    worker 0's to end, its pod's update wakes the job, at most REPORT_GRACE_SECONDS after the
+    first one. None: nothing to wait for (worker 0's ended without a report, or it is gone)."""
+    first = next((f for f in failures if f.container == preflight.CONTAINER), None)
+    worker0 = workers.get(0)
+    if first is None or worker0 is None or worker0["metadata"].get("deletionTimestamp") \
+            or preflight.terminated(worker0) is not None:
+        return None
+    try:
+        waited = (plan.now - conditions.parse_time(first.finished)).total_seconds()
+    except ValueError:
+        return None
+    left = REPORT_GRACE_SECONDS - waited
+    if left <= 0:
+        return None
+    plan.out.requeue_after = min(plan.out.requeue_after or left, left)
+    return plan.wait(f"pod {first.pod}'s preflight ended (exit code {first.exit_code}); waiting "
+                     f"up to {left:.0f}s for worker 0's, which carries the verdict")
 
 
 def _transport(plan: _Plan, job: Job, st: _Status, transport: str, source: str,

@@ -6,6 +6,7 @@ uncounted restart. Tables, no cluster: tests/e2e/test_preflight.py runs the chec
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 
 import pytest
@@ -280,6 +281,29 @@ def test_a_report_naming_no_worker_of_the_gang_taints_nothing():
     assert out.status["restarts"] == 1 and out.status["lastFailure"]["container"] == "preflight"
 
 
+def test_a_worker_whose_preflight_ended_first_waits_for_worker_0s_verdict():
+    """Seen on real pods: worker 1's container ended a moment before worker 0's, whose report
+    carries the verdict. The operator waits for it (bounded), then judges it as usual."""
+    pods = preflight_pods(GOOD, exit_code=1)
+    just_now = "2026-05-01T11:59:50Z"  # NOW - 10 s
+    for p in pods[1:]:
+        p["status"]["initContainerStatuses"][0]["state"]["terminated"]["finishedAt"] = just_now
+    pods[0]["status"] = {"phase": "Pending", "initContainerStatuses": [{"name": "preflight", "state": {"running": {}}}]}
+    out = decide(snap(fabric_job(), pods=pods, **shared()), TAINTING, NOW)
+    assert not [a for a in out.actions if isinstance(a, TaintNode)]
+    assert (out.status.get("restarts"), out.status["phase"]) == (0, "Starting") and "lastFailure" not in out.status
+    assert out.requeue_after == 50 and "waiting up to 50s for worker 0's" in out.waiting
+
+    pods[0] = preflight_pods(GOOD, exit_code=1)[0]  # worker 0 ends: its verdict decides
+    out = decide(snap(fabric_job(), pods=pods, **shared()), TAINTING, NOW)
+    assert TaintNode("aks-ndv5-2", preflight.TAINT) in out.actions and out.status["uncountedRestarts"] == 1
+
+    late = dt.datetime(2026, 5, 1, 12, 1, 0, tzinfo=dt.timezone.utc)  # 70 s on, still no report
+    pods[0] = {**pods[0], "status": {"phase": "Pending", "initContainerStatuses": [{"name": "preflight", "state": {"running": {}}}]}}
+    out = decide(snap(fabric_job(), pods=pods, **shared()), TAINTING, late)
+    assert out.status["phase"] == "Failed" and out.status["lastFailure"]["pod"] == "j-worker-1"  # ordinary, counted
+
+
 # ---- decisions: a passing check, the transport -----------------------------------------------
 
 PASSED = {**GOOD, "busBandwidthGBps": 182.0, "passed": True}
@@ -391,3 +415,52 @@ def test_the_memlock_preamble_raises_the_soft_limit_to_the_hard_one_and_says_whe
     soft, hard = done.stdout.split()
     assert soft == hard
     assert ("LimitMEMLOCK=infinity" in done.stderr) == (hard != "unlimited")
+
+
+def preflight_shell(tmp_path, torchrun_body: str) -> tuple[list[str], dict, object]:
+    """The rendered preflight script under /bin/sh, with stand-ins for what the image and the
+    cluster provide (torchrun, getent) and a file in place of /dev/termination-log."""
+    import os
+
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name, body in (("torchrun", torchrun_body), ("getent", "exit 0")):
+        (bin_ / name).write_text("#!/bin/sh\n" + body + "\n")
+        (bin_ / name).chmod(0o755)
+    result = tmp_path / "termination-log"
+    result.write_text("")  # the kubelet creates it empty
+    script = fabric.preflight_script(job(preflight={"enabled": True}), 1, "j-worker-0.j") \
+        .replace(fabric.TERMINATION_LOG, str(result))
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", RESULT=str(result))
+    return ["/bin/sh", "-c", script], env, result
+
+
+@pytest.mark.parametrize("body, code", [
+    ("""printf '{"busBandwidthGBps":0.4,"passed":false}' > "$RESULT"; exit 1""", fabric.PREFLIGHT_EXIT_SLOW),
+    ("""printf '{"busBandwidthGBps":9.5,"passed":true}' > "$RESULT"; exit 0""", 0),
+    ("exit 1", 1),  # the rendezvous failed: no verdict, torchrun's own code
+])
+def test_the_preflight_container_exits_with_the_slow_code_although_torchrun_says_1(tmp_path, body, code):
+    """torchrun exits 1 whatever its ranks return (seen in real pods: tests/e2e/test_preflight.py),
+    so the container's code comes from the verdict its first process wrote."""
+    import subprocess
+
+    cmd, env, _ = preflight_shell(tmp_path, body)
+    assert subprocess.run(cmd, env=env, timeout=30).returncode == code
+
+
+def test_the_preflight_container_passes_sigterm_on_to_torchrun(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    started, mark = tmp_path / "started", tmp_path / "got-term"
+    cmd, env, _ = preflight_shell(tmp_path, f"trap 'touch {mark}; exit 143' TERM\ntouch {started}\nsleep 30 & wait")
+    proc = subprocess.Popen(cmd, env=env)
+    deadline = time.monotonic() + 10
+    while not started.exists():  # the stand-in runs, its trap set
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 143
+    assert mark.exists()

@@ -134,7 +134,17 @@ def preflight_script(job: Job, index: int, master: str) -> str:
     wait = (f'deadline=$(($(date +%s) + 300)); until getent hosts {master} >/dev/null; do '
             f'[ "$(date +%s)" -lt "$deadline" ] || {{ echo "trainop: {master} does not resolve" '
             f'>&2; exit 1; }}; sleep 1; done')
-    return "\n".join(["set -eu", wait, "exec " + shlex.join(cmd)]) + "\n"
+    # torchrun exits 1 whatever code its ranks returned, so the container's code would not
+    # say "below the threshold": the shell reads the verdict this worker's first process wrote
+    # and exits with PREFLIGHT_EXIT_SLOW for it. SIGTERM (the pod deleted) goes on to torchrun.
+    run = ['pid=""', """trap '[ -z "$pid" ] || kill -TERM "$pid" 2>/dev/null' TERM INT""",
+           shlex.join(cmd) + " &", "pid=$!",
+           'wait "$pid"; rc=$?',
+           'while kill -0 "$pid" 2>/dev/null; do wait "$pid"; rc=$?; done',
+           f"""if [ "$rc" -ne 0 ] && grep -q '"passed":false' {TERMINATION_LOG} 2>/dev/null; then """
+           f"exit {PREFLIGHT_EXIT_SLOW}; fi",
+           'exit "$rc"']
+    return "\n".join(["set -eu", wait, "set +e", *run]) + "\n"
 
 
 def preflight_container(job: Job, index: int, master: str, env: list[dict],
