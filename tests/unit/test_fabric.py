@@ -424,8 +424,8 @@ def preflight_shell(tmp_path, torchrun_body: str) -> tuple[list[str], dict, obje
 
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    for name, body in (("torchrun", torchrun_body), ("getent", "exit 0")):
-        (bin_ / name).write_text("#!/bin/sh\n" + body + "\n")
+    for name, text in (("torchrun", torchrun_body), ("getent", "exit 0")):
+        (bin_ / name).write_text("#!/bin/sh\n" + text + "\n")
         (bin_ / name).chmod(0o755)
     result = tmp_path / "termination-log"
     result.write_text("")  # the kubelet creates it empty
