@@ -34,9 +34,9 @@ TERMINAL = phases.TERMINAL
 LEGACY_FINALIZER = "trainop.io/finalizer"
 # Conditions whose becoming True (or False, for these gates) is worth a Warning Event.
 WARN_TRUE = {"Failed", "Restarting"}
+WARN_FALSE = {"Created", "DataReady", "Transport"}
 # How long a failed preflight waits for worker 0's report before it counts as an ordinary failure.
 REPORT_GRACE_SECONDS = 60
-WARN_FALSE = {"Created", "DataReady", "Transport"}
 
 
 @dataclass
