@@ -10,6 +10,7 @@ them with `==`. `apply.run()` executes them (the only place that turns a decisio
     PatchStatus(ref, patch) a merge patch of another controller's object's status (a Kueue
                             Workload's conditions); its resourceVersion precondition makes a
                             stale one fail harmlessly (409: the next event decides again)
+    TaintNode(node, taint)  add a taint to a node unless it has one with the key (preflight.py)
 
 `owner` is the owning object's body (for its controller reference), None for cluster-scoped
 children (the DataStage's PersistentVolume).
@@ -113,14 +114,24 @@ class PatchStatus:
     patch: dict
 
 
-Action = Apply | Create | CreateSSHSecret | Delete | DropFinalizer | PatchStatus
+@dataclass(frozen=True)
+class TaintNode:
+    """A node that runs a pod of the job and failed its preflight (jobsync looked the name up
+    in that pod, never in anything the pod reported)."""
+    node: str
+    taint: dict = field(hash=False)
+
+
+Action = Apply | Create | CreateSSHSecret | Delete | DropFinalizer | PatchStatus | TaintNode
 
 
 @dataclass(frozen=True)
 class Problem:
     """Why the apply layer could not make a child, for the next decide():
     NameConflict   the name is taken by an object the owner does not control (waits)
-    ChildRejected  the API server refused the child as invalid (422): waiting cannot fix it"""
+    ChildRejected  the API server refused the child as invalid (422): waiting cannot fix it
+    PodSecurity    the namespace's Pod Security admission refused a pod (403): an admin's label
+                   fixes it, so the job waits"""
     reason: str
     message: str
 

@@ -39,6 +39,7 @@ from trainop.actions import (
     PatchStatus,
     Problem,
     Ref,
+    TaintNode,
 )
 from trainop.render import dtj as render_dtj
 
@@ -73,11 +74,16 @@ class Applier:
                     _drop_finalizer(action)
                 elif isinstance(action, PatchStatus):
                     _patch_status(action)
+                elif isinstance(action, TaintNode):
+                    _taint_node(action)
                 else:
                     raise TypeError(f"unknown action {action!r}")
             except kube.OwnershipError as exc:
                 problems.append(Problem("NameConflict", str(exc)))
             except ApiException as exc:
+                if exc.status == 403 and "violates PodSecurity" in (exc.body or ""):
+                    problems.append(Problem("PodSecurity", _pod_security(action, exc)))
+                    break
                 if exc.status != 422:
                     raise
                 problems.append(Problem("ChildRejected", _rejection(action, exc)))
@@ -132,6 +138,23 @@ def _rejection(action, exc: ApiException) -> str:
             f"again")
 
 
+def _pod_security(action, exc: ApiException) -> str:
+    """A pod the namespace's Pod Security admission refused: the API server's words and the
+    label an admin sets to admit it (InfiniBand's IPC_LOCK and topology file need privileged:
+    docs/security.md)."""
+    try:
+        said = json.loads(exc.body or "{}").get("message") or exc.reason
+    except ValueError:
+        said = exc.reason
+    obj = getattr(action, "obj", None) or {}
+    namespace = obj.get("metadata", {}).get("namespace", "")
+    return (f"the namespace's Pod Security admission refused the job's pods: {said}. An "
+            f"admin who accepts what they need (docs/security.md, InfiniBand) sets the label "
+            f"pod-security.kubernetes.io/enforce=privileged on namespace {namespace} "
+            f"(kubectl label --overwrite ns {namespace} "
+            f"pod-security.kubernetes.io/enforce=privileged); the operator retries")
+
+
 def _create(desired: dict, owner: dict | None, then_apply: bool = False,
             guard: tuple[str, str] | None = None) -> dict:
     """POST; on 409 the existing object must be the owner's, or carry the `guard` label (then
@@ -179,6 +202,23 @@ def _patch_status(action: PatchStatus) -> None:
     except ApiException as exc:
         if exc.status not in (404, 409):  # gone, or changed since the cache saw it
             raise
+
+
+def _taint_node(action: TaintNode) -> None:
+    """Add the taint unless one with its key is there. Merge patch replaces the taints list,
+    so the patch carries the resourceVersion it was read at: a concurrent change (the node
+    lifecycle controller's own taints) makes it fail with 409, and the reconcile is retried."""
+    node = kube.get("v1", "Node", action.node)
+    if node is None:
+        return  # gone: nothing to keep pods off
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    if any(t.get("key") == action.taint["key"] for t in taints):
+        return
+    kube.patch("v1", "Node", action.node, None,
+               {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+                "spec": {"taints": taints + [dict(action.taint)]}})
+    log.warning("tainted node %s %s=%s:%s: the job's preflight found it slow", action.node,
+                action.taint["key"], action.taint.get("value", ""), action.taint["effect"])
 
 
 def write_status(body: dict, changes: dict, subresource: str = "status") -> dict:

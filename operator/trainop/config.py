@@ -19,6 +19,9 @@ Format (every key optional; camelCase like Helm values):
         nodeSelector: {kubernetes.azure.com/agentpool: gpu}
         tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
         infiniband: false            # true: the pool's nodes have the RDMA resource
+        instanceType: Standard_ND96isr_H100_v5  # the pool's VM size (node label
+                                     # node.kubernetes.io/instance-type): picks NCCL_TOPO_FILE
+        preflightMinBusBandwidthGBps: 150  # spec.preflight's threshold for jobs in this pool
         gpuResource: nvidia.com/gpu  # per-pool override
         rdmaResource: rdma/ib        # per-pool override
       spotgpu:                       # an AKS pool the cluster autoscaler sizes, of spot VMs
@@ -41,6 +44,24 @@ Format (every key optional; camelCase like Helm values):
       namespaceGpus: 32              # GPUs a namespace without a ResourceQuota may use (admission.py)
       maxPriority: 1000000000        # highest class value spec.priorityClassName may name
                                      # (priority.py); null: no cap
+    infiniband:                      # what `infiniband: true` jobs get (render/fabric.py)
+      ipcLock: false                 # true: add IPC_LOCK to the training containers (docs/security.md:
+                                     # the namespace must then allow privileged pods)
+      fabricTopologyKey: kubernetes.azure.com/agentpool  # node label whose value is one IB
+                                     # fabric (on AKS a pool is one VM scale set): a required
+                                     # podAffinity keeps every worker of a job on one value
+      topologyFiles:                 # instance type -> NCCL topology file
+        Standard_ND96isr_H100_v5: /opt/microsoft/ndv5-topo.xml
+      topologyFilesFrom: node        # node: a read-only hostPath of the file (the namespace
+                                     # must allow privileged pods); image: the path is inside
+                                     # the training image, nothing is mounted
+      socketTransport: warn          # NCCL chose sockets on an IB job: warn (Warning Event) | fail
+    preflight:                       # spec.preflight (render/fabric.py, preflight.py)
+      image: null                    # null: images.pytorch (needs torch and trainop_trainer)
+      sizeMB: 64                     # all-reduced per iteration
+      iterations: 20
+      taintUnhealthyNodes: false     # true: taint a node the check finds slow (the chart then
+                                     # grants `patch` on nodes)
     blob:
       # Endpoints an accountURL (DataStage source, job output) may name besides https:// on Azure
       # Storage's own host suffixes (blob.AZURE_BLOB_SUFFIXES). scheme://host[:port][/path]: the
@@ -112,6 +133,14 @@ DEFAULTS: dict = {
     # are system-cluster-critical and system-node-critical, which no training job may borrow.
     "limits": {"maxGpusPerJob": None, "maxPriority": 1_000_000_000},
     "blob": {"allowedAccountURLs": []},
+    # Where AKS's HPC images keep NCCL's topology files for the ND sizes whose PCIe layout NCCL
+    # cannot discover inside a VM (Azure/azhpc-images: ndv4, ndv5). A file must exist on the node.
+    "infiniband": {"ipcLock": False, "fabricTopologyKey": POOL_LABEL, "socketTransport": "warn",
+                   "topologyFilesFrom": "node",
+                   "topologyFiles": {"Standard_ND96asr_v4": "/opt/microsoft/ndv4-topo.xml",
+                                     "Standard_ND96amsr_A100_v4": "/opt/microsoft/ndv4-topo.xml",
+                                     "Standard_ND96isr_H100_v5": "/opt/microsoft/ndv5-topo.xml"}},
+    "preflight": {"image": None, "sizeMB": 64, "iterations": 20, "taintUnhealthyNodes": False},
     "datastage": {"allowedNfsExports": [], "nfsClientCIDRs": []},
     "gangScheduling": {"scheduler": None, "schedulerName": None},
     "podTemplate": {"allow": {"hostPath": False, "hostNetwork": False, "hostPID": False,
@@ -155,6 +184,22 @@ class NodePool:
     autoscale: Autoscale | None = None
     gpus_per_node: int | None = None  # None: the largest node present says
     spot: bool = False
+    instance_type: str | None = None                 # nodePools.<name>.instanceType
+    preflight_min_busbw: float | None = None         # nodePools.<name>.preflightMinBusBandwidthGBps
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """The `infiniband` and `preflight` sections, checked (render/fabric.py, preflight.py)."""
+    ipc_lock: bool = False
+    topology_key: str = POOL_LABEL
+    topology_files: dict[str, str] = field(default_factory=dict)
+    topology_files_from: str = "node"    # node (hostPath) | image
+    socket_transport: str = "warn"       # warn | fail
+    preflight_image: str | None = None   # None: images.pytorch
+    preflight_size_mb: int = 64
+    preflight_iterations: int = 20
+    taint_unhealthy_nodes: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,6 +220,7 @@ class Config:
     pod_template_allow: PodTemplateAllow = PodTemplateAllow()  # podTemplate.allow
     gang_scheduler: str | None = None        # gangScheduling.scheduler
     gang_scheduler_name: str | None = None   # gangScheduling.schedulerName
+    fabric: Fabric = field(default_factory=Fabric)   # infiniband.*, preflight.*
 
     def section(self, name: str) -> dict:
         return copy.deepcopy(self.raw.get(name) or {})
@@ -209,12 +255,21 @@ def _pool(name: str, raw: dict, top: dict) -> NodePool:
     if gpus_per_node is not None and not _count(gpus_per_node):
         raise ConfigError(f"{where}.gpusPerNode: must be a non-negative integer (the GPUs of "
                           f"one node of the pool's VM size)")
+    instance_type = raw.get("instanceType")
+    if instance_type is not None and not isinstance(instance_type, str):
+        raise ConfigError(f"{where}.instanceType: must be a VM size such as Standard_ND96isr_H100_v5")
+    busbw = raw.get("preflightMinBusBandwidthGBps")
+    if busbw is not None and (isinstance(busbw, bool) or not isinstance(busbw, (int, float))
+                              or busbw < 0):
+        raise ConfigError(f"{where}.preflightMinBusBandwidthGBps: must be a number >= 0 (GB/s)")
     return NodePool(name=name, node_selector={str(k): str(v) for k, v in selector.items()},
                     tolerations=tolerations, infiniband=bool(raw.get("infiniband", False)),
                     gpu_resource=raw.get("gpuResource") or top["gpuResource"],
                     rdma_resource=raw.get("rdmaResource") or top["rdmaResource"],
                     autoscale=_autoscale(where, raw.get("autoscale")),
-                    gpus_per_node=gpus_per_node, spot=spot)
+                    gpus_per_node=gpus_per_node, spot=spot,
+                    instance_type=instance_type,
+                    preflight_min_busbw=None if busbw is None else float(busbw))
 
 
 def _count(value) -> bool:
@@ -267,7 +322,7 @@ def from_dict(data: dict | None) -> Config:
                   max_priority=max_priority, raw=raw, scheduling_timeout_seconds=timeout,
                   allowed_account_urls=_account_urls(raw), allowed_nfs_exports=_nfs_exports(raw),
                   nfs_client_cidrs=_cidrs(raw), pod_template_allow=_pod_template_allow(raw),
-                  **_gang_scheduling(raw))
+                  fabric=_fabric(raw), **_gang_scheduling(raw))
 
 
 GANG_SCHEDULERS = ("scheduler-plugins", "volcano")
@@ -302,6 +357,35 @@ def _pod_template_allow(raw: dict) -> PodTemplateAllow:
                             host_pid=allow.get("hostPID", False), host_ipc=allow.get("hostIPC", False),
                             privileged=allow.get("privileged", False),
                             capabilities=lists["capabilities"], volume_types=lists["volumeTypes"])
+
+
+def _fabric(raw: dict) -> Fabric:
+    ib, pre = raw.get("infiniband") or {}, raw.get("preflight") or {}
+    files = ib.get("topologyFiles") or {}
+    if not isinstance(files, dict) or not all(
+            isinstance(v, str) and v.startswith("/") for v in files.values()):
+        raise ConfigError("infiniband.topologyFiles: must map instance types to absolute paths "
+                          "on the node, e.g. {Standard_ND96isr_H100_v5: /opt/microsoft/ndv5-topo.xml}")
+    if ib.get("topologyFilesFrom", "node") not in ("node", "image"):
+        raise ConfigError("infiniband.topologyFilesFrom: must be node (mounted from the node) or "
+                          "image (the path is inside the training image)")
+    if ib.get("socketTransport", "warn") not in ("warn", "fail"):
+        raise ConfigError("infiniband.socketTransport: must be warn or fail")
+    key = ib.get("fabricTopologyKey", POOL_LABEL)
+    if not isinstance(key, str) or not key:
+        raise ConfigError("infiniband.fabricTopologyKey: must be a node label key")
+    for name in ("sizeMB", "iterations"):
+        value = pre.get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"preflight.{name}: must be a positive integer")
+    return Fabric(ipc_lock=bool(ib.get("ipcLock", False)), topology_key=key,
+                  topology_files={str(k): v for k, v in files.items()},
+                  topology_files_from=ib.get("topologyFilesFrom", "node"),
+                  socket_transport=ib.get("socketTransport", "warn"),
+                  preflight_image=pre.get("image") or None,
+                  preflight_size_mb=int(pre.get("sizeMB", 64)),
+                  preflight_iterations=int(pre.get("iterations", 20)),
+                  taint_unhealthy_nodes=bool(pre.get("taintUnhealthyNodes", False)))
 
 
 def _list(raw: dict, section: str, key: str) -> list:

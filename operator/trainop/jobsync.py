@@ -24,7 +24,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import conditions, kueue, phases, podgroup, priority, progress
+from trainop import conditions, kueue, phases, podgroup, preflight, priority, progress
 from trainop.actions import (
     Apply,
     Create,
@@ -34,6 +34,7 @@ from trainop.actions import (
     PatchStatus,
     Problem,
     Ref,
+    TaintNode,
     delete,
 )
 from trainop.admission import Decision
@@ -48,7 +49,9 @@ TERMINAL = phases.TERMINAL
 LEGACY_FINALIZER = "trainop.io/finalizer"
 # Conditions whose becoming True (or False, for these gates) is worth a Warning Event.
 WARN_TRUE = {"Failed", "Restarting", "Evicted"}
-WARN_FALSE = {"Created", "DataReady"}
+WARN_FALSE = {"Created", "DataReady", "Transport"}
+# How long a failed preflight waits for worker 0's report before it counts as an ordinary failure.
+REPORT_GRACE_SECONDS = 60
 
 
 @dataclass
@@ -104,15 +107,17 @@ def attempt(status: dict | None) -> int:
 
 
 def restart_counts(status: dict | None) -> dict:
-    """status.restarts as {failures, disruptions, spotEvictions, history}; an old int (every
+    """status.restarts as {failures, disruptions, spotEvictions, unhealthyNodes, history}; an old int (every
     restart counted then) becomes that many failures."""
     old = (status or {}).get("restarts")
     if isinstance(old, dict):
         return {"failures": int(old.get("failures") or 0),
                 "disruptions": int(old.get("disruptions") or 0),
                 "spotEvictions": int(old.get("spotEvictions") or 0),
+                "unhealthyNodes": int(old.get("unhealthyNodes") or 0),
                 "history": list(old.get("history") or [])}
-    return {"failures": int(old or 0), "disruptions": 0, "spotEvictions": 0, "history": []}
+    return {"failures": int(old or 0), "disruptions": 0, "spotEvictions": 0, "unhealthyNodes": 0,
+            "history": []}
 
 
 @dataclass
@@ -128,6 +133,7 @@ class Failure:
     node: str = ""
     cause: str = ""
     conditions: tuple[tuple[str, str], ...] = ()  # the pod's (type, status), for onPodConditions
+    detail: str = ""  # what the operator concluded (a failed preflight's verdict)
 
     def __post_init__(self):
         self.cause = self.cause or self.reason
@@ -137,7 +143,11 @@ class Failure:
         return self.cause in DISRUPTIONS
 
     def describe(self) -> str:
-        """One line naming the pod, its node, the container and the cause."""
+        """One line naming the pod, its node, the container and the cause (and what the
+        operator concluded, `detail`, such as a failed preflight's verdict)."""
+        return self._what() + (f": {self.detail}" if self.detail else "")
+
+    def _what(self) -> str:
         where = f"pod {self.pod}" + (f" on node {self.node}" if self.node else "")
         if self.exit_code is not None:  # the cause too when it is more than the exit (Evicted)
             also = "" if self.cause in (self.reason, "Error") else f": {self.cause}"
@@ -221,6 +231,11 @@ def pod_failure(pod: dict, spot: bool = False) -> Failure | None:
         cause = {"Preempting": "Preempted"}.get(st["reason"], st["reason"])
     if cause == "NodeLost" and spot:
         cause = "SpotEviction"
+    for cs in st.get("initContainerStatuses") or []:  # the preflight (render/fabric.py)
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if cs.get("name") == preflight.CONTAINER and term.get("exitCode"):
+            return Failure(name, cs["name"], term["exitCode"], term.get("reason") or "Error",
+                           term.get("finishedAt") or "", node, cause or "Error", conds)
     for cs in st.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated") or \
             (cs.get("lastState") or {}).get("terminated")
@@ -449,6 +464,10 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
     if problem and problem.reason == "ChildRejected":  # fails, so the gate frees its quota
         _finish(st, "Failed", "ChildRejected", problem.message, now)
         return plan.out
+    if problem and problem.reason == "PodSecurity":  # waits: an admin may relabel the namespace
+        st.cond("Created", False, "PodSecurityForbidden", problem.message)
+        st.phase("Pending")
+        return plan.wait(problem.message)
     conflict = (problem.message if problem else None) or _foreign_child(plan)
     if conflict:
         st.cond("Created", False, "NameConflict", conflict)
@@ -665,6 +684,10 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
                if p["metadata"]["labels"].get(common.LABEL_ROLE) == render.WORKER}
     launched = launcher is not None or (job.launcher == "torchrun" and st.is_true("Running"))
     failures = _gang_failures(plan, job, workers, launched, attempt_)
+    if job.preflight.enabled or job.infiniband:
+        outcome = _fabric(plan, job, st, workers, attempt_, failures)
+        if outcome is not None:
+            return outcome
     if failures:
         return _gang_failed(plan, job, st, failures[0])
 
@@ -677,6 +700,10 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
         _stop(plan, job.run_policy.clean_pod_policy)
         plan.out.requeue_after = None
         return plan.out
+    if launched:  # after success: a job that completed is not failed for its transport
+        stopped = _training_transport(plan, job, st)
+        if stopped is not None:
+            return stopped
 
     for i in range(job.workers):
         if i not in workers:
@@ -781,6 +808,105 @@ def _gang_failures(plan: _Plan, job: Job, workers: dict[int, dict], launched: bo
     return failures
 
 
+def _fabric(plan: _Plan, job: Job, st: _Status, workers: dict[int, dict], attempt: int,
+            failures: list[Failure]) -> Outcome | None:
+    """The preflight's report (render/fabric.py, preflight.py): status.preflight, the Transport
+    condition, and on a failed check the uncounted restart after tainting the slow node. None:
+    carry on."""
+    rep = preflight.report(workers.get(0), job.workers)
+    if rep is None:
+        return _await_report(plan, workers, failures)
+    threshold = job.preflight.min_busbw
+    verdict = preflight.judge(rep, threshold, workers)
+    stopped = _transport(plan, job, st, rep.transport, f"preflight of attempt {attempt}",
+                         gloo=rep.backend == "gloo")
+    if stopped is not None:
+        return stopped
+    # Uncounted only when the slow node is out of the next attempt's way, and at most once per
+    # worker: a gang that keeps failing after that has a problem no taint fixes.
+    uncounted = (not verdict.passed and verdict.node is not None
+                 and job.fabric.taint_unhealthy_nodes
+                 and restart_counts(st.data)["unhealthyNodes"] < job.workers)
+    if not verdict.passed and verdict.node is not None and not uncounted:
+        why = "the operator's preflight.taintUnhealthyNodes is false" \
+            if not job.fabric.taint_unhealthy_nodes else \
+            f"{job.workers} uncounted restarts were used"
+        verdict = preflight.Verdict(False, verdict.suspect, verdict.node,
+                                    f"{verdict.message}; node not tainted ({why})")
+    st.data["preflight"] = preflight.status(rep, verdict, threshold, attempt, tainted=uncounted)
+    if verdict.passed:
+        return None
+    if uncounted:
+        plan.out.actions.append(TaintNode(verdict.node, preflight.TAINT))
+    pod0 = render.worker_name(job, 0)
+    cause = next((f for f in failures if f.pod == pod0 and f.container == "preflight"), None)
+    failure = Failure(pod0, "preflight", cause.exit_code if cause else None, "FabricCheckFailed",
+                      cause.finished if cause else "", node=verdict.node or "",
+                      cause="UnhealthyNode" if uncounted else "", detail=verdict.message)
+    if uncounted:  # the node is out of the next attempt's way: the cluster's fault, not the job's
+        return restart_gang(plan, job, st, failure, counted=False)
+    return _gang_failed(plan, job, st, failure)
+
+
+def _await_report(plan: _Plan, workers: dict[int, dict], failures: list[Failure]) -> Outcome | None:
+    """Another worker's preflight ended first: every rank learns the verdict at the same
+    collective, but the containers end moments apart (seen on real pods), and the verdict is in
+    worker 0's. Judging now would take a slow node for an ordinary (counted) failure, so wait for
+    worker 0's to end, its pod's update wakes the job, at most REPORT_GRACE_SECONDS after the
+    first one. None: nothing to wait for (worker 0's ended without a report, or it is gone)."""
+    first = next((f for f in failures if f.container == preflight.CONTAINER), None)
+    worker0 = workers.get(0)
+    if first is None or worker0 is None or worker0["metadata"].get("deletionTimestamp") \
+            or preflight.terminated(worker0) is not None:
+        return None
+    try:
+        waited = (plan.now - conditions.parse_time(first.finished)).total_seconds()
+    except ValueError:
+        return None
+    left = REPORT_GRACE_SECONDS - waited
+    if left <= 0:
+        return None
+    plan.out.requeue_after = min(plan.out.requeue_after or left, left)
+    return plan.wait(f"pod {first.pod}'s preflight ended (exit code {first.exit_code}); waiting "
+                     f"up to {left:.0f}s for worker 0's, which carries the verdict")
+
+
+def _transport(plan: _Plan, job: Job, st: _Status, transport: str, source: str,
+               gloo: bool = False) -> Outcome | None:
+    """Condition Transport from the network NCCL chose (IB, Socket or unknown), as the
+    preflight or the trainer reported it (`source` says which). Both are job-side input: what
+    they can do is limited to this job, a Warning Event when an InfiniBand job runs on sockets,
+    or, where the admin set infiniband.socketTransport: fail, failing it. None: carry on."""
+    wanted = "IB" if job.infiniband else "Socket"
+    if transport == "Socket" and job.infiniband:
+        message = (f"NCCL chose sockets, not InfiniBand, on an InfiniBand job ({source}): check "
+                   f"the RDMA device plugin, memlock and NCCL_IB_HCA on the nodes")
+        if job.fabric.socket_transport == "fail":
+            st.cond("Transport", False, "Socket", message)
+            _finish(st, "Failed", "SocketTransport",
+                    message + "; the operator's infiniband.socketTransport is fail", plan.now)
+            _stop(plan, job.run_policy.clean_pod_policy)
+            plan.out.requeue_after = None
+            return plan.out
+    else:
+        message = f"Gloo uses TCP sockets ({source})" if gloo else f"NCCL uses {transport} ({source})"
+    st.cond("Transport", transport in (wanted, "unknown"),
+            transport if transport != "unknown" else "Unknown", message)
+    return None
+
+
+def _training_transport(plan: _Plan, job: Job, st: _Status) -> Outcome | None:
+    """The network NCCL chose during training: the trainer's metrics key `transport`, from the
+    log shipper's progress ConfigMap (checked by logship.progress_metrics; only NCCL runs report
+    it, so a CPU job says nothing here). Read while the gang runs; it overrides the preflight's
+    word, since it is what the training itself uses. The ConfigMap keeps the latest report of
+    any attempt, so the message does not claim one."""
+    transport = (logship.progress_metrics(plan.snap.progress) or {}).get("transport")
+    if transport is None:
+        return None
+    return _transport(plan, job, st, transport, "the trainer's report")
+
+
 def _gang_failed(plan: _Plan, job: Job, st: _Status, failure: Failure) -> Outcome:
     action, rule = action_for(failure, job.run_policy.failure_rules)
     if action == FAIL_JOB:
@@ -814,6 +940,8 @@ def restart_gang(plan: _Plan, job: Job, st: _Status, failure: Failure, counted: 
     counts["failures" if counted else "disruptions"] += 1
     if failure.cause == "SpotEviction":
         counts["spotEvictions"] += 1
+    if failure.cause == "UnhealthyNode":  # a preflight tainted the node (at most one per worker)
+        counts["unhealthyNodes"] += 1
     next_attempt = attempt(st.data) + 1
     counts["history"] = (counts["history"] + [{
         "attempt": next_attempt, "time": _ts(plan.now), "cause": failure.cause,
@@ -822,7 +950,7 @@ def restart_gang(plan: _Plan, job: Job, st: _Status, failure: Failure, counted: 
     st.data["restarts"] = _compact(counts)
     st.data["attempt"] = next_attempt
     used = (f"restart {counts['failures']} of backoffLimit {limit}" if counted else
-            f"a {'disruption' if failure.disruption else failure.cause}: not counted against "
+            f"{'a disruption' if failure.disruption else failure.cause}: not counted against "
             f"backoffLimit ({counts['failures']} of {limit} used)")
     where = ""
     if job.fallback and failure.cause == "SpotEviction" and \

@@ -15,9 +15,10 @@ import json
 from dataclasses import dataclass, field
 
 from trainop import blob, crds
-from trainop.config import Autoscale, Config, NodePool, PodTemplateAllow
+from trainop.config import Autoscale, Config, Fabric, NodePool, PodTemplateAllow
 
 KIND = "DistributedTrainingJob"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"  # the kubelet's well-known label
 
 
 class SpecError(ValueError):
@@ -56,6 +57,14 @@ class FailureRule:
     container: str | None = None             # onExitCodes.containerName
     pod_conditions: tuple[tuple[str, str], ...] = ()  # onPodConditions: (type, status)
     reasons: tuple[str, ...] = ()            # onFailureReasons
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """`spec.preflight`, with the pool's threshold when the spec names none."""
+    enabled: bool
+    min_busbw: float  # GB/s; 0: measure and report only
+    image: str = ""   # preflight.image of the configuration, else the PyTorch trainer image
 
 
 @dataclass(frozen=True)
@@ -192,6 +201,9 @@ class Job:
     gang_scheduler_name: str | None = None  # the pods' schedulerName under it
     fallback: Fallback | None = None        # spec.nodePool.fallback
     pod_priority_class: str | None = None   # the pods' priorityClassName, set by priority.bind
+    preflight: Preflight = Preflight(False, 0.0, "")  # spec.preflight
+    topology_file: str | None = None  # NCCL_TOPO_FILE on the node (IB, known instance type)
+    fabric: Fabric = Fabric()          # the operator's infiniband/preflight sections
     # Kueue's admitted flavors per pod set ("workers", "launcher"), set by kueue.place once the
     # Workload is admitted; render/dtj.py adds them to the pods' placement.
     flavors: tuple[tuple[str, FlavorPlacement], ...] = ()
@@ -235,7 +247,10 @@ def _pool_placement(pool: NodePool, spec: dict, cfg: Config, field: str) -> Plac
         raise SpecError(field, f"node pool {pool.name!r} has no InfiniBand; choose a pool "
                         f"with InfiniBand ({', '.join(sorted(p.name for p in cfg.node_pools.values() if p.infiniband)) or 'none configured'}) "
                         f"or set infiniband: false")
-    return Placement(node_selector=dict(pool.node_selector), tolerations=tuple(pool.tolerations),
+    selector = dict(pool.node_selector)
+    if pool.instance_type:  # NCCL_TOPO_FILE is chosen by it: only nodes of that size
+        selector.setdefault(INSTANCE_TYPE_LABEL, pool.instance_type)
+    return Placement(node_selector=selector, tolerations=tuple(pool.tolerations),
                      pool=pool.name, gpu_resource=pool.gpu_resource,
                      rdma_resource=pool.rdma_resource, autoscale=pool.autoscale,
                      gpus_per_node=pool.gpus_per_node, spot=pool.spot)
@@ -471,6 +486,8 @@ def parse(body: dict, cfg: Config) -> Job:
         pod_template=_pod_template(spec, cfg.pod_template_allow),
         scheduling_policy=_scheduling_policy(run.get("schedulingPolicy") or {}),
         fallback=_fallback(spec, cfg, placement),
+        preflight=_preflight(spec, cfg), topology_file=_topology_file(spec, cfg),
+        fabric=cfg.fabric,
     )
     if job.pod_template:
         # The operator's own fields win: the merge refuses an override that contradicts what
@@ -479,6 +496,35 @@ def parse(body: dict, cfg: Config) -> Job:
         from trainop.render import dtj
         dtj.check_overrides(job)
     return job
+
+
+def _pool_of(spec: dict, cfg: Config) -> NodePool | None:
+    """The configured pool a job runs in (None for an explicit nodeSelector)."""
+    pool_spec = spec.get("nodePool") or {}
+    if "nodeSelector" in pool_spec:
+        return None
+    if "name" in pool_spec:
+        return cfg.node_pools.get(pool_spec["name"])
+    kind = "infiniband" if spec["infiniband"] else "gpu" if spec["gpusPerWorker"] else "cpu"
+    return cfg.node_pools.get(cfg.default_node_pools.get(kind) or "")
+
+
+def _preflight(spec: dict, cfg: Config) -> Preflight:
+    raw = spec.get("preflight") or {}
+    pool = _pool_of(spec, cfg)
+    threshold = raw.get("minBusBandwidthGBps")
+    if threshold is None:
+        threshold = (pool.preflight_min_busbw if pool else None) or 0.0
+    image = cfg.fabric.preflight_image or cfg.images.get("pytorch") or ""
+    return Preflight(enabled=bool(raw.get("enabled")), min_busbw=float(threshold), image=image)
+
+
+def _topology_file(spec: dict, cfg: Config) -> str | None:
+    """NCCL's topology file for the pool's VM size (infiniband.topologyFiles), IB jobs only."""
+    pool = _pool_of(spec, cfg)
+    if not spec["infiniband"] or pool is None or not pool.instance_type:
+        return None
+    return cfg.fabric.topology_files.get(pool.instance_type)
 
 
 # Parsing validates against the CRD's schema (milliseconds): a reconcile that runs on every watch

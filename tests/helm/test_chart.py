@@ -200,6 +200,26 @@ def test_rendered_config_is_what_the_operator_loads(render):
     assert cfg.max_gpus_per_job == 16 and cfg.section("logship") == {"image": "mirror/op:1"}
 
 
+def test_nodes_are_patched_only_where_the_admin_enabled_tainting(render):
+    """spec.preflight may taint a slow node trainop.io/unhealthy (docs/security.md): the
+    operator holds get and patch on nodes only with config.preflight.taintUnhealthyNodes."""
+    objs = render({"config": {"preflight": {"taintUnhealthyNodes": True}},
+                   "watchNamespaces": ["team-a"]})
+    assert rule_table(find(objs, "ClusterRole", "trainop-cluster")) == \
+        CLUSTER_RULES | {("", "nodes"): ["list", "watch", "get", "patch"]}
+    loaded = config.from_dict(yaml.safe_load(find(objs, "ConfigMap")["data"]["config.yaml"]))
+    assert loaded.fabric.taint_unhealthy_nodes is True
+    ib = render({"config": {"infiniband": {"ipcLock": True, "socketTransport": "fail",
+                                           "topologyFiles": {"Standard_ND96asr_v4": "/opt/hpc/ndv4.xml"}},
+                            "nodePools": {"ibgpu": {"nodeSelector": {"kubernetes.azure.com/agentpool": "ibgpu"},
+                                                    "infiniband": True, "instanceType": "Standard_ND96asr_v4",
+                                                    "preflightMinBusBandwidthGBps": 100}}}})
+    loaded = config.from_dict(yaml.safe_load(find(ib, "ConfigMap")["data"]["config.yaml"]))
+    assert (loaded.fabric.ipc_lock, loaded.fabric.socket_transport) == (True, "fail")
+    assert loaded.fabric.topology_files["Standard_ND96asr_v4"] == "/opt/hpc/ndv4.xml"
+    assert loaded.node_pools["ibgpu"].preflight_min_busbw == 100
+
+
 @pytest.mark.parametrize("values, message", [
     ({"config": {"nodePools": {"big": {"tolerations": []}}}},
      "at '/config/nodePools/big': missing property 'nodeSelector'"),

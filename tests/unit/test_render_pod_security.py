@@ -100,6 +100,10 @@ JOBS = {
     "cpu-mpi": {"workers": 2},
     "gpu-intel": {"workers": 2, "gpusPerWorker": 4, "mpiImplementation": "Intel"},
     "infiniband": {"workers": 2, "gpusPerWorker": 8, "infiniband": True},
+    "infiniband-preflight": {"workers": 2, "gpusPerWorker": 8, "infiniband": True, "launcher": "torchrun",
+                             "preflight": {"enabled": True, "minBusBandwidthGBps": 100},
+                             "output": {"blob": {"accountURL": "https://a.blob.core.windows.net",
+                                                 "container": "results", "auth": {"sasSecretRef": {"name": "s", "key": "k"}}}}},
     "torchrun": {"launcher": "torchrun", "workers": 2, "gpusPerWorker": 1},
     "blob-output": {
         "workers": 2, "output": {"blob": {"accountURL": "https://a.blob.core.windows.net",
@@ -131,6 +135,23 @@ def stage(destination: dict):
         "spec": {"source": {"blob": {"accountURL": "https://a.blob.core.windows.net",
                                      "container": "imagenet", "auth": SAS}},
                  "destination": destination}})
+
+
+def test_infiniband_breaks_restricted_only_by_what_the_admin_turns_on():
+    """IPC_LOCK (infiniband.ipcLock) and a topology file from the node (hostPath) need a
+    privileged namespace; a topology file inside the image does not (docs/security.md)."""
+    pools = {"nodePools": {"nd": {"nodeSelector": {"kubernetes.azure.com/agentpool": "nd"}, "infiniband": True,
+                                  "instanceType": "Standard_ND96isr_H100_v5"}},
+             "defaultNodePools": {"cpu": None, "gpu": "nd", "infiniband": "nd"}}
+    ib = {"metadata": {"name": "j1", "namespace": "team-a"},
+          "spec": {"workers": 2, "gpusPerWorker": 8, "infiniband": True, "preflight": {"enabled": True}}}
+
+    def violations(**sections):
+        return restricted_violations(pod_specs(parse(ib, config.from_dict({**pools, **sections})))[0])
+
+    assert violations(infiniband={"topologyFilesFrom": "image"}) == []
+    assert any("hostPath" in v for v in violations())
+    assert any("IPC_LOCK" in v for v in violations(infiniband={"ipcLock": True, "topologyFilesFrom": "image"}))
 
 
 def test_copy_job_breaks_restricted_only_by_its_inline_nfs_volume():

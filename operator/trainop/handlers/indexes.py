@@ -46,6 +46,7 @@ from trainop.kueue import VERSION as KUEUE_VERSION
 from trainop.render import common
 from trainop.render import datastage as render_stage
 from trainop.render import logship as render_logship
+from trainop.render.fabric import PREFLIGHT
 
 LABEL_JOB = common.LABEL_JOB
 LABEL_STAGE = render_stage.LABEL_STAGE
@@ -127,6 +128,11 @@ def slim_pod(body) -> dict:
     out_status["containerStatuses"] = [
         {k: cs[k] for k in ("name", "state", "lastState") if k in cs}
         for cs in st.get("containerStatuses") or []]
+    # the preflight's result is its termination message (preflight.py; at most 4 KiB)
+    pre = [cs for cs in st.get("initContainerStatuses") or [] if cs.get("name") == PREFLIGHT]
+    if pre:
+        out_status["initContainerStatuses"] = [
+            {k: pre[0][k] for k in ("name", "state", "lastState") if k in pre[0]}]
     return _obj(body, spec=out_spec, status=out_status)
 
 

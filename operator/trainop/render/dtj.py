@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import shlex
 
-from trainop.render import common, logship, overrides, podgroup
+from trainop.render import common, fabric, logship, overrides, podgroup
 from trainop.spec import Job
 
 SSH_PORT = 2222  # unprivileged, so the same config works for non-root images
@@ -163,8 +163,9 @@ def _wait_for_dns(hosts_expr: str) -> list[str]:
 
 
 def launcher_script(job: Job) -> str:
-    return "\n".join(["set -eu", *_wait_for_dns(f"$(cat {CONF_DIR}/hosts)"),
-                      "exec " + shlex.join(mpirun_command(job))]) + "\n"
+    return fabric.memlock_preamble(job) + "\n".join([
+        "set -eu", *_wait_for_dns(f"$(cat {CONF_DIR}/hosts)"),
+        "exec " + shlex.join(mpirun_command(job))]) + "\n"
 
 
 def torchrun_script(job: Job) -> str:
@@ -177,13 +178,15 @@ def torchrun_script(job: Job) -> str:
     cmd = ["torchrun", f"--nnodes={job.workers}", f"--nproc-per-node={job.slots_per_worker}",
            "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv}", f"--rdzv-id={job.name}",
            "--max-restarts=0", *target]
-    return "\n".join(["set -eu", *_wait_for_dns(host(job, 0)), "exec " + shlex.join(cmd)]) + "\n"
+    return fabric.memlock_preamble(job) + "\n".join([
+        "set -eu", *_wait_for_dns(host(job, 0)), "exec " + shlex.join(cmd)]) + "\n"
 
 
-def sshd_script() -> str:
+def sshd_script(job: Job | None = None) -> str:
     # sshd runs as the job's non-root user: it can only log that user in, and needs neither
-    # the privilege-separation folder (/run/sshd) nor a PID file.
-    return f"exec /usr/sbin/sshd -D -e -f {CONF_DIR}/sshd_config\n"
+    # the privilege-separation folder (/run/sshd) nor a PID file. Ranks inherit its memlock.
+    preamble = fabric.memlock_preamble(job) if job is not None else ""
+    return preamble + f"exec /usr/sbin/sshd -D -e -f {CONF_DIR}/sshd_config\n"
 
 
 # ---- configuration files ----------------------------------------------------------------------
@@ -238,7 +241,8 @@ def render_service(job: Job) -> dict:
         "apiVersion": "v1", "kind": "Service",
         "metadata": common.metadata(service_name(job), job.namespace, _labels(job)),
         "spec": {"clusterIP": "None", "selector": _labels(job, WORKER),
-                 "ports": [{**port, "protocol": "TCP", "targetPort": port["port"]}]},
+                 "ports": [{**port, "protocol": "TCP", "targetPort": port["port"]}],
+                 **fabric.service_fields(job)},
     }
 
 
@@ -336,11 +340,8 @@ def _output_volume(job: Job) -> dict:
 
 
 def pod_security_context(job: Job) -> dict:
-    """Every pod of the job runs as spec.securityContext's user. No capability is added on
-    InfiniBand either: RDMA memory registration (ibv_reg_mr) needs CAP_IPC_LOCK or enough
-    RLIMIT_MEMLOCK, and a capability added to a container never reaches a non-root process
-    (Kubernetes sets no ambient capabilities, kubernetes/kubernetes#56374): the ranks live on
-    the memlock limit the node's container runtime gives (docs/security.md)."""
+    """Every pod of the job runs as spec.securityContext's user. InfiniBand's memlock and
+    IPC_LOCK: render/fabric.py and docs/security.md."""
     user = job.security
     return common.pod_security_context({
         "runAsUser": user.run_as_user, "runAsGroup": user.run_as_group,
@@ -412,7 +413,7 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
         ssh_volumes, ssh_mounts = _ssh_volumes(job)
         volumes += ssh_volumes
         mounts += ssh_mounts
-        container |= {"command": ["sh", "-c", sshd_script()],
+        container |= {"command": ["sh", "-c", sshd_script(job)],
                       "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
                       "readinessProbe": {"tcpSocket": {"port": SSH_PORT},
                                          "periodSeconds": 2, "failureThreshold": 3}}
@@ -429,6 +430,7 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
                 "containers": [container], "volumes": volumes}
     annotations: dict[str, str] = {}
     _ship_logs(job, WORKER, index, attempt, pod_spec, labels, annotations)
+    fabric.shape_pod(job, pod_spec, WORKER, index, master=host(job, 0))
     pod = {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": common.metadata(worker_name(job, index), job.namespace, labels, annotations),
@@ -454,6 +456,7 @@ def render_launcher(job: Job, attempt: int) -> dict:
                 "volumes": volumes}
     annotations: dict[str, str] = {}
     _ship_logs(job, LAUNCHER, None, attempt, pod_spec, labels, annotations)
+    fabric.shape_pod(job, pod_spec, LAUNCHER)
     template_meta: dict = {"labels": dict(labels)}
     if annotations:
         template_meta["annotations"] = annotations

@@ -40,6 +40,9 @@ METRICS_NAME = "metrics.jsonl"  # the trainer's --metrics-file, inside its --out
 # The keys of the trainer's metrics contract (docs/DEVELOPING.md); nothing else reaches the status.
 METRIC_KEYS = ("epoch", "step", "loss", "imagesPerSec", "imagesPerSecPerGPU", "stepTime", "worldSize", "final",
                "totalSteps", "time")
+# The string-valued keys and every value each may have: the network NCCL chose (the trainer's
+# nccl.py; jobsync sets condition Transport from it).
+METRIC_WORDS = {"transport": ("IB", "Socket")}
 PROGRESS_KEY = "metrics"  # the progress ConfigMap's key of the latest report, as JSON
 # Its key of the last HISTORY_SAMPLES reports' throughput, `[[time, step, imagesPerSec], ...]`
 # oldest first (JSON): what `trainop describe` draws. Read by the CLI only, never by the operator.
@@ -130,7 +133,8 @@ def progress_config_map(job: Job, cfg: dict) -> dict | None:
 
 
 def safe_metrics(obj: dict) -> dict:
-    """The contract's keys of a metrics report, each a bool or a number; NaN and infinities
+    """The contract's keys of a metrics report, each a bool or a number (or one of the words
+    METRIC_WORDS allows); NaN and infinities
     become the strings "NaN", "Infinity", "-Infinity" (JSON has no literal for them, and one
     NaN would make the whole patch invalid JSON)."""
     out: dict = {}
@@ -143,6 +147,9 @@ def safe_metrics(obj: dict) -> dict:
                 "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
         elif value in ("NaN", "Infinity", "-Infinity"):
             out[key] = value
+    for key, words in METRIC_WORDS.items():
+        if obj.get(key) in words:
+            out[key] = obj[key]
     return out
 
 

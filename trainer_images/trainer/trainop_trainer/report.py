@@ -41,6 +41,7 @@ class Reporter:
     chief: bool
     total_steps: int | None = None  # steps of the whole run (epochs x steps per epoch)
     events: Any = None  # events.open_writer(...) on the chief: the reports as TensorBoard scalars
+    transport: str | None = None  # "IB" | "Socket": the network NCCL chose (nccl.py); None: no NCCL
     # (seconds, steps) per epoch, seconds derived from the gathered throughput. Epochs after the
     # first (which holds compilation and warm-up) make the final figure, as in the reference.
     _epochs: list[tuple[float, int]] = field(default_factory=list)
@@ -78,6 +79,8 @@ class Reporter:
         }
         if self.total_steps:
             record["totalSteps"] = self.total_steps
+        if self.transport:
+            record["transport"] = self.transport
         line = json.dumps(record)
         write_line(sys.stdout, line)
         with open(self.metrics_file, "a") as f:

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torchvision
 from torch import nn
 
-from trainop_trainer import data, events, report
+from trainop_trainer import data, events, nccl, report
 from trainop_trainer.config import Config
 from trainop_trainer.world import World
 
@@ -92,7 +92,18 @@ def train(cfg: Config, world: World) -> None:
         torch.backends.cudnn.benchmark = True
     else:
         device = torch.device("cpu")
+    # NCCL (CUDA, more than one rank) reads NCCL_DEBUG* when it makes its first communicator.
+    probe = nccl.TransportProbe() if device.type == "cuda" and world.size > 1 else None
     comm = _Collective(cfg, world, device)
+    try:
+        _train(cfg, world, device, comm, probe)
+    finally:
+        if probe:
+            probe.poll()  # NCCL's last warnings into the log, also when training failed
+
+
+def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
+           probe: nccl.TransportProbe | None) -> None:
     torch.manual_seed(cfg.seed)
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
 
@@ -141,7 +152,11 @@ def train(cfg: Config, world: World) -> None:
             # Before the collective, so the other ranks wait for it there, outside their timed epoch.
             torch.save({"epoch": epoch, "model": net.state_dict(), "optimizer": optimizer.state_dict()},
                        cfg.output_dir / f"checkpoint-epoch{epoch}.pt")
-        total_rate, loss_total = comm.sum([own_rate, local_loss])
+        # Every rank says which network its NCCL chose (none on CPU): rank 0 reports the gang's.
+        mine = probe.poll() if probe else None
+        total_rate, loss_total, socket_ranks, ib_ranks = comm.sum(
+            [own_rate, local_loss, float(mine == "Socket"), float(mine == "IB")])
+        reporter.transport = nccl.gang_transport(socket_ranks, ib_ranks)
         loss = loss_total / world.size
         reporter.epoch(epoch, global_step, loss, total_rate, steps)
     if hasattr(batches, "close"):
