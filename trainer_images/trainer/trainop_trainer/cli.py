@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
-from trainop_trainer import data
+from trainop_trainer import checkpoint, data
 from trainop_trainer import world as world_mod
 from trainop_trainer.config import Config
 
@@ -56,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=5e-5)
     p.add_argument("--loader-workers", type=int, default=4)
     p.add_argument("--seed", type=int, default=42)
+    env = os.environ
+    p.add_argument("--checkpoint-dir", type=Path, default=env.get("TRAINOP_CHECKPOINT_DIR") or None,
+                   help="this attempt's checkpoint folder, <root>/attempt-<n> (default: $TRAINOP_CHECKPOINT_DIR; "
+                        "unset: no checkpoints)")
+    p.add_argument("--checkpoint-every", type=int, default=env.get("TRAINOP_CHECKPOINT_EVERY") or 0,
+                   help="save every N steps (default: $TRAINOP_CHECKPOINT_EVERY; 0: only on SIGTERM)")
+    p.add_argument("--resume-from", default=env.get("TRAINOP_RESUME_FROM") or None,
+                   help="a step-<k> checkpoint folder, or `latest` (the newest complete one under the "
+                        "checkpoint root) (default: $TRAINOP_RESUME_FROM)")
     return p
 
 
@@ -82,6 +92,15 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
     for name in ("batch_size", "global_batch_size", "epochs", "steps_per_epoch", "image_size",
                  "num_classes", "synthetic_batches"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
+    if args.checkpoint_every < 0:
+        raise ConfigError(f"--checkpoint-every must be 0 or more, got {args.checkpoint_every}")
+    if args.resume_from and args.framework != "pytorch":
+        raise ConfigError(f"--resume-from: resuming is implemented for --framework pytorch only, not "
+                          f"{args.framework}; start without it")
+    try:
+        checkpoint.resolve(args.resume_from, args.checkpoint_dir)
+    except checkpoint.CheckpointError as e:
+        raise ConfigError(str(e)) from None
     if args.global_batch_size is not None:
         if args.global_batch_size % world.size:
             raise ConfigError(
@@ -129,6 +148,9 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
         weight_decay=args.weight_decay,
         loader_workers=args.loader_workers,
         seed=args.seed,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=int(args.checkpoint_every),
+        resume_from=args.resume_from,
     )
 
 

@@ -31,3 +31,7 @@ class Config:
     weight_decay: float
     loader_workers: int
     seed: int
+    # checkpoint.py: this attempt's folder (None: off), steps between saves, where to resume
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0
+    resume_from: str | None = None
