@@ -20,7 +20,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import conditions, phases, priority
+from trainop import conditions, phases, priority, resume
 from trainop.actions import Apply, Create, CreateSSHSecret, DropFinalizer, Outcome, Problem, Ref, delete
 from trainop.admission import Decision
 from trainop.config import Config
@@ -34,7 +34,7 @@ TERMINAL = phases.TERMINAL
 LEGACY_FINALIZER = "trainop.io/finalizer"
 # Conditions whose becoming True (or False, for these gates) is worth a Warning Event.
 WARN_TRUE = {"Failed", "Restarting"}
-WARN_FALSE = {"Created", "DataReady"}
+WARN_FALSE = {"Created", "DataReady", "CheckpointAccepted"}
 
 
 @dataclass
@@ -204,6 +204,7 @@ def decide(snap: JobSnapshot, cfg: Config, now: dt.datetime) -> Outcome:
     if LEGACY_FINALIZER in finalizers:
         plan.out.actions.append(DropFinalizer(Ref.of(snap.body), finalizers, LEGACY_FINALIZER,
                                               meta.get("resourceVersion", "")))
+    _take_checkpoint(snap, cfg, st)  # first: pods created in this pass resume from it
     _decide(plan, st)
     _show_metrics(snap, st)
     st.data["observedGeneration"] = meta.get("generation")
@@ -221,6 +222,32 @@ def _show_metrics(snap: JobSnapshot, st: _Status) -> None:
     metrics = logship.progress_metrics(snap.progress)
     if metrics is not None:
         st.data["metrics"] = metrics
+
+
+def attempt_of(status: dict) -> int:
+    """The gang attempt the status is at (pods carry it as a label; checkpoints are saved per
+    attempt). The one place that knows it is `status.restarts`."""
+    return int(status.get("restarts") or 0)
+
+
+def _take_checkpoint(snap: JobSnapshot, cfg: Config, st: _Status) -> None:
+    """The checkpoint the log shipper reported (resume.accept: only one in this job's own
+    location) into `status.checkpoint`, which the next attempt resumes from (resume.plan). A
+    refused report leaves the known one in place and says why (a Warning, once per reason)."""
+    try:
+        job = parse_cached(snap.body, cfg)
+    except SpecError:
+        return
+    if job.checkpoint is None:
+        return
+    found, refused = resume.accept(job, snap.progress)
+    if refused:
+        st.cond("CheckpointAccepted", False, "CheckpointRejected", refused)
+    elif found:
+        st.data["checkpoint"] = found
+        if conditions.get_condition(st.data.get("conditions"), "CheckpointAccepted"):
+            st.cond("CheckpointAccepted", True, "CheckpointReported",
+                    f"step {found['step']} at {found['url']}")
 
 
 def _decide(plan: _Plan, st: _Status) -> Outcome:
@@ -439,7 +466,7 @@ def _endpoints_published(job: Job, slices: list[dict]) -> bool:
 
 def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
     body, now = plan.body, plan.now
-    attempt = int(st.data.get("restarts") or 0)
+    attempt = attempt_of(st.data)
     pods, launcher = plan.snap.pods, plan.snap.launcher
     label = common.LABEL_ATTEMPT
     stale = [p for p in pods if p["metadata"]["labels"].get(label) != str(attempt)]
@@ -481,9 +508,10 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
         plan.out.requeue_after = None
         return plan.out
 
+    resume_from = resume.plan(job, st.data.get("checkpoint"))
     for i in range(job.workers):
         if i not in workers:
-            plan.out.actions.append(Create(render.render_worker(job, i, attempt, claim), body))
+            plan.out.actions.append(Create(render.render_worker(job, i, attempt, claim, resume_from), body))
     if "startTime" not in st.data:
         st.data["startTime"] = _ts(now)
         if job.run_policy.active_deadline_seconds:
@@ -498,7 +526,7 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
         if waiting:
             return plan.wait(waiting)
         if job.launcher == "mpi":
-            plan.out.actions.append(Create(render.render_launcher(job, attempt), body))
+            plan.out.actions.append(Create(render.render_launcher(job, attempt, resume_from), body))
     # Asserted on every pass (idempotent), so an operator that died between creating the
     # launcher and writing the status still records the transition after its restart.
     if ready == job.workers:
@@ -536,7 +564,7 @@ def _launcher_failure(job: Job, pods: list[dict]) -> Failure:
 
 
 def _gang_failed(plan: _Plan, job: Job, st: _Status, failure: Failure) -> Outcome:
-    restarts = int(st.data.get("restarts") or 0)
+    restarts = attempt_of(st.data)
     limit = job.run_policy.backoff_limit
     st.data["lastFailure"] = failure.as_status()
     if restarts >= limit:

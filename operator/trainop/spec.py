@@ -103,6 +103,49 @@ def parse_output(output: dict | None, wi_account: str | None,
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """`spec.checkpoint`, resolved: where the trainer saves (TRAINOP_CHECKPOINT_DIR is
+    `<root>/attempt-<n>`) and how often. Layout and the resume decision: resume.py and
+    docs/long-runs.md."""
+    every_steps: int
+    root: str  # the folder in the pods that holds attempt-<n>/step-<k>
+    claim: str | None = None  # spec.checkpoint.volume.claimName (mounted at /checkpoints)
+    on_claim: bool = False  # root is on a claim (the volume, or an output claim): persists
+
+    def attempt_dir(self, attempt: int) -> str:
+        return f"{self.root}/attempt-{attempt}"
+
+
+CHECKPOINT_VOLUME_MOUNT = "/checkpoints"
+
+
+def _checkpoint(spec: dict, name: str, uid: str | None) -> Checkpoint | None:
+    ck = spec.get("checkpoint") or {}
+    claim = (ck.get("volume") or {}).get("claimName")
+    output = spec.get("output") or {}
+    enabled = ck.get("enabled")
+    if enabled is None:
+        enabled = bool(claim or output) and spec["framework"] == "pytorch"
+    if not enabled:
+        return None
+    if spec["framework"] != "pytorch":
+        raise SpecError("spec.checkpoint.enabled", f"resuming from checkpoints is implemented for "
+                        f"framework pytorch, not {spec['framework']}; set enabled: false")
+    if not (claim or output):
+        raise SpecError("spec.checkpoint.enabled", "checkpoints need a place that outlives the pods; "
+                        "set spec.checkpoint.volume.claimName or spec.output")
+    # On a claim, the job's uid is in the folder's name: a later job of the same name on the
+    # same claim never resumes from this one's checkpoints. Blob output needs none: its folder
+    # is shipped per attempt and the operator names the exact checkpoint (resume.py).
+    own = name + (f"-{uid[:8]}" if uid else "")
+    if claim:
+        return Checkpoint(ck["everySteps"], f"{CHECKPOINT_VOLUME_MOUNT}/{own}", claim, on_claim=True)
+    if "pvc" in output:
+        return Checkpoint(ck["everySteps"], f"/output/checkpoints/{own}", on_claim=True)
+    return Checkpoint(ck["everySteps"], "/output/checkpoints")
+
+
+@dataclass(frozen=True)
 class Job:
     name: str
     namespace: str
@@ -132,6 +175,7 @@ class Job:
     security: SecurityContext
     priority_class_name: str | None = None  # spec.priorityClassName (priority.py resolves it)
     pod_priority_class: str | None = None   # the pods' priorityClassName, set by priority.bind
+    checkpoint: Checkpoint | None = None    # spec.checkpoint, resolved (None: off)
 
     @property
     def total_gpus(self) -> int:
@@ -247,6 +291,7 @@ def parse(body: dict, cfg: Config) -> Job:
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),
         priority_class_name=spec.get("priorityClassName"),
+        checkpoint=_checkpoint(spec, meta["name"], meta.get("uid")),
     )
 
 

@@ -97,10 +97,11 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
     if args.resume_from and args.framework != "pytorch":
         raise ConfigError(f"--resume-from: resuming is implemented for --framework pytorch only, not "
                           f"{args.framework}; start without it")
-    try:
-        checkpoint.resolve(args.resume_from, args.checkpoint_dir)
-    except checkpoint.CheckpointError as e:
-        raise ConfigError(str(e)) from None
+    if world.is_chief:  # only rank 0 reads it (and only its host may have it): the rest get it from rank 0
+        try:
+            checkpoint.resolve(args.resume_from, args.checkpoint_dir)
+        except checkpoint.CheckpointError as e:
+            raise ConfigError(str(e)) from None
     if args.global_batch_size is not None:
         if args.global_batch_size % world.size:
             raise ConfigError(
