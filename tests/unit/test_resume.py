@@ -9,11 +9,23 @@ import json
 
 import pytest
 
+from tests.unit.test_jobsync_decide import (
+    BLOB,
+    CFG,
+    NOW,
+    RESTARTING,
+    RUNNING,
+    UID,
+    body,
+    launcher,
+    progress,
+    shared,
+    snap,
+    workers,
+)
 from trainop import config, resume, spec
 from trainop.jobsync import attempt_of, decide
 from trainop.render import dtj
-from tests.unit.test_jobsync_decide import (BLOB, CFG, NOW, RESTARTING, RUNNING, UID, body, launcher,
-                                            progress, shared, snap, workers)
 
 
 def job(**spec_):
