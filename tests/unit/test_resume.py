@@ -207,3 +207,17 @@ def test_a_foreign_checkpoint_is_ignored_with_one_warning_and_the_known_one_kept
     again = decide(snap(body(out.status, output=BLOB), pods=workers(), launcher=launcher(), **shared(),
                         progress=cm), CFG, NOW)
     assert again.events == []
+
+
+def test_resuming_a_suspended_job_resumes_from_its_checkpoint_in_the_same_attempt_folder():
+    from tests.unit.test_jobsync_decide import cond
+    known = {"step": 30, "attempt": 0, "path": "j/0/output/checkpoints/attempt-0/step-30"}
+    suspended = {"phase": "Suspended", "restarts": 0, "checkpoint": known,
+                 "conditions": cond(("Created", True, "ChildrenCreated"), ("Suspended", True, "JobSuspended"),
+                                    ("Admitted", False, "JobSuspended"))}
+    out = decide(snap(body(suspended, output=BLOB), **shared(), progress=EMPTY), CFG, NOW)
+    pods = [a.obj for a in out.actions if a.obj.get("kind") == "Pod"]
+    assert len(pods) == 2 and out.status["checkpoint"] == known
+    env = env_of(pods[0]["spec"]["containers"][0])
+    assert env["TRAINOP_CHECKPOINT_DIR"] == "/output/checkpoints/attempt-0"
+    assert env["TRAINOP_RESUME_FROM"] == "/var/trainop/resume/step-30"
