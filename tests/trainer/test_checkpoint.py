@@ -61,3 +61,14 @@ def test_sigterm_saves_at_the_next_step_on_every_rank_then_exits(tmp_path):
     assert 4 <= step < 200, text  # after the first epoch (4 steps), before the end
     assert f"checkpoint step {step} saved" in text
     assert text.count("SIGTERM: saving a checkpoint") >= 1
+
+
+def test_a_run_resumed_at_its_last_step_ends_at_once_with_its_final_report(tmp_path):
+    """The last periodic checkpoint can be the last step (the gang failed after it): the next
+    attempt trains nothing and reports final, instead of failing again."""
+    from trainop_trainer import report
+
+    reporter = report.Reporter(tmp_path / "m.jsonl", 2, 16, chief=True)
+    reporter.final(3, 12, 0.0)
+    line = json.loads((tmp_path / "m.jsonl").read_text())
+    assert (line["final"], line["step"], line["imagesPerSec"]) == (True, 12, 0.0)
