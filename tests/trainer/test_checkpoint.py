@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,16 @@ def test_a_run_resumed_at_its_last_step_ends_at_once_with_its_final_report(tmp_p
     reporter.final(3, 12, 0.0)
     line = json.loads((tmp_path / "m.jsonl").read_text())
     assert (line["final"], line["step"], line["imagesPerSec"]) == (True, 12, 0.0)
+
+
+def test_a_rank_that_reaches_no_step_after_sigterm_still_ends(tmp_path):
+    """Blocked (here: sleeping) where no step boundary comes: SIGTERM's default end, deferred."""
+    import sys
+
+    code = ("import os, signal, time; from trainop_trainer import checkpoint; "
+            "checkpoint.StopFlag(deadline=0.5).install(); os.kill(os.getpid(), signal.SIGTERM); time.sleep(60)")
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 143, result.stderr
+    assert time.monotonic() - start < 20
+    assert "exiting without a checkpoint" in result.stderr

@@ -26,6 +26,7 @@ import re
 import shutil
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from pathlib import Path
 MARKER = "COMPLETE"
 STATE = "state.pt"
 LATEST = "latest"
+STOP_DEADLINE = 60.0  # seconds from SIGTERM to the save; the pod's grace period is longer
 KEEP = 2  # complete checkpoints kept per attempt folder: the newest, and one in case it is bad
 _STEP = re.compile(r"^step-(\d+)$")
 _ATTEMPT = re.compile(r"^attempt-(\d+)$")
@@ -136,17 +138,29 @@ def resolve(resume_from: str | None, directory: Path | None) -> Path | None:
 
 class StopFlag:
     """SIGTERM sets it: the loop saves at the next step boundary (every rank agrees first) and
-    ends. The pod's grace period (the log shipper's drainSeconds + 30 s) leaves room for it."""
+    ends. The pod's grace period (the log shipper's drainSeconds + 30 s) leaves room for it.
+    A rank that cannot reach a step boundary (blocked in a collective with a dead peer) still
+    ends: STOP_DEADLINE seconds after the SIGTERM, as SIGTERM's default action would have."""
 
-    def __init__(self):
+    def __init__(self, deadline: float = STOP_DEADLINE):
         self.requested = False
+        self.deadline = deadline
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._set)
 
     def _set(self, signum, frame):
+        if self.requested:
+            return
         self.requested = True
         print("trainop_trainer: SIGTERM: saving a checkpoint at the next step", file=sys.stderr, flush=True)
+        threading.Thread(target=self._expire, daemon=True).start()
+
+    def _expire(self) -> None:
+        time.sleep(self.deadline)
+        print(f"trainop_trainer: no step boundary {self.deadline:.0f}s after SIGTERM; exiting without a checkpoint",
+              file=sys.stderr, flush=True)
+        os._exit(143)
 
 
 # ---- PyTorch --------------------------------------------------------------------------------
