@@ -99,7 +99,8 @@ def test_killed_rank_restarts_the_gang_which_resumes_and_ends_bitwise_equal(tmp_
     killed_after = int(saved[0].parent.name[5:])
     os.kill(wait_for("rank 1", lambda: rank_pid(run_dir, 1), run), signal.SIGKILL)
     out, _ = run.communicate(timeout=300)
-    assert run.returncode == 0, out
+    assert run.returncode == 0, out + "".join(f"\n--- {log.name}:\n" + log.read_text()[-4000:]
+                                              for log in sorted(run_dir.glob("train*.log")))
     assert "attempt 1: restarting the gang" in out, out
 
     # the second attempt started at the step it was given, the newest complete checkpoint then
