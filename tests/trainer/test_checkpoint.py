@@ -86,3 +86,29 @@ def test_a_rank_that_reaches_no_step_after_sigterm_still_ends(tmp_path):
     assert result.returncode == 143, result.stderr
     assert time.monotonic() - start < 20
     assert "exiting without a checkpoint" in result.stderr
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--resume-from", "{tmp}"], "--resume-from {tmp}: not a complete checkpoint (no COMPLETE file)"),
+    (["--resume-from", "latest"], "--resume-from latest needs --checkpoint-dir"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 or more, got -1"),
+    (["--framework", "keras", "--resume-from", "latest"], "resuming is implemented for --framework pytorch only"),
+])
+def test_bad_checkpoint_options_are_refused_naming_the_option(tmp_path, extra, message):
+    from trainop_trainer import cli, world
+
+    args = ["--framework", "pytorch", "--synthetic", "--batch-size", "8", "--output-dir", str(tmp_path / "o")]
+    with pytest.raises(cli.ConfigError) as exc:
+        cli.parse(args + [a.format(tmp=tmp_path) for a in extra], world.detect({}))
+    assert message.format(tmp=tmp_path) in str(exc.value)
+
+
+def test_checkpoint_settings_default_to_what_the_operator_renders(tmp_path, monkeypatch):
+    from trainop_trainer import cli, world
+
+    monkeypatch.setenv("TRAINOP_CHECKPOINT_DIR", str(tmp_path / "attempt-2"))
+    monkeypatch.setenv("TRAINOP_CHECKPOINT_EVERY", "7")
+    monkeypatch.setenv("TRAINOP_RESUME_FROM", "")  # a first attempt: rendered, empty
+    cfg = cli.parse(["--framework", "pytorch", "--synthetic", "--batch-size", "8", "--output-dir", str(tmp_path)],
+                    world.detect({}))
+    assert (cfg.checkpoint_dir, cfg.checkpoint_every, cfg.resume_from) == (tmp_path / "attempt-2", 7, None)
