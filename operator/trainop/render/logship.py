@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainop.render import common, identity
+from trainop.resume import Resume
 from trainop.spec import Job, Output
 
 SIDECAR = "logship"
@@ -169,14 +170,14 @@ class PodParts:
 
 
 def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: list[str], cfg: dict,
-              output_mount: dict | None = None, resume=None) -> PodParts | None:
+              output_mount: dict | None = None, resume: Resume | None = None) -> PodParts | None:
     """What the pod of `role` (launcher | worker) / `index` needs; `command` is the training
     container's full command line, `output_mount` the training container's volumeMount of the
     trainer's --output-dir (worker 0's sidecar uploads it and reports its metrics.jsonl). None
     when the pod does not ship (no output, or a worker other than 0 without shipWorkerLogs).
     The training container is named `role` (render/dtj.py): with workload identity it is kept
     out of the webhook's token injection, so only the sidecar can act as the identity.
-    `resume` (resume.Resume): with a blob folder to fetch, worker 0 gets an init container that
+    `resume` (resume.plan): with a blob folder to fetch, worker 0 gets an init container that
     downloads it into the shared emptyDir before training starts."""
     cfg = {**DEFAULTS, **cfg}
     out = job.output
@@ -260,7 +261,7 @@ def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, outpu
     }
 
 
-def _fetcher(out: Output, cfg: dict, shared: dict, resume) -> dict:
+def _fetcher(out: Output, cfg: dict, shared: dict, resume: Resume) -> dict:
     """An init container that downloads the checkpoint to resume from (a blob folder under this
     job's prefix, resume.accept checked it) into the shared emptyDir, COMPLETE last."""
     return {
