@@ -38,6 +38,7 @@ from typing import Any
 
 from trainop import blob
 from trainop.render.logship import PROGRESS_KEY, safe_metrics
+from trainop.resume import CHECKPOINT_KEY
 
 log = logging.getLogger("trainop.logship")
 
@@ -323,7 +324,7 @@ class CheckpointReporter:
         report = {"step": step, "path": where}
         if isinstance(stamp, str):
             report["time"] = stamp
-        self.patch({"data": {"checkpoint": json.dumps(report, sort_keys=True)}})
+        self.patch({"data": {CHECKPOINT_KEY: json.dumps(report, sort_keys=True)}})
         self.reported = step
 
 

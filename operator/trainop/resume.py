@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from trainop.spec import Job
 
-PROGRESS_CHECKPOINT_KEY = "checkpoint"  # beside `metrics` in the progress ConfigMap
+CHECKPOINT_KEY = "checkpoint"  # the progress ConfigMap's key beside `metrics` (render/logship.py)
 RESUME_DIR = "/var/trainop/resume"  # worker 0's fetched copy (the log shipper's emptyDir)
 LATEST = "latest"
 MAX_REPORT = 2048
@@ -53,7 +53,7 @@ def _shape(job: Job) -> re.Pattern | None:
 def accept(job: Job, config_map: dict | None) -> tuple[dict | None, str | None]:
     """(status.checkpoint from the shipper's report, or None; a warning when a report was
     refused, naming why). No report: (None, None)."""
-    text = ((config_map or {}).get("data") or {}).get(PROGRESS_CHECKPOINT_KEY)
+    text = ((config_map or {}).get("data") or {}).get(CHECKPOINT_KEY)
     shape = _shape(job)
     if not text or shape is None:
         return None, None

@@ -40,7 +40,7 @@ LOG_FILE = f"{RUN_DIR}/train.log"  # Blob output: the file the sidecar ships
 METRICS_NAME = "metrics.jsonl"  # the trainer's --metrics-file, inside its --output-dir
 # The keys of the trainer's metrics contract (docs/DEVELOPING.md); nothing else reaches the status.
 METRIC_KEYS = ("epoch", "step", "loss", "imagesPerSec", "imagesPerSecPerGPU", "stepTime", "worldSize", "final")
-PROGRESS_KEY = "metrics"  # the progress ConfigMap's one key: the latest report, as JSON
+PROGRESS_KEY = "metrics"  # the progress ConfigMap's key of the latest metrics report, as JSON
 PROGRESS_ROLE = "progress"  # its trainop.io/role label
 # The reporting sidecar's API token: projected into that one container (every job pod sets
 # automountServiceAccountToken: false, so the training container gets none), with the API
