@@ -24,7 +24,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import conditions, kueue, phases, podgroup, preflight, priority, progress
+from trainop import conditions, kueue, phases, podgroup, preflight, priority, progress, resume
 from trainop.actions import (
     Apply,
     Create,
@@ -49,7 +49,7 @@ TERMINAL = phases.TERMINAL
 LEGACY_FINALIZER = "trainop.io/finalizer"
 # Conditions whose becoming True (or False, for these gates) is worth a Warning Event.
 WARN_TRUE = {"Failed", "Restarting", "Evicted"}
-WARN_FALSE = {"Created", "DataReady", "Transport"}
+WARN_FALSE = {"Created", "DataReady", "Transport", "CheckpointAccepted"}
 # How long a failed preflight waits for worker 0's report before it counts as an ordinary failure.
 REPORT_GRACE_SECONDS = 60
 
@@ -343,6 +343,7 @@ def decide(snap: JobSnapshot, cfg: Config, now: dt.datetime) -> Outcome:
     if LEGACY_FINALIZER in finalizers:
         plan.out.actions.append(DropFinalizer(Ref.of(snap.body), finalizers, LEGACY_FINALIZER,
                                               meta.get("resourceVersion", "")))
+    _take_checkpoint(snap, cfg, st)  # first: pods created in this pass resume from it
     _decide(plan, st)
     _show_metrics(snap, st)
     st.data["observedGeneration"] = meta.get("generation")
@@ -367,6 +368,26 @@ def _show_metrics(snap: JobSnapshot, st: _Status) -> None:
             st.data["progress"] = shown
         else:
             st.data.pop("progress", None)
+
+
+def _take_checkpoint(snap: JobSnapshot, cfg: Config, st: _Status) -> None:
+    """The checkpoint the log shipper reported (resume.accept: only one in this job's own
+    location) into `status.checkpoint`, which the next attempt resumes from (resume.plan). A
+    refused report leaves the known one in place and says why (a Warning, once per reason)."""
+    try:
+        job = parse_cached(snap.body, cfg)
+    except SpecError:
+        return
+    if job.checkpoint is None:
+        return
+    found, refused = resume.accept(job, snap.progress)
+    if refused:
+        st.cond("CheckpointAccepted", False, "CheckpointRejected", refused)
+    elif found:
+        st.data["checkpoint"] = found
+        if conditions.get_condition(st.data.get("conditions"), "CheckpointAccepted"):
+            st.cond("CheckpointAccepted", True, "CheckpointReported",
+                    f"step {found['step']} at {found['url']}")
 
 
 def _decide(plan: _Plan, st: _Status) -> Outcome:
@@ -705,9 +726,10 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
         if stopped is not None:
             return stopped
 
+    resume_from = resume.plan(job, st.data.get("checkpoint"))
     for i in range(job.workers):
         if i not in workers:
-            plan.out.actions.append(Create(render.render_worker(job, i, attempt_, claim), body))
+            plan.out.actions.append(Create(render.render_worker(job, i, attempt_, claim, resume_from), body))
     if "startTime" not in st.data:
         st.data["startTime"] = _ts(now)
         if job.run_policy.active_deadline_seconds:
@@ -727,7 +749,7 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
         if waiting:
             return plan.wait(for_nodes or waiting)
         if job.launcher == "mpi":
-            plan.out.actions.append(Create(render.render_launcher(job, attempt_), body))
+            plan.out.actions.append(Create(render.render_launcher(job, attempt_, resume_from), body))
     # Asserted on every pass (idempotent), so an operator that died between creating the
     # launcher and writing the status still records the transition after its restart.
     if ready == job.workers:

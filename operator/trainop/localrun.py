@@ -37,7 +37,7 @@ from typing import TextIO
 
 from trainop import paths
 from trainop.render import common, dtj
-from trainop.spec import Job
+from trainop.spec import CHECKPOINT_VOLUME_MOUNT, Job
 
 LOCALHOST = "127.0.0.1"
 # The reduced run: at most MAX_RANKS ranks; each training value at most these.
@@ -79,6 +79,12 @@ class Plan:
     @property
     def ranks(self) -> int:
         return self.job.total_slots
+
+    @property
+    def checkpoint_root(self) -> Path | None:
+        """The job's checkpoint root (spec.checkpoint) in the run folder."""
+        env = self.env.get("TRAINOP_CHECKPOINT_DIR")
+        return Path(env).parent if env else None
 
 
 def _uses_trainer(job: Job) -> bool:
@@ -124,6 +130,10 @@ def reduce(job: Job, opts: Options) -> tuple[Job, list[str], list[str]]:
         target = replace(target, epochs=opts.epochs)
     if opts.steps_per_epoch is not None:
         target = replace(target, steps_per_epoch=opts.steps_per_epoch)
+    ck = job.checkpoint
+    if ck and not opts.full and target.steps_per_epoch and ck.every_steps > target.steps_per_epoch:
+        notes.append(f"checkpoint every {ck.every_steps} steps -> every {target.steps_per_epoch} (one epoch)")
+        job = replace(job, checkpoint=replace(ck, every_steps=target.steps_per_epoch))
     for label, before, after in [
         ("batch size per rank", t.batch_size, target.batch_size),
         ("image size", t.image_size or 224, target.image_size or 224),
@@ -163,7 +173,8 @@ def plan(job: Job, opts: Options, run_dir: Path, rdzv_port: int) -> Plan:
     """What runs, where, with which environment; starts nothing and writes nothing."""
     trainer = _uses_trainer(job)
     job, notes, extra = reduce(job, opts)
-    mounts = {common.MOUNT_ROOT: str(run_dir / "etc-trainop"), dtj.OUTPUT_DIR: str(run_dir / "output")}
+    mounts = {common.MOUNT_ROOT: str(run_dir / "etc-trainop"), dtj.OUTPUT_DIR: str(run_dir / "output"),
+              CHECKPOINT_VOLUME_MOUNT: str(run_dir / "checkpoints")}
     if opts.data_dir is not None:
         mounts[job.data_mount_path] = str(opts.data_dir.resolve())
     if extra:  # options the CRD has no field for: appended to the rendered trainer arguments
@@ -343,13 +354,52 @@ def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60) -> No
         time.sleep(0.1)
 
 
+def newest_checkpoint(root: Path | None) -> Path | None:
+    """The newest complete `attempt-<n>/step-<k>` under `root` (the trainer's layout): what the
+    log shipper would report to the operator, found here by looking."""
+    found = []
+    for marker in (root.glob("attempt-*/step-*/COMPLETE") if root else ()):
+        step_dir = marker.parent
+        if step_dir.name[5:].isdigit() and step_dir.parent.name[8:].isdigit():
+            found.append((int(step_dir.name[5:]), int(step_dir.parent.name[8:]), step_dir))
+    return max(found)[2] if found else None
+
+
+def execute_with_restarts(p: Plan, progress: Progress, echo: TextIO | None = None,
+                          deadline_seconds: int | None = None, say=print) -> Outcome:
+    """`execute()`, and with spec.checkpoint on, gang restarts as the operator makes them: up to
+    runPolicy.backoffLimit, each attempt saving into its own attempt-<n> folder and resuming
+    from the newest complete checkpoint (resume.py's layout). Without checkpoints a local run
+    stops at the first failure (a restart would only repeat it from step 0)."""
+    limit = p.job.run_policy.backoff_limit if p.checkpoint_root else 0
+    reports: list[dict] = []
+    failure = None
+    for attempt in range(limit + 1):
+        plan_ = p
+        if attempt:
+            newest = newest_checkpoint(p.checkpoint_root)
+            env = dict(p.env, TRAINOP_CHECKPOINT_DIR=str(p.checkpoint_root / f"attempt-{attempt}"),
+                       TRAINOP_RESUME_FROM=str(newest or ""))
+            plan_ = replace(p, env=env)
+            say(f"attempt {attempt}: restarting the gang ({failure}); "
+                + (f"resuming from {newest}" if newest else "no complete checkpoint yet: from step 0"))
+        outcome = execute(plan_, progress, echo, deadline_seconds, attempt)
+        reports += outcome.reports
+        if outcome.ok or attempt == limit:
+            break
+        failure = outcome.failure
+    outcome.reports = reports
+    return outcome
+
+
 def execute(p: Plan, progress: Progress, echo: TextIO | None = None,
-            deadline_seconds: int | None = None) -> Outcome:
+            deadline_seconds: int | None = None, attempt: int = 0) -> Outcome:
     """Run the plan's processes (a gang: the first failure stops the rest); their merged
-    output goes to <run>/train.log (and `echo`, if given)."""
+    output goes to <run>/train.log (<run>/train-attempt-<n>.log for a restart; and `echo`,
+    if given)."""
     write_files(p)
     env = dict(os.environ) | p.env
-    log_path = p.run_dir / "train.log"
+    log_path = p.run_dir / ("train.log" if not attempt else f"train-attempt-{attempt}.log")
     lines: queue.Queue = queue.Queue()
     procs: dict[str, subprocess.Popen] = {}
     start = time.monotonic()

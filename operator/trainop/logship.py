@@ -38,6 +38,7 @@ from typing import Any
 
 from trainop import blob
 from trainop.render.logship import HISTORY_KEY, PROGRESS_KEY, history_samples, safe_metrics
+from trainop.resume import CHECKPOINT_KEY
 
 log = logging.getLogger("trainop.logship")
 
@@ -216,7 +217,8 @@ def kube_progress_patcher(name: str, namespace: str) -> Callable[[dict], Any]:
     return patch
 
 
-def upload_dir(container, src: Path, dest: str, seen: dict[str, str] | None = None) -> int:
+def upload_dir(container, src: Path, dest: str, seen: dict[str, str] | None = None,
+               skip: tuple[str, ...] = ()) -> int:
     """Upload every file under `src` to block blobs under `dest/`; returns how many were uploaded.
     Symbolic links are skipped, with a warning naming them, and never followed: training code
     could otherwise point one at any file the sidecar can read (its projected API token, say)
@@ -228,6 +230,8 @@ def upload_dir(container, src: Path, dest: str, seen: dict[str, str] | None = No
     seen = {} if seen is None else seen
     uploaded = 0
     for path, link in _walk(Path(src)):
+        if path.relative_to(src).as_posix() in skip:
+            continue
         name = f"{dest}/{path.relative_to(src).as_posix()}"
         if link:
             if seen.get(name) != LINK:  # once per link, not on every pass
@@ -278,6 +282,83 @@ def _walk(src: Path) -> list[tuple[Path, bool]]:
     return sorted(found)
 
 
+CHECKPOINT_MARKER = "COMPLETE"  # the trainer's (trainop_trainer/checkpoint.py): written last
+
+
+def complete_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every complete `step-<k>` folder in one attempt's checkpoint folder,
+    by step. The trainer renames a folder into place only once it is whole."""
+    out = []
+    try:
+        entries = list(Path(directory).iterdir())
+    except FileNotFoundError:
+        return []
+    for path in entries:
+        name = path.name
+        if name.startswith("step-") and name[5:].isdigit() and not path.is_symlink() and \
+                (path / CHECKPOINT_MARKER).is_file():
+            out.append((int(name[5:]), path))
+    return sorted(out)
+
+
+class CheckpointReporter:
+    """Reports the trainer's newest complete checkpoint into the progress ConfigMap (key
+    `checkpoint`: {"step", "time", "path"}), after uploading it when `upload` is set: every file
+    first, COMPLETE last, so a copy with COMPLETE is whole. The operator checks the path
+    (trainop.resume.accept) and passes it to the next attempt."""
+
+    def __init__(self, directory: Path, patch: Callable[[dict], Any],
+                 upload: tuple[Any, str] | None = None):
+        self.directory, self.patch, self.upload = Path(directory), patch, upload
+        self.reported: int | None = None
+
+    def tick(self) -> None:
+        found = complete_checkpoints(self.directory)
+        if not found or found[-1][0] == self.reported:
+            return
+        step, folder = found[-1]
+        where = str(folder)
+        if self.upload:
+            container, dest = self.upload
+            where = f"{dest}/{self.directory.name}/{folder.name}"
+            marker = folder / CHECKPOINT_MARKER
+            upload_dir(container, folder, where, skip=(CHECKPOINT_MARKER,))
+            with _open_inside(marker, folder) as f:
+                container.get_blob_client(f"{where}/{CHECKPOINT_MARKER}").upload_blob(f, overwrite=True)
+            log.info("uploaded checkpoint step %d to %s/", step, where)
+        try:
+            stamp = json.loads((folder / CHECKPOINT_MARKER).read_text()).get("time")
+        except ValueError:
+            stamp = None
+        report = {"step": step, "path": where}
+        if isinstance(stamp, str):
+            report["time"] = stamp
+        self.patch({"data": {CHECKPOINT_KEY: json.dumps(report, sort_keys=True)}})
+        self.reported = step
+
+
+def fetch_dir(container, src: str, dest: Path) -> int:
+    """Download the blob folder `src` into `dest` (the checkpoint to resume from). Refuses a
+    folder without COMPLETE (not a whole checkpoint) and names outside `src/`; COMPLETE is
+    written last, so the trainer never sees a partial copy as complete. Returns files fetched."""
+    src = src.strip("/")
+    names = [b.name for b in container.list_blobs(name_starts_with=src + "/")]
+    if f"{src}/{CHECKPOINT_MARKER}" not in names:
+        raise blob.BlobConfigError(f"--fetch {src}: no {CHECKPOINT_MARKER} blob there; not a complete checkpoint")
+    dest.mkdir(parents=True, exist_ok=True)
+    rel_names = sorted((n[len(src) + 1:] for n in names), key=lambda r: r == CHECKPOINT_MARKER)
+    for rel in rel_names:
+        parts = rel.split("/")
+        if any(part in ("", ".", "..") for part in parts):
+            raise blob.BlobConfigError(f"--fetch {src}: blob name {rel!r} is not a plain relative path")
+        target = dest.joinpath(*parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "wb") as f:
+            container.get_blob_client(f"{src}/{rel}").download_blob(max_concurrency=4).readinto(f)
+    log.info("fetched %d file(s) of %s into %s", len(rel_names), src, dest)
+    return len(rel_names)
+
+
 class Stop:
     """Set by SIGTERM/SIGINT. A plain flag polled in short slices: a threading.Event set from a
     signal handler can deadlock if the signal lands while the main thread holds its lock."""
@@ -299,6 +380,7 @@ class Shipper:
     metrics_file: Path | None = None
     reporter: ProgressReporter | None = None
     output_live: bool = False  # the trainer reported final: keep the output dir uploaded
+    checkpoints: CheckpointReporter | None = None
     uploaded: dict[str, str] = field(default_factory=dict)  # upload_dir's `seen`
 
     def run(self, stop: Stop, drain_timeout: float) -> int:
@@ -314,6 +396,8 @@ class Shipper:
                 ok &= _attempt(f"shipping {appender.path}", lambda: appender.ship(final))
         if self.reporter:
             ok &= _attempt("reporting metrics", lambda: self.reporter.tick(force=final))
+        if self.checkpoints:  # on the drain too: the trainer saves one on SIGTERM
+            ok &= _attempt("reporting the checkpoint", self.checkpoints.tick)
         # Once the trainer's report says final, the output dir is kept uploaded on every pass
         # (the model may be saved just after that report): an MPI worker's pod, and this sidecar,
         # may live on long after training, until the operator deletes it.
@@ -362,7 +446,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainop.logship", description=__doc__.splitlines()[0])
     p.add_argument("--account-url", help="Blob endpoint, e.g. https://acct.blob.core.windows.net (not used with a connection string)")
     p.add_argument("--container", required=True)
-    p.add_argument("--dest", required=True, help="blob folder of this run: <prefix>/<job>/<attempt>")
+    p.add_argument("--dest", help="blob folder of this run: <prefix>/<job>/<attempt>")
     p.add_argument("--file", action="append", default=[], metavar="PATH=BLOB",
                    help="append PATH to the Append Blob <dest>/BLOB (repeatable)")
     p.add_argument("--output-dir", type=Path, help="uploaded to <dest>/output/ when the sidecar stops")
@@ -378,7 +462,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--metrics-interval", type=float, default=15.0, help="least seconds between status patches")
     p.add_argument("--drain-timeout", type=float, default=25.0,
                    help="seconds to keep retrying the final flush after SIGTERM (keep below the pod's grace period)")
+    p.add_argument("--checkpoint-dir", type=Path,
+                   help="this attempt's checkpoint folder: each new complete step-<k> is reported to --progress")
+    p.add_argument("--checkpoint-upload", action="store_true",
+                   help="upload each checkpoint to <dest>/output/checkpoints/<attempt-n>/ before reporting it")
+    p.add_argument("--fetch", metavar="BLOB_FOLDER",
+                   help="fetch mode: download this checkpoint folder into --fetch-to and exit")
+    p.add_argument("--fetch-to", type=Path, metavar="DIR")
     args = p.parse_args(argv)
+    if args.fetch and not args.fetch_to:
+        p.error("--fetch: needs --fetch-to DIR")
+    if not args.fetch and not args.dest:
+        p.error("--dest is required (except with --fetch)")
+    if args.checkpoint_dir and not args.progress:
+        p.error("--checkpoint-dir: needs --progress (the ConfigMap it reports to)")
     for spec in args.file:
         if "=" not in spec or not spec.split("=", 1)[1]:
             p.error(f"--file {spec!r}: expected PATH=BLOB, e.g. /var/log/trainop/train.log=launcher.log")
@@ -403,18 +500,29 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         return 2
     container = service.get_container_client(args.container)
+    if args.fetch:
+        try:
+            fetch_dir(container, args.fetch, args.fetch_to)
+        except Exception as exc:  # one line, no secret: the pod's init container fails with it
+            log.error("fetching %s failed: %s", args.fetch, blob.explain(exc, _secret))
+            return 1
+        return 0
     dest = args.dest.strip("/")
     appenders = []
     for spec in args.file:
         path, name = spec.split("=", 1)
         appenders.append(AppendShipper(container.get_blob_client(f"{dest}/{name}"), Path(path), args.pod_uid))
-    reporter = None
+    reporter = checkpoints = None
     if args.progress:
-        reporter = ProgressReporter(args.metrics_file, args.metrics_interval,
-                                    kube_progress_patcher(args.progress, args.namespace))
+        patch = kube_progress_patcher(args.progress, args.namespace)
+        reporter = ProgressReporter(args.metrics_file, args.metrics_interval, patch)
+        if args.checkpoint_dir:
+            upload = (container, f"{dest}/output/checkpoints") if args.checkpoint_upload else None
+            checkpoints = CheckpointReporter(args.checkpoint_dir, patch, upload)
     output = (container, args.output_dir, f"{dest}/output") if args.output_dir else None
     log.info("shipping %d file(s) to %s/%s every %ss", len(appenders), args.container, dest, args.interval)
-    return Shipper(appenders, args.interval, output, args.metrics_file, reporter).run(stop, args.drain_timeout)
+    return Shipper(appenders, args.interval, output, args.metrics_file, reporter,
+                   checkpoints=checkpoints).run(stop, args.drain_timeout)
 
 
 if __name__ == "__main__":

@@ -166,6 +166,49 @@ def parse_output(output: dict | None, wi_account: str | None,
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """`spec.checkpoint`, resolved: where the trainer saves (TRAINOP_CHECKPOINT_DIR is
+    `<root>/attempt-<n>`) and how often. Layout and the resume decision: resume.py and
+    docs/long-runs.md."""
+    every_steps: int
+    root: str  # the folder in the pods that holds attempt-<n>/step-<k>
+    claim: str | None = None  # spec.checkpoint.volume.claimName (mounted at /checkpoints)
+    on_claim: bool = False  # root is on a claim (the volume, or an output claim): persists
+
+    def attempt_dir(self, attempt: int) -> str:
+        return f"{self.root}/attempt-{attempt}"
+
+
+CHECKPOINT_VOLUME_MOUNT = "/checkpoints"
+
+
+def _checkpoint(spec: dict, name: str, uid: str | None) -> Checkpoint | None:
+    ck = spec.get("checkpoint") or {}
+    claim = (ck.get("volume") or {}).get("claimName")
+    output = spec.get("output") or {}
+    enabled = ck.get("enabled")
+    if enabled is None:
+        enabled = bool(claim or output) and spec["framework"] == "pytorch"
+    if not enabled:
+        return None
+    if spec["framework"] != "pytorch":
+        raise SpecError("spec.checkpoint.enabled", f"resuming from checkpoints is implemented for "
+                        f"framework pytorch, not {spec['framework']}; set enabled: false")
+    if not (claim or output):
+        raise SpecError("spec.checkpoint.enabled", "checkpoints need a place that outlives the pods; "
+                        "set spec.checkpoint.volume.claimName or spec.output")
+    # On a claim, the job's uid is in the folder's name: a later job of the same name on the
+    # same claim never resumes from this one's checkpoints. Blob output needs none: its folder
+    # is shipped per attempt and the operator names the exact checkpoint (resume.py).
+    own = name + (f"-{uid[:8]}" if uid else "")
+    if claim:
+        return Checkpoint(ck["everySteps"], f"{CHECKPOINT_VOLUME_MOUNT}/{own}", claim, on_claim=True)
+    if "pvc" in output:
+        return Checkpoint(ck["everySteps"], f"/output/checkpoints/{own}", on_claim=True)
+    return Checkpoint(ck["everySteps"], "/output/checkpoints")
+
+
+@dataclass(frozen=True)
 class Job:
     name: str
     namespace: str
@@ -201,6 +244,7 @@ class Job:
     gang_scheduler_name: str | None = None  # the pods' schedulerName under it
     fallback: Fallback | None = None        # spec.nodePool.fallback
     pod_priority_class: str | None = None   # the pods' priorityClassName, set by priority.bind
+    checkpoint: Checkpoint | None = None    # spec.checkpoint, resolved (None: off)
     preflight: Preflight = Preflight(False, 0.0, "")  # spec.preflight
     topology_file: str | None = None  # NCCL_TOPO_FILE on the node (IB, known instance type)
     fabric: Fabric = Fabric()          # the operator's infiniband/preflight sections
@@ -488,6 +532,7 @@ def parse(body: dict, cfg: Config) -> Job:
         fallback=_fallback(spec, cfg, placement),
         preflight=_preflight(spec, cfg), topology_file=_topology_file(spec, cfg),
         fabric=cfg.fabric,
+        checkpoint=_checkpoint(spec, meta["name"], meta.get("uid")),
     )
     if job.pod_template:
         # The operator's own fields win: the merge refuses an override that contradicts what

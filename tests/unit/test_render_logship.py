@@ -68,8 +68,11 @@ def test_worker_0_uploads_output_and_reports_metrics():
     output = {"name": "output", "mountPath": "/output"}
     parts = logship.pod_parts(job(blob_output(SAS)), "worker", 0, 0, ["/usr/sbin/sshd", "-De"], {}, output_mount=output)
     sidecar = parts.init_containers[0]
-    assert sidecar["args"][-8:] == ["--output-dir", "/output", "--metrics-file", "/output/metrics.jsonl",
-                                    "--progress", "j1-progress", "--metrics-interval", "15"]
+    assert sidecar["args"][-11:] == ["--output-dir", "/output", "--metrics-file", "/output/metrics.jsonl",
+                                     "--progress", "j1-progress", "--metrics-interval", "15",
+                                     # PyTorch with Blob output checkpoints by default: each one is
+                                     # uploaded, then reported (trainop.resume)
+                                     "--checkpoint-dir", "/output/checkpoints/attempt-0", "--checkpoint-upload"]
     token = "/var/run/secrets/kubernetes.io/serviceaccount"
     assert sidecar["volumeMounts"] == [{"name": "trainop-run", "mountPath": "/var/trainop"},
                                        {"name": "output", "mountPath": "/output", "readOnly": True},

@@ -73,8 +73,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"    {note}")
     sys.stdout.flush()
     progress = localrun.Progress(sys.stderr, plan.job.training.epochs)
-    outcome = localrun.execute(plan, progress, echo=sys.stdout if args.verbose else None,
-                               deadline_seconds=plan.job.run_policy.active_deadline_seconds)
+    outcome = localrun.execute_with_restarts(
+        plan, progress, echo=sys.stdout if args.verbose else None,
+        deadline_seconds=plan.job.run_policy.active_deadline_seconds,
+        say=lambda line: print(f"trainop run --local: {line}", flush=True))
     rows = localrun.summary(plan, outcome)
     width = max(len(k) for k, _ in rows)
     print()

@@ -14,7 +14,8 @@ import base64
 import shlex
 
 from trainop.render import common, fabric, logship, overrides, podgroup
-from trainop.spec import Job
+from trainop.resume import Resume
+from trainop.spec import CHECKPOINT_VOLUME_MOUNT, Job
 
 SSH_PORT = 2222  # unprivileged, so the same config works for non-root images
 RDZV_PORT = 29400
@@ -112,8 +113,19 @@ def network_env(job: Job) -> dict[str, str]:
     return env
 
 
-def container_env(job: Job) -> list[dict]:
-    base = {"PYTHONUNBUFFERED": "1", "TRAINOP_JOB_NAME": job.name} | network_env(job)
+def checkpoint_env(job: Job, attempt: int, resume: Resume | None) -> dict[str, str]:
+    """Where the trainer (or any training code) saves and what it resumes from (resume.py).
+    Always all three names, so mpirun's `-x` list is the same for every attempt."""
+    if job.checkpoint is None:
+        return {}
+    return {"TRAINOP_CHECKPOINT_DIR": job.checkpoint.attempt_dir(attempt),
+            "TRAINOP_CHECKPOINT_EVERY": str(job.checkpoint.every_steps),
+            "TRAINOP_RESUME_FROM": resume.resume_from if resume else ""}
+
+
+def container_env(job: Job, attempt: int = 0, resume: Resume | None = None) -> list[dict]:
+    base = {"PYTHONUNBUFFERED": "1", "TRAINOP_JOB_NAME": job.name} | network_env(job) | \
+        checkpoint_env(job, attempt, resume)
     if job.launcher == "mpi" and job.mpi_implementation == "OpenMPI":
         # Ranks learn where every other rank runs (for a native backend's rendezvous and local
         # ranks) from the hostfile, as under the MPI Operator; mpirun forwards this with -x.
@@ -333,6 +345,13 @@ def _ssh_volumes(job: Job) -> tuple[list[dict], list[dict]]:
 NO_TOKEN = {"automountServiceAccountToken": False}
 
 
+CHECKPOINT_VOLUME = "checkpoints"
+
+
+def checkpoint_volume(job: Job) -> dict:
+    return {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": job.checkpoint.claim}}
+
+
 def _output_volume(job: Job) -> dict:
     if job.output and job.output.claim:
         return {"name": "output", "persistentVolumeClaim": {"claimName": job.output.claim}}
@@ -350,8 +369,8 @@ def pod_security_context(job: Job) -> dict:
         "fsGroupChangePolicy": "OnRootMismatch"})
 
 
-def _container_base(job: Job, name: str) -> dict:
-    out = {"name": name, "image": job.image, "env": container_env(job),
+def _container_base(job: Job, name: str, attempt: int, resume: Resume | None) -> dict:
+    out = {"name": name, "image": job.image, "env": container_env(job, attempt, resume),
            "securityContext": common.container_security_context()}
     if job.image_pull_policy:
         out["imagePullPolicy"] = job.image_pull_policy
@@ -374,12 +393,12 @@ def worker_resources(job: Job) -> dict:
 
 
 def _ship_logs(job: Job, role: str, index: int | None, attempt: int, pod_spec: dict,
-               labels: dict, annotations: dict) -> None:
+               labels: dict, annotations: dict, resume: Resume | None = None) -> None:
     """Merge the log shipper's parts (render/logship.py) into a pod being rendered."""
     mount = {"name": "output", "mountPath": OUTPUT_DIR} if role == WORKER else None
     container = pod_spec["containers"][0]
     parts = logship.pod_parts(job, role, index, attempt, container["command"], job.logship,
-                              output_mount=mount)
+                              output_mount=mount, resume=resume)
     if parts is None:
         return
     container["command"] = parts.command
@@ -396,10 +415,12 @@ def _ship_logs(job: Job, role: str, index: int | None, attempt: int, pod_spec: d
         pod_spec["terminationGracePeriodSeconds"] = parts.termination_grace_period_seconds
 
 
-def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = None) -> dict:
-    """Worker pod `index` of gang attempt `attempt`; `claim_name` is the DataStage's claim."""
+def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = None,
+                  resume: Resume | None = None) -> dict:
+    """Worker pod `index` of gang attempt `attempt`; `claim_name` is the DataStage's claim;
+    `resume` what the attempt resumes from (resume.plan)."""
     labels = _labels(job, WORKER, index, attempt)
-    container = _container_base(job, WORKER)
+    container = _container_base(job, WORKER, attempt, resume)
     volumes = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": job.shm_size}},
                _output_volume(job)]
     mounts = [{"name": "shm", "mountPath": "/dev/shm"},
@@ -409,6 +430,9 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
         volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim_name,
                                                                   "readOnly": True}})
         mounts.append({"name": "data", "mountPath": job.data_mount_path, "readOnly": True})
+    if job.checkpoint and job.checkpoint.claim:
+        volumes.append(checkpoint_volume(job))
+        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_VOLUME_MOUNT})
     if job.launcher == "mpi":
         ssh_volumes, ssh_mounts = _ssh_volumes(job)
         volumes += ssh_volumes
@@ -429,7 +453,7 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
                 "securityContext": pod_security_context(job),
                 "containers": [container], "volumes": volumes}
     annotations: dict[str, str] = {}
-    _ship_logs(job, WORKER, index, attempt, pod_spec, labels, annotations)
+    _ship_logs(job, WORKER, index, attempt, pod_spec, labels, annotations, resume)
     fabric.shape_pod(job, pod_spec, WORKER, index, master=host(job, 0))
     pod = {
         "apiVersion": "v1", "kind": "Pod",
@@ -441,12 +465,13 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
     return pod
 
 
-def render_launcher(job: Job, attempt: int) -> dict:
+def render_launcher(job: Job, attempt: int, resume: Resume | None = None) -> dict:
     """The mpirun launcher as a batch/v1 Job. backoffLimit 0: a failure restarts the whole gang
     (runPolicy.backoffLimit, counted by the operator), never the launcher alone."""
     labels = _labels(job, LAUNCHER, None, attempt)
     volumes, mounts = _ssh_volumes(job)
-    container = _container_base(job, LAUNCHER) | {
+    # mpirun forwards the launcher's environment (-x) to every rank: the checkpoint settings too
+    container = _container_base(job, LAUNCHER, attempt, resume) | {
         "command": ["sh", "-c", launcher_script(job)],
         "resources": dict(job.launcher_resources),
         "volumeMounts": mounts,

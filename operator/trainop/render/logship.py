@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 from trainop.render import common, identity
+from trainop.resume import Resume
 from trainop.spec import Job, Output
 
 SIDECAR = "logship"
@@ -212,13 +213,15 @@ class PodParts:
 
 
 def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: list[str], cfg: dict,
-              output_mount: dict | None = None) -> PodParts | None:
+              output_mount: dict | None = None, resume: Resume | None = None) -> PodParts | None:
     """What the pod of `role` (launcher | worker) / `index` needs; `command` is the training
     container's full command line, `output_mount` the training container's volumeMount of the
     trainer's --output-dir (worker 0's sidecar uploads it and reports its metrics.jsonl). None
     when the pod does not ship (no output, or a worker other than 0 without shipWorkerLogs).
     The training container is named `role` (render/dtj.py): with workload identity it is kept
-    out of the webhook's token injection, so only the sidecar can act as the identity."""
+    out of the webhook's token injection, so only the sidecar can act as the identity.
+    `resume` (resume.plan): with a blob folder to fetch, worker 0 gets an init container that
+    downloads it into the shared emptyDir before training starts."""
     cfg = {**DEFAULTS, **cfg}
     out = job.output
     primary = role == "worker" and index == 0
@@ -231,9 +234,12 @@ def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: lis
             mounts=[{"name": VOLUME, "mountPath": RUN_DIR}], env=_field_env()[:1])
     shared = {"name": VOLUME, "mountPath": RUN_DIR}
     reports = primary and output_mount is not None
+    init = [_sidecar(job, attempt, out, cfg, shared, output_mount if primary else None)]
+    if primary and resume is not None and resume.fetch:
+        init.append(_fetcher(out, cfg, shared, resume))
     return PodParts(
         command=_tee(LOG_FILE, command),
-        init_containers=[_sidecar(job, attempt, out, cfg, shared, output_mount if primary else None)],
+        init_containers=init,
         volumes=[{"name": VOLUME, "emptyDir": {}}] + ([_api_token_volume()] if reports else []),
         mounts=[shared],
         labels=out.auth.pod_labels(),
@@ -275,6 +281,13 @@ def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, outpu
                  "--progress", progress_name(job), "--metrics-interval", str(cfg["metricsIntervalSeconds"])]
         mounts.append({**output_mount, "readOnly": True})
         mounts.append({"name": API_TOKEN_VOLUME, "mountPath": API_TOKEN_DIR, "readOnly": True})
+        ck = job.checkpoint
+        if ck is not None:  # report each completed checkpoint (Blob: upload it first)
+            args += ["--checkpoint-dir", ck.attempt_dir(attempt)]
+            if not ck.on_claim:
+                args += ["--checkpoint-upload"]
+            if ck.claim:  # the checkpoint volume, to see the trainer's folders (render/dtj.py)
+                mounts.append({"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True})
     return {
         "name": SIDECAR,
         "image": cfg["image"],
@@ -287,6 +300,22 @@ def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, outpu
         "volumeMounts": mounts,
         "resources": cfg["resources"],
         # runs as the pod's (the job's) user, so it reads whatever the trainer wrote
+        "securityContext": common.container_security_context(),
+    }
+
+
+def _fetcher(out: Output, cfg: dict, shared: dict, resume: Resume) -> dict:
+    """An init container that downloads the checkpoint to resume from (a blob folder under this
+    job's prefix, resume.accept checked it) into the shared emptyDir, COMPLETE last."""
+    return {
+        "name": "fetch-checkpoint",
+        "image": cfg["image"],
+        "command": ["python", "-m", "trainop.logship"],
+        "args": ["--account-url", out.account_url, "--container", out.container,
+                 "--fetch", resume.fetch, "--fetch-to", resume.resume_from],
+        "env": _field_env() + out.auth.container_env(),
+        "volumeMounts": [dict(shared)],
+        "resources": cfg["resources"],
         "securityContext": common.container_security_context(),
     }
 

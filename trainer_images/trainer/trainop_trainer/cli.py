@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
-from trainop_trainer import data
+from trainop_trainer import checkpoint, data
 from trainop_trainer import world as world_mod
 from trainop_trainer.config import Config
 
@@ -65,6 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequential: blocks of consecutive .tar members (the default for shards); "
                         "random: one read per image (the default for folders)")
     p.add_argument("--seed", type=int, default=42)
+    env = os.environ
+    p.add_argument("--checkpoint-dir", type=Path, default=env.get("TRAINOP_CHECKPOINT_DIR") or None,
+                   help="this attempt's checkpoint folder, <root>/attempt-<n> (default: $TRAINOP_CHECKPOINT_DIR; "
+                        "unset: no checkpoints)")
+    p.add_argument("--checkpoint-every", type=int, default=env.get("TRAINOP_CHECKPOINT_EVERY") or 0,
+                   help="save every N steps (default: $TRAINOP_CHECKPOINT_EVERY; 0: only on SIGTERM)")
+    p.add_argument("--resume-from", default=env.get("TRAINOP_RESUME_FROM") or None,
+                   help="a step-<k> checkpoint folder, or `latest` (the newest complete one under the "
+                        "checkpoint root) (default: $TRAINOP_RESUME_FROM)")
     return p
 
 
@@ -100,6 +110,16 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
     for name in ("batch_size", "global_batch_size", "epochs", "steps_per_epoch", "image_size",
                  "num_classes", "synthetic_batches"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
+    if args.checkpoint_every < 0:
+        raise ConfigError(f"--checkpoint-every must be 0 or more, got {args.checkpoint_every}")
+    if args.resume_from and args.framework != "pytorch":
+        raise ConfigError(f"--resume-from: resuming is implemented for --framework pytorch only, not "
+                          f"{args.framework}; start without it")
+    if world.is_chief:  # only rank 0 reads it (and only its host may have it): the rest get it from rank 0
+        try:
+            checkpoint.resolve(args.resume_from, args.checkpoint_dir)
+        except checkpoint.CheckpointError as e:
+            raise ConfigError(str(e)) from None
     if args.global_batch_size is not None:
         if args.global_batch_size % world.size:
             raise ConfigError(
@@ -151,6 +171,9 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
         decode=args.decode,
         read_mode=args.read_mode,
         seed=args.seed,
+        checkpoint_dir=args.checkpoint_dir,
+        checkpoint_every=int(args.checkpoint_every),
+        resume_from=args.resume_from,
     )
 
 

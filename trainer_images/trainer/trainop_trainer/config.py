@@ -33,3 +33,7 @@ class Config:
     decode: str  # auto | cpu | gpu (PyTorch)
     read_mode: str  # auto | sequential | random
     seed: int
+    # checkpoint.py: this attempt's folder (None: off), steps between saves, where to resume
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int = 0
+    resume_from: str | None = None

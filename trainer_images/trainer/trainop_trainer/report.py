@@ -56,8 +56,9 @@ class Reporter:
         timed = self._epochs[1:] or self._epochs
         seconds = sum(s for s, _ in timed)
         steps = sum(n for _, n in timed)
-        total = steps * self.global_batch / seconds
-        self._emit(epoch, step, loss, total, seconds / steps, final=True)
+        # no epoch ran: a run resumed from a checkpoint of its last step has nothing left to time
+        total = steps * self.global_batch / seconds if steps else 0.0
+        self._emit(epoch, step, loss, total, seconds / steps if steps else 0.0, final=True)
         if self.chief:
             write_line(sys.stdout, f"Total images/sec: {total:.1f}")
         if self.events is not None:

@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torchvision
 from torch import nn
 
-from trainop_trainer import data, events, nccl, report
+from trainop_trainer import checkpoint, data, events, nccl, report
 from trainop_trainer.config import Config
 from trainop_trainer.world import World
 
@@ -45,6 +45,30 @@ class _Collective:
             dist.all_reduce(t)
         return t.cpu().tolist()
 
+    def broadcast_object(self, obj):
+        """Rank 0's `obj` on every rank (a resumed checkpoint: only rank 0's host has it)."""
+        if self.hvd:
+            return self.hvd.broadcast_object(obj, root_rank=0, name="trainop.resume")
+        if self.dist:
+            box = [obj]
+            dist.broadcast_object_list(box, src=0)
+            return box[0]
+        return obj
+
+    def gather_object(self, obj) -> list:
+        """Every rank's `obj`, in rank order, on every rank."""
+        if self.hvd:
+            return self.hvd.allgather_object(obj, name="trainop.rng")
+        if self.dist:
+            out = [None] * dist.get_world_size()
+            dist.all_gather_object(out, obj)
+            return out
+        return [obj]
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when it is True on one (a SIGTERM that reached some ranks)."""
+        return self.sum([1.0 if flag else 0.0])[0] > 0
+
     def close(self) -> None:
         if self.dist:
             dist.destroy_process_group()
@@ -55,7 +79,7 @@ def _device_of_backend() -> torch.device:
     return torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def _synthetic_batches(cfg: Config, world: World, device: torch.device, memory_format):
+def _synthetic_batches(cfg: Config, world: World, device: torch.device, memory_format, start: int = 0):
     patterns, labels = data.synthetic_task(cfg.num_classes, cfg.synthetic_batches, cfg.batch_size, world.rank, cfg.seed)
     patterns = torch.from_numpy(patterns).permute(0, 3, 1, 2).to(device)  # NCHW
     reps = -(-cfg.image_size // data.PATTERN)
@@ -65,11 +89,13 @@ def _synthetic_batches(cfg: Config, world: World, device: torch.device, memory_f
         x = torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size, generator=gen, device=device)
         x += patterns[y].repeat(1, 1, reps, reps)[:, :, : cfg.image_size, : cfg.image_size]
         batches.append((x.contiguous(memory_format=memory_format), y))
-    return itertools.cycle(batches), 100
+    # Step k trains on batch k mod len: a resumed run continues the cycle where it stopped.
+    return itertools.cycle(batches[start % len(batches):] + batches[:start % len(batches)]), 100
 
 
-def _folder_batches(cfg: Config, world: World, device: torch.device, memory_format):
-    """A `torch_data.Loader` (iterable; `state_dict()`/`load_state_dict()` hold its position)."""
+def _folder_batches(cfg: Config, world: World, device: torch.device, memory_format, start: int = 0):
+    """A `torch_data.Loader` (iterable; `state_dict()`/`load_state_dict()` hold its position:
+    the batches consumed, so a run resumed at global step `start` continues where it stopped)."""
     from trainop_trainer import torch_data
 
     dataset = data.scan(cfg.data_dir)
@@ -79,6 +105,8 @@ def _folder_batches(cfg: Config, world: World, device: torch.device, memory_form
     workers = cfg.loader_workers if cfg.loader_workers is not None else data.auto_workers(world.local_size, decode_on)
     loader = torch_data.Loader(dataset, world.rank, world.size, cfg.batch_size, cfg.image_size, cfg.seed, workers,
                                decode_on, mode, device, memory_format)
+    if start:
+        loader.load_state_dict({**loader.state_dict(), "batches": start})
     print(f"trainop_trainer: rank {world.rank} decodes {loader.cpu_count} of every {cfg.batch_size} images on the "
           f"CPU ({workers} loader workers), the rest on the {device.type.upper()} ({decode_on})",
           file=sys.stderr, flush=True)
@@ -114,13 +142,17 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
         comm.hvd.broadcast_parameters(net.state_dict(), root_rank=0)
         comm.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         optimizer = comm.hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters())
+    # After the wrap: Horovod's DistributedOptimizer is a new optimizer over the same param groups,
+    # without the wrapped one's state (momentum buffers).
+    resumed = _resume(cfg, world, comm, net, optimizer)
     net = net.to(memory_format=memory_format)
     model = nn.parallel.DistributedDataParallel(net, device_ids=[device.index] if device.type == "cuda" else None,
                                                 gradient_as_bucket_view=True) if comm.dist else net
     step_model = torch.compile(model) if cfg.compile else model
 
     make = _synthetic_batches if cfg.synthetic else _folder_batches
-    batches, default_steps = make(cfg, world, device, memory_format)
+    start_step = resumed["step"] if resumed else 0
+    batches, default_steps = make(cfg, world, device, memory_format, start_step)
     steps = cfg.steps_per_epoch or default_steps
     loss_fn = nn.CrossEntropyLoss()
     reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief,
@@ -135,19 +167,27 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
         optimizer.step()
         return loss.detach()
 
-    global_step, loss = 0, 0.0
-    for epoch in range(1, cfg.epochs + 1):
+    saver = _Saver(cfg, world, comm, net, optimizer)
+    global_step, loss = start_step, 0.0
+    first_epoch, offset = divmod(start_step, steps)
+    for epoch in range(first_epoch + 1, cfg.epochs + 1):
         model.train()
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
-        for _ in range(steps):
+        ran = steps - offset
+        for _ in range(ran):
+            # The schedule is a function of the global step: a resumed run continues it.
             lr = report.learning_rate(global_step, steps, cfg.base_lr, world.size, cfg.warmup_epochs)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss_sum += step_fn(*next(batches))
             global_step += 1
-        local_loss = loss_sum.item() / steps  # waits for the device: the epoch's time is complete
-        own_rate = steps * cfg.batch_size / (time.perf_counter() - start)
+            if saver.after_step(global_step, epoch):
+                comm.close()
+                raise SystemExit(143)  # stopped by SIGTERM, state saved
+        offset = 0
+        local_loss = loss_sum.item() / ran  # waits for the device: the epoch's time is complete
+        own_rate = ran * cfg.batch_size / (time.perf_counter() - start)
         if world.is_chief:
             # Before the collective, so the other ranks wait for it there, outside their timed epoch.
             torch.save({"epoch": epoch, "model": net.state_dict(), "optimizer": optimizer.state_dict()},
@@ -158,7 +198,7 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
             [own_rate, local_loss, float(mine == "Socket"), float(mine == "IB")])
         reporter.transport = nccl.gang_transport(socket_ranks, ib_ranks)
         loss = loss_total / world.size
-        reporter.epoch(epoch, global_step, loss, total_rate, steps)
+        reporter.epoch(epoch, global_step, loss, total_rate, ran)
     if hasattr(batches, "close"):
         batches.close()
     reporter.final(cfg.epochs, global_step, loss)
@@ -167,3 +207,57 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
     if world.is_chief:
         torch.save(net.state_dict(), cfg.output_dir / "model.pt")
     comm.close()
+
+
+def _resume(cfg: Config, world: World, comm: _Collective, net, optimizer) -> dict | None:
+    """Load the checkpoint to resume from (rank 0 reads it, every rank gets it): model,
+    optimizer (momentum buffers), this rank's RNG state; returns {"step", "epoch"} or None."""
+    state = None
+    if world.is_chief:
+        path = checkpoint.resolve(cfg.resume_from, cfg.checkpoint_dir)
+        if path is not None:
+            state = checkpoint.torch_load(path, world.size)
+            print(f"trainop_trainer: resuming from {path} at step {state['step']}", file=sys.stderr, flush=True)
+        elif cfg.resume_from:
+            print(f"trainop_trainer: no complete checkpoint under {cfg.checkpoint_dir.parent}; starting at step 0",
+                  file=sys.stderr, flush=True)
+    if cfg.resume_from and world.size > 1:
+        state = comm.broadcast_object(state)
+    if state is None:
+        return None
+    net.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    checkpoint.set_torch_rng_state(state["rng"][world.rank])
+    return {"step": state["step"], "epoch": state["epoch"]}
+
+
+STOP_CHECK_STEPS = 10
+
+
+class _Saver:
+    """Every `checkpoint_every` steps, and at the step where a SIGTERM is first seen, every
+    rank's RNG state goes to rank 0, which writes the checkpoint (checkpoint.write_atomic)."""
+
+    def __init__(self, cfg: Config, world: World, comm: _Collective, net, optimizer):
+        self.cfg, self.world, self.comm, self.net, self.optimizer = cfg, world, comm, net, optimizer
+        self.stop = checkpoint.StopFlag()
+        if cfg.checkpoint_dir is not None:
+            self.stop.install()
+
+    def after_step(self, step: int, epoch: int) -> bool:
+        """Save when due; True when the run must end now (SIGTERM)."""
+        if self.cfg.checkpoint_dir is None:
+            return False
+        due = bool(self.cfg.checkpoint_every) and step % self.cfg.checkpoint_every == 0
+        # Ranks must agree on a SIGTERM before saving: a one-float all-reduce, which also waits
+        # for the device, so only every STOP_CHECK_STEPS steps (and at each save) rather than
+        # every step: the GPU's queue stays full in between.
+        stopping = (due or step % STOP_CHECK_STEPS == 0) and self.comm.any(self.stop.requested)
+        if not (stopping or due):
+            return False
+        rng = self.comm.gather_object(checkpoint.torch_rng_state())
+        if self.world.is_chief:
+            path = checkpoint.torch_save(self.cfg.checkpoint_dir, step, epoch, self.world.size,
+                                         self.net, self.optimizer, rng)
+            print(f"trainop_trainer: checkpoint step {step} saved in {path}", file=sys.stderr, flush=True)
+        return stopping

@@ -1,0 +1,114 @@
+"""The trainer's checkpoints (trainop_trainer/checkpoint.py): atomic folders, the newest complete
+one, and a save on SIGTERM that every rank agrees on (2 real ranks under torchrun, CPU)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.conftest import TINY, base_env, free_port_block, launch_command
+from trainop_trainer import checkpoint
+
+
+def put(data: bytes, path: Path) -> None:
+    path.write_bytes(data)
+
+
+def test_atomic_folders_newest_complete_and_pruning(tmp_path):
+    root = tmp_path / "ck"
+    for step in (2, 4, 6):
+        checkpoint.write_atomic(root / "attempt-0", step, {"state.pt": b"x" * step}, {}, save=put)
+    (root / "attempt-0" / ".step-8.tmp").mkdir()  # a crash mid-save
+    (root / "attempt-1" / "step-9").mkdir(parents=True)  # no COMPLETE: not a checkpoint
+    assert sorted(p.name for p in (root / "attempt-0").iterdir()) == [".step-8.tmp", "step-4", "step-6"]
+    assert checkpoint.latest(root) == root / "attempt-0" / "step-6"
+    marker = json.loads((root / "attempt-0" / "step-6" / "COMPLETE").read_text())
+    assert marker["step"] == 6 and marker["files"] == ["state.pt"]
+    checkpoint.write_atomic(root / "attempt-1", 6, {"state.pt": b"y"}, {}, save=put)
+    assert checkpoint.latest(root) == root / "attempt-1" / "step-6"  # a tie: the later attempt
+    assert checkpoint.resolve("latest", root / "attempt-2") == root / "attempt-1" / "step-6"
+    with pytest.raises(checkpoint.CheckpointError, match="not a complete checkpoint"):
+        checkpoint.resolve(str(root / "attempt-1" / "step-9"), None)
+
+
+@pytest.mark.trainer
+@pytest.mark.timeout(300)
+def test_sigterm_saves_at_the_next_step_on_every_rank_then_exits(tmp_path):
+    """torchrun forwards SIGTERM to its ranks (a pod's deletion reaches them so): both save
+    together at one step boundary, and the run ends with 143."""
+    out, ck = tmp_path / "out", tmp_path / "ck" / "attempt-0"
+    args = ["--framework", "pytorch", "--backend", "native",
+            *[a if a != "3" else "50" for a in TINY],  # 50 epochs: SIGTERM comes long before the end
+            "--output-dir", str(out), "--checkpoint-dir", str(ck), "--checkpoint-every", "1000"]
+    proc = subprocess.Popen(launch_command("torchrun", 2, args, free_port_block()), env=base_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    lines = []
+    for line in proc.stdout:  # the first epoch report: training is under way
+        lines.append(line)
+        if line.startswith("{"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    text = "".join(lines) + rest
+    assert proc.returncode != 0, text
+    saved = checkpoint.latest(ck.parent)
+    assert saved is not None, text
+    step = checkpoint.step_of(saved)
+    assert 4 <= step < 200, text  # after the first epoch (4 steps), before the end
+    assert f"checkpoint step {step} saved" in text
+    assert text.count("SIGTERM: saving a checkpoint") >= 1
+
+
+def test_a_run_resumed_at_its_last_step_ends_at_once_with_its_final_report(tmp_path):
+    """The last periodic checkpoint can be the last step (the gang failed after it): the next
+    attempt trains nothing and reports final, instead of failing again."""
+    from trainop_trainer import report
+
+    reporter = report.Reporter(tmp_path / "m.jsonl", 2, 16, chief=True)
+    reporter.final(3, 12, 0.0)
+    line = json.loads((tmp_path / "m.jsonl").read_text())
+    assert (line["final"], line["step"], line["imagesPerSec"]) == (True, 12, 0.0)
+
+
+def test_a_rank_that_reaches_no_step_after_sigterm_still_ends(tmp_path):
+    """Blocked (here: sleeping) where no step boundary comes: SIGTERM's default end, deferred."""
+    import sys
+
+    code = ("import os, signal, time; from trainop_trainer import checkpoint; "
+            "checkpoint.StopFlag(deadline=0.5).install(); os.kill(os.getpid(), signal.SIGTERM); time.sleep(60)")
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 143, result.stderr
+    assert time.monotonic() - start < 20
+    assert "exiting without a checkpoint" in result.stderr
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--resume-from", "{tmp}"], "--resume-from {tmp}: not a complete checkpoint (no COMPLETE file)"),
+    (["--resume-from", "latest"], "--resume-from latest needs --checkpoint-dir"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 or more, got -1"),
+    (["--framework", "keras", "--resume-from", "latest"], "resuming is implemented for --framework pytorch only"),
+])
+def test_bad_checkpoint_options_are_refused_naming_the_option(tmp_path, extra, message):
+    from trainop_trainer import cli, world
+
+    args = ["--framework", "pytorch", "--synthetic", "--batch-size", "8", "--output-dir", str(tmp_path / "o")]
+    with pytest.raises(cli.ConfigError) as exc:
+        cli.parse(args + [a.format(tmp=tmp_path) for a in extra], world.detect({}))
+    assert message.format(tmp=tmp_path) in str(exc.value)
+
+
+def test_checkpoint_settings_default_to_what_the_operator_renders(tmp_path, monkeypatch):
+    from trainop_trainer import cli, world
+
+    monkeypatch.setenv("TRAINOP_CHECKPOINT_DIR", str(tmp_path / "attempt-2"))
+    monkeypatch.setenv("TRAINOP_CHECKPOINT_EVERY", "7")
+    monkeypatch.setenv("TRAINOP_RESUME_FROM", "")  # a first attempt: rendered, empty
+    cfg = cli.parse(["--framework", "pytorch", "--synthetic", "--batch-size", "8", "--output-dir", str(tmp_path)],
+                    world.detect({}))
+    assert (cfg.checkpoint_dir, cfg.checkpoint_every, cfg.resume_from) == (tmp_path / "attempt-2", 7, None)

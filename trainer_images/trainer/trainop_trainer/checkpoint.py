@@ -1,0 +1,209 @@
+"""Checkpoints that a restarted gang resumes from: saved every N steps and on SIGTERM, atomically,
+into one folder per attempt; loaded by rank 0 and broadcast, so only rank 0's host needs them.
+
+Layout (the operator's contract, docs/long-runs.md):
+
+    <root>/attempt-<n>/step-<k>/state.pt   model, optimizer, step, epoch, every rank's RNG state
+    <root>/attempt-<n>/step-<k>/COMPLETE   JSON {"step", "epoch", "time", "worldSize", "files"}
+
+A checkpoint is written into `<root>/attempt-<n>/.step-<k>.tmp`, every file and the folder
+fsynced, COMPLETE last, then renamed to `step-<k>` (rename is atomic within one file system) and
+the parent fsynced: a reader (the next attempt, the log shipper that uploads it) sees either no
+`step-<k>` or a whole one, and a crash mid-write leaves only a `.tmp` folder that is ignored and
+later removed. A copy elsewhere (Blob) is complete when its COMPLETE is, which is uploaded last.
+
+Settings come from flags or, so that any training code launched by the operator can use them,
+from the environment the operator renders: TRAINOP_CHECKPOINT_DIR (this attempt's folder),
+TRAINOP_CHECKPOINT_EVERY (steps), TRAINOP_RESUME_FROM (a checkpoint folder, `latest` for the
+newest complete one under the checkpoint root, or empty).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER = "COMPLETE"
+STATE = "state.pt"
+LATEST = "latest"
+STOP_DEADLINE = 60.0  # seconds from SIGTERM to the save; the pod's grace period is longer
+KEEP = 2  # complete checkpoints kept per attempt folder: the newest, and one in case it is bad
+_STEP = re.compile(r"^step-(\d+)$")
+_ATTEMPT = re.compile(r"^attempt-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from; the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    directory: Path | None  # this attempt's folder; None: checkpointing off
+    every: int  # steps between checkpoints (0: only on SIGTERM)
+    resume_from: str | None  # a folder, LATEST, or None
+
+
+def step_of(path: Path) -> int | None:
+    m = _STEP.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def is_complete(path: Path) -> bool:
+    return step_of(path) is not None and (path / MARKER).is_file()
+
+
+def latest(root: Path) -> Path | None:
+    """The newest complete checkpoint under `root` (attempt folders, or one attempt's folder):
+    the highest step, the later attempt on a tie."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    found = []
+    for attempt_dir in [root, *(p for p in root.iterdir() if _ATTEMPT.match(p.name))]:
+        a = int(_ATTEMPT.match(attempt_dir.name).group(1)) if _ATTEMPT.match(attempt_dir.name) else -1
+        for step_dir in attempt_dir.iterdir() if attempt_dir.is_dir() else ():
+            if is_complete(step_dir):
+                found.append((step_of(step_dir), a, step_dir))
+    return max(found)[2] if found else None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(directory: Path, step: int, files: dict[str, object], meta: dict,
+                 save=None) -> Path:
+    """`files` (name -> object, written by `save(obj, path)`) as `<directory>/step-<step>`.
+    Returns the final folder. Older complete checkpoints beyond KEEP are removed after."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / f"step-{step}"
+    tmp = directory / f".step-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for name, obj in files.items():
+        path = tmp / name
+        save(obj, path)
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+    marker = dict(meta, step=step, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  files=sorted(files))
+    with open(tmp / MARKER, "w") as f:
+        f.write(json.dumps(marker, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    if final.exists():  # the same step saved twice (SIGTERM right after a periodic save)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(directory)
+    _prune(directory)
+    return final
+
+
+def _prune(directory: Path) -> None:
+    complete = sorted((p for p in directory.iterdir() if is_complete(p)), key=step_of)
+    for old in complete[:-KEEP]:
+        shutil.rmtree(old, ignore_errors=True)
+    for tmp in directory.glob(".step-*.tmp"):  # a crash's leftovers
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve(resume_from: str | None, directory: Path | None) -> Path | None:
+    """The folder to resume from: `latest` looks under the checkpoint root (the parent of this
+    attempt's folder); a path must be a complete checkpoint."""
+    if not resume_from:
+        return None
+    if resume_from == LATEST:
+        if directory is None:
+            raise CheckpointError("--resume-from latest needs --checkpoint-dir (or TRAINOP_CHECKPOINT_DIR)")
+        return latest(directory.parent)
+    path = Path(resume_from)
+    if not (path / MARKER).is_file():
+        raise CheckpointError(f"--resume-from {path}: not a complete checkpoint (no {MARKER} file); "
+                              f"pass a step-<k> folder written by the trainer, or `latest`")
+    return path
+
+
+class StopFlag:
+    """SIGTERM sets it: the loop saves at the next step boundary (every rank agrees first) and
+    ends. The pod's grace period (the log shipper's drainSeconds + 30 s) leaves room for it.
+    A rank that cannot reach a step boundary (blocked in a collective with a dead peer) still
+    ends: STOP_DEADLINE seconds after the SIGTERM, as SIGTERM's default action would have."""
+
+    def __init__(self, deadline: float = STOP_DEADLINE):
+        self.requested = False
+        self.deadline = deadline
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._set)
+
+    def _set(self, signum, frame):
+        if self.requested:
+            return
+        self.requested = True
+        print("trainop_trainer: SIGTERM: saving a checkpoint at the next step", file=sys.stderr, flush=True)
+        threading.Thread(target=self._expire, daemon=True).start()
+
+    def _expire(self) -> None:
+        time.sleep(self.deadline)
+        print(f"trainop_trainer: no step boundary {self.deadline:.0f}s after SIGTERM; exiting without a checkpoint",
+              file=sys.stderr, flush=True)
+        os._exit(143)
+
+
+# ---- PyTorch --------------------------------------------------------------------------------
+def torch_rng_state() -> dict:
+    import random
+
+    import numpy as np
+    import torch
+
+    out = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_torch_rng_state(state: dict) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def torch_save(directory: Path, step: int, epoch: int, world_size: int, model, optimizer,
+               rng_states: list[dict]) -> Path:
+    import torch
+
+    state = {"step": step, "epoch": epoch, "worldSize": world_size, "model": model.state_dict(),
+             "optimizer": optimizer.state_dict(), "rng": rng_states}
+    return write_atomic(directory, step, {STATE: state}, {"epoch": epoch, "worldSize": world_size},
+                        save=torch.save)
+
+
+def torch_load(path: Path, world_size: int) -> dict:
+    import torch
+
+    state = torch.load(path / STATE, map_location="cpu", weights_only=False)
+    if state["worldSize"] != world_size:
+        raise CheckpointError(f"{path}: saved by {state['worldSize']} ranks, this run has {world_size}; "
+                              f"resume with the same workers x slotsPerWorker, or start without it")
+    return state
