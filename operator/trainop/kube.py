@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -93,6 +94,31 @@ def path(api_version: str, kind: str, namespace: str | None = None, name: str | 
     if subresource:
         parts.append(subresource)
     return "/".join(parts)
+
+
+# Whether an optional API (Kueue, a gang scheduler's PodGroup) is served: a yes is kept for good
+# (such APIs come with their CRDs and stay), a no is asked again after SERVED_RECHECK_SECONDS, so
+# an API installed later is found without a restart.
+SERVED_RECHECK_SECONDS = 30.0
+_served: dict[str, tuple[bool, float]] = {}
+_served_lock = threading.Lock()
+
+
+def served(group_version: str) -> bool:
+    """Is /apis/<group_version> served? (cached, see above)"""
+    with _served_lock:
+        hit = _served.get(group_version)
+        if hit and (hit[0] or time.monotonic() - hit[1] < SERVED_RECHECK_SECONDS):
+            return hit[0]
+        try:
+            request("GET", f"/apis/{group_version}")
+            found = True
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            found = False
+        _served[group_version] = (found, time.monotonic())
+        return found
 
 
 def request(method: str, url_path: str, *, body=None, query: list | None = None,

@@ -34,10 +34,6 @@ so a later reconcile never sees an older Workload than the one that admitted the
 from __future__ import annotations
 
 import dataclasses
-import threading
-import time
-
-from kubernetes.client.exceptions import ApiException
 
 from trainop import conditions, kube
 from trainop import priority as priorities
@@ -49,27 +45,9 @@ from trainop.spec import FlavorPlacement, Job, SpecError
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 API_VERSION = f"{GROUP}/{VERSION}"
 FINALIZER = f"{GROUP}/resource-in-use"
-RECHECK_SECONDS = 30.0  # how long "Kueue is not installed" is believed
-
-_lock = threading.Lock()
-_served: tuple[bool, float] | None = None
-
-
 def installed() -> bool:
-    """Is Kueue's Workload API served? (cached; a positive answer for good)"""
-    global _served
-    with _lock:
-        if _served and (_served[0] or time.monotonic() - _served[1] < RECHECK_SECONDS):
-            return _served[0]
-        try:
-            kube.request("GET", f"/apis/{API_VERSION}")
-            found = True
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            found = False
-        _served = (found, time.monotonic())
-        return found
+    """Is Kueue's Workload API served? (kube.served: cached)"""
+    return kube.served(API_VERSION)
 
 
 def manages(body: dict) -> bool:

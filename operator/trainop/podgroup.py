@@ -13,9 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
-
-from kubernetes.client.exceptions import ApiException
 
 from trainop import admission, kube
 from trainop.config import Config
@@ -24,31 +21,20 @@ from trainop.render import podgroup as render
 from trainop.spec import Job
 
 log = logging.getLogger(__name__)
-RECHECK_SECONDS = 30.0  # how long "the PodGroup API is not served" is believed
 DEFAULT_SCHEDULER_NAMES = {render.PLUGINS: "scheduler-plugins-scheduler", render.VOLCANO: "volcano"}
 
 _lock = threading.Lock()
-_served: dict[str, tuple[bool, float]] = {}
+_told: set[str] = set()  # the kinds whose missing API was logged once
 
 
 def served(kind: str) -> bool:
-    """Is `kind`'s PodGroup API served? (cached; a positive answer for good)"""
-    with _lock:
-        hit = _served.get(kind)
-        if hit and (hit[0] or time.monotonic() - hit[1] < RECHECK_SECONDS):
-            return hit[0]
-        try:
-            kube.request("GET", f"/apis/{render.API_VERSION[kind]}")
-            found = True
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            found = False
-        if hit is None and not found:
-            log.info("gangScheduling.scheduler is %s but the cluster does not serve %s: pods use "
-                     "the default scheduler, without a PodGroup", kind, render.API_VERSION[kind])
-        _served[kind] = (found, time.monotonic())
-        return found
+    """Is `kind`'s PodGroup API served? (kube.served: cached)"""
+    found = kube.served(render.API_VERSION[kind])
+    if not found and kind not in _told:
+        _told.add(kind)
+        log.info("gangScheduling.scheduler is %s but the cluster does not serve %s: pods use "
+                 "the default scheduler, without a PodGroup", kind, render.API_VERSION[kind])
+    return found
 
 
 def scheduler(cfg: Config) -> str | None:

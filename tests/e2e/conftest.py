@@ -74,6 +74,22 @@ def real_namespace(real_cluster, request) -> str:
     yield from fresh_namespace(real_cluster, request)
 
 
+# Pod Security "restricted", enforced (and warned) on a namespace: what a careful admin sets.
+RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
+
+
+@pytest.fixture
+def restricted_namespace(real_cluster, request):
+    yield from fresh_namespace(real_cluster, request, labels=RESTRICTED)
+
+
+@pytest.fixture
+def restricted_operator(real_cluster, restricted_namespace, tmp_path):
+    op = OperatorProcess(real_cluster, [restricted_namespace], tmp_path / "operator.log").start()
+    yield op
+    op.stop()
+
+
 @pytest.fixture(scope="session")
 def pod_azurite(real_cluster, tmp_path_factory):
     with azurite_fixture.running(tmp_path_factory.mktemp("pod-azurite"), https=False,

@@ -9,28 +9,12 @@ import pytest
 import yaml
 
 from tests.e2e.test_real_pods import EXAMPLES, digests, reduced, wait_phase, with_blob_output
-from tests.fixtures.cluster import fresh_namespace
 from trainop import config, spec
 from trainop.render import datastage as render_datastage
 from trainop.render import dtj as render_dtj
 
 pytestmark = [pytest.mark.real, pytest.mark.azurite]
 
-RESTRICTED = {"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/warn": "restricted"}
-
-
-@pytest.fixture
-def restricted_namespace(real_cluster, request):
-    yield from fresh_namespace(real_cluster, request, labels=RESTRICTED)
-
-
-@pytest.fixture
-def restricted_operator(real_cluster, restricted_namespace, tmp_path):
-    from tests.fixtures.cluster import OperatorProcess
-
-    op = OperatorProcess(real_cluster, [restricted_namespace], tmp_path / "operator.log").start()
-    yield op
-    op.stop()
 
 
 def test_job_pods_run_under_the_restricted_profile(real_cluster, restricted_namespace, restricted_operator,

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_pod_security import RESTRICTED
 from tests.e2e.test_real_pods import wait_phase
-from tests.fixtures.cluster import OperatorProcess, fresh_namespace
 
 pytestmark = pytest.mark.real
 
@@ -28,18 +26,6 @@ until [ -s /shared/from-sidecar ]; do
 done
 echo "rank $RANK: EXPERIMENT=$EXPERIMENT file=$(cat /etc/train-settings/EXPERIMENT) sidecar=$(cat /shared/from-sidecar)"
 """
-
-
-@pytest.fixture
-def restricted_namespace(real_cluster, request):
-    yield from fresh_namespace(real_cluster, request, labels=RESTRICTED)
-
-
-@pytest.fixture
-def restricted_operator(real_cluster, restricted_namespace, tmp_path):
-    op = OperatorProcess(real_cluster, [restricted_namespace], tmp_path / "operator.log").start()
-    yield op
-    op.stop()
 
 
 def test_volume_envfrom_and_sidecar_reach_the_training_container(real_cluster, restricted_namespace,
