@@ -22,7 +22,8 @@ VENV_BIN = Path(sys.executable).parent
 # Tiny configuration: 32 px images, ResNet-18, a handful of steps; the synthetic task is learnable.
 TINY = ["--synthetic", "--image-size", "32", "--model", "resnet18", "--num-classes", "4", "--synthetic-batches", "2",
         "--batch-size", "8", "--epochs", "3", "--steps-per-epoch", "4", "--warmup-epochs", "1",
-        "--base-lr", "0.002", "--loader-workers", "1"]
+        "--base-lr", "0.002", "--loader-workers", "1",
+        "--report-seconds", "0"]  # one report per epoch: tests count them (test_report.py tests the others)
 RUN_TIMEOUT = 300
 
 

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from tests.trainer.conftest import TINY
 from tests.trainer.test_distributed import assert_identical
 from trainop_trainer import report
 
@@ -72,3 +73,19 @@ def test_a_report_is_one_write(monkeypatch, tmp_path):
     with open(tmp_path / "err", "w") as stream:
         report.write_line(stream, "trainop_trainer: rank 1/2 parameter sha256 " + "c" * 64)
     assert writes == [("trainop_trainer: rank 1/2 parameter sha256 " + "c" * 64 + "\n").encode()]
+
+
+def test_rank_0_reports_within_an_epoch_at_most_every_report_seconds(trainer_runs):
+    """--report-seconds: between the epochs' reports rank 0 reports its own throughput times the
+    ranks, so that status.progress's ETA moves within a long epoch (an ImageNet epoch is many
+    minutes). With an interval shorter than a step, every step reports."""
+    run = trainer_runs("torchrun", "pytorch", "native", ("--report-seconds", "1e-9"))
+    assert run.returncode == 0, run.explain()
+    steps, epochs = int(TINY[TINY.index("--steps-per-epoch") + 1]), int(TINY[TINY.index("--epochs") + 1])
+    records = [r for r in run.records if not r["final"]]
+    # each step's own report, and the epoch's (gathered) report after its last step
+    assert [r["step"] for r in records] == [s for e in range(epochs) for s in
+                                            [*range(e * steps + 1, (e + 1) * steps + 1), (e + 1) * steps]]
+    assert all(r["imagesPerSec"] > 0 and r["stepTime"] > 0 and r["totalSteps"] == steps * epochs for r in records)
+    assert [r["time"] for r in run.records] == sorted(r["time"] for r in run.records)
+    assert run.records[-1]["final"]

@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sequential: blocks of consecutive .tar members (the default for shards); "
                         "random: one read per image (the default for folders)")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--report-seconds", type=float, default=60.0,
+                   help="rank 0 also reports within an epoch at most this often (its own throughput "
+                        "times the ranks), for progress and the ETA; 0: once per epoch")
     env = os.environ
     p.add_argument("--checkpoint-dir", type=Path, default=env.get("TRAINOP_CHECKPOINT_DIR") or None,
                    help="this attempt's checkpoint folder, <root>/attempt-<n> (default: $TRAINOP_CHECKPOINT_DIR; "
@@ -173,6 +176,7 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
         seed=args.seed,
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=int(args.checkpoint_every),
+        report_seconds=max(0.0, args.report_seconds),
         resume_from=args.resume_from,
     )
 

@@ -37,3 +37,4 @@ class Config:
     checkpoint_dir: Path | None = None
     checkpoint_every: int = 0
     resume_from: str | None = None
+    report_seconds: float = 60.0  # rank 0 also reports within an epoch, at most this often (0: never)

@@ -52,6 +52,13 @@ class Reporter:
         self._epochs.append((seconds, steps))
         self._emit(epoch, step, loss, total_images_per_sec, seconds / steps, final=False)
 
+    def between(self, epoch: int, step: int, loss: float, images_per_sec: float, step_time: float) -> None:
+        """A report within an epoch, from the chief's own view (no collective: no rank waits for
+        it): its throughput since the last report times the ranks. An ImageNet epoch is many
+        minutes, and status.progress's ETA moves only when a report comes. Not part of the
+        final figure, which the epochs' gathered throughput makes."""
+        self._emit(epoch, step, loss, images_per_sec, step_time, final=False)
+
     def final(self, epoch: int, step: int, loss: float) -> None:
         timed = self._epochs[1:] or self._epochs
         seconds = sum(s for s, _ in timed)
