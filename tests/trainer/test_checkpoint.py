@@ -92,7 +92,6 @@ def test_a_rank_that_reaches_no_step_after_sigterm_still_ends(tmp_path):
     (["--resume-from", "{tmp}"], "--resume-from {tmp}: not a complete checkpoint (no COMPLETE file)"),
     (["--resume-from", "latest"], "--resume-from latest needs --checkpoint-dir"),
     (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 or more, got -1"),
-    (["--framework", "keras", "--resume-from", "latest"], "resuming is implemented for --framework pytorch only"),
 ])
 def test_bad_checkpoint_options_are_refused_naming_the_option(tmp_path, extra, message):
     from trainop_trainer import cli, world
@@ -101,6 +100,26 @@ def test_bad_checkpoint_options_are_refused_naming_the_option(tmp_path, extra, m
     with pytest.raises(cli.ConfigError) as exc:
         cli.parse(args + [a.format(tmp=tmp_path) for a in extra], world.detect({}))
     assert message.format(tmp=tmp_path) in str(exc.value)
+
+
+MPI_RANK0_OF_2 = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                  "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "keras"])
+def test_tensorflow_checkpoints_need_horovod_on_several_ranks(tmp_path, framework):
+    """TF/Keras save and resume under Horovod (or alone); MultiWorkerMirroredStrategy's saving
+    runs collectives on every worker, which the trainer does not do: refused naming the flags."""
+    from trainop_trainer import cli, world
+
+    args = ["--framework", framework, "--synthetic", "--batch-size", "8", "--output-dir", str(tmp_path / "o"),
+            "--checkpoint-dir", str(tmp_path / "ck" / "attempt-0")]
+    alone = cli.parse(args + ["--resume-from", "latest"], world.detect({}))
+    assert (alone.checkpoint_dir, alone.resume_from) == (tmp_path / "ck" / "attempt-0", "latest")
+    with pytest.raises(cli.ConfigError) as exc:
+        cli.parse(args + ["--backend", "native"], world.detect(MPI_RANK0_OF_2))
+    assert f"--checkpoint-dir/--resume-from with --framework {framework} on 2 ranks needs --backend horovod" \
+        in str(exc.value)
 
 
 def test_checkpoint_settings_default_to_what_the_operator_renders(tmp_path, monkeypatch):
