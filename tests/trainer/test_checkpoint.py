@@ -64,6 +64,45 @@ def test_sigterm_saves_at_the_next_step_on_every_rank_then_exits(tmp_path):
     assert text.count("SIGTERM: saving a checkpoint") >= 1
 
 
+@pytest.mark.trainer
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("framework", ["tensorflow", "keras"])
+def test_tensorflow_sigterm_saves_a_state_that_the_next_run_resumes_from(tmp_path, framework):
+    """One TensorFlow process (the custom loop, or model.fit from a callback): SIGTERM saves a
+    tf.train.Checkpoint at the next step and exits 143; `--resume-from latest` then restores it
+    and continues at that step (the multi-rank, bitwise case: tests/cli/test_local_resume.py)."""
+    common = ["--framework", framework, *[a if a != "3" else "50" for a in TINY],
+              "--output-dir", str(tmp_path / "out")]
+    proc = subprocess.Popen(launch_command("python", 1, common + ["--checkpoint-dir", str(tmp_path / "ck" / "attempt-0"),
+                                                                  "--checkpoint-every", "1000"], 0),
+                            env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    lines = []
+    for line in proc.stdout:  # the first epoch report: training is under way
+        lines.append(line)
+        if line.startswith("{"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    text = "".join(lines) + rest
+    assert proc.returncode == 143, text
+    saved = checkpoint.latest(tmp_path / "ck")
+    assert saved is not None, text
+    step = checkpoint.step_of(saved)
+    assert 4 <= step < 200 and f"checkpoint step {step} saved" in text, text
+    marker = json.loads((saved / checkpoint.MARKER).read_text())
+    assert marker["files"] == ["state.data-00000-of-00001", "state.index"] and marker["worldSize"] == 1
+
+    epochs = str(step // 4 + 2)  # one epoch more than the saved step's
+    resumed = subprocess.run(launch_command("python", 1, [*common, "--epochs", epochs, "--checkpoint-dir",
+                                                          str(tmp_path / "ck" / "attempt-1"), "--resume-from", "latest"],
+                                            0),
+                             env=base_env(), capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {saved} at step {step}" in resumed.stderr
+    final = [json.loads(line) for line in resumed.stdout.splitlines() if line.startswith("{")][-1]
+    assert (final["final"], final["step"]) == (True, int(epochs) * 4)
+
+
 def test_a_run_resumed_at_its_last_step_ends_at_once_with_its_final_report(tmp_path):
     """The last periodic checkpoint can be the last step (the gang failed after it): the next
     attempt trains nothing and reports final, instead of failing again."""
