@@ -260,7 +260,7 @@ def _resume(tf, cfg: Config, world: World, backend: _Backend, model, optimizer, 
             print(f"trainop_trainer: no complete checkpoint under {cfg.checkpoint_dir.parent}; starting at step 0",
                   file=sys.stderr, flush=True)
     if backend.hvd:
-        import horovod.tensorflow as hvd_tf  # the Keras module lacks broadcast_object
+        import horovod.tensorflow as hvd_tf  # horovod.tensorflow.keras has neither broadcast below
 
         start = int(hvd_tf.broadcast_object(start, root_rank=0, name="trainop.resume"))
         hvd_tf.broadcast_variables(model.variables, root_rank=0)
