@@ -64,6 +64,19 @@ def test_sigterm_saves_at_the_next_step_on_every_rank_then_exits(tmp_path):
     assert text.count("SIGTERM: saving a checkpoint") >= 1
 
 
+def test_a_checkpoint_of_another_framework_or_world_size_is_refused_naming_it(tmp_path):
+    torch_saved = checkpoint.write_atomic(tmp_path / "a", 4, {"state.pt": b"x"}, {"worldSize": 2}, save=put)
+    tf_saved = checkpoint.write_atomic(tmp_path / "b", 4, {"state.index": b"x", "state.data-00000-of-00001": b"y"},
+                                       {"worldSize": 2}, save=put)
+    assert json.loads((tf_saved / "COMPLETE").read_text())["files"] == ["state.data-00000-of-00001", "state.index"]
+    with pytest.raises(checkpoint.CheckpointError, match=r"no state.index \(saved by PyTorch\?\)"):
+        checkpoint.tf_load(torch_saved, 2, state=None)
+    with pytest.raises(checkpoint.CheckpointError, match=r"no state.pt \(saved by TensorFlow/Keras\?\)"):
+        checkpoint.torch_load(tf_saved, 2)
+    with pytest.raises(checkpoint.CheckpointError, match="saved by 2 ranks, this run has 4"):
+        checkpoint.tf_load(tf_saved, 4, state=None)
+
+
 @pytest.mark.trainer
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("framework", ["tensorflow", "keras"])
