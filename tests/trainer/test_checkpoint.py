@@ -183,3 +183,33 @@ def test_checkpoint_settings_default_to_what_the_operator_renders(tmp_path, monk
     cfg = cli.parse(["--framework", "pytorch", "--synthetic", "--batch-size", "8", "--output-dir", str(tmp_path)],
                     world.detect({}))
     assert (cfg.checkpoint_dir, cfg.checkpoint_every, cfg.resume_from) == (tmp_path / "attempt-2", 7, None)
+
+
+@pytest.mark.trainer
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("framework", ["tensorflow", "keras"])
+def test_tensorflow_on_an_image_folder_resumed_mid_epoch_ends_bitwise_equal(tmp_path, image_folder, framework):
+    """Folder data: the tf.data pipeline of a resumed run starts its BatchPlan at the saved step
+    (24 images, batch 4: 6 steps an epoch; step 8 is inside epoch 2), and the run ends with the
+    parameters of the uninterrupted one (one process, TF_DETERMINISTIC_OPS=1)."""
+    import re
+
+    env = dict(base_env(), TF_DETERMINISTIC_OPS="1")
+    common = ["--framework", framework, "--data-dir", str(image_folder), "--image-size", "32", "--model", "resnet18",
+              "--batch-size", "4", "--epochs", "2", "--warmup-epochs", "1", "--base-lr", "0.002",
+              "--checkpoint-every", "4"]
+
+    def train(tag: str, *extra: str) -> str:
+        args = [*common, "--output-dir", str(tmp_path / tag), "--checkpoint-dir", str(tmp_path / "ck" / tag), *extra]
+        done = subprocess.run(launch_command("python", 1, args, 0), env=env, capture_output=True, text=True,
+                              cwd=tmp_path, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stderr
+
+    plain = train("attempt-0")
+    saved = tmp_path / "ck" / "attempt-0" / "step-8"
+    assert checkpoint.is_complete(saved), plain[-3000:]
+    resumed = train("attempt-1", "--resume-from", str(saved))
+    assert f"resuming from {saved} at step 8" in resumed
+    digests = [re.findall(r"parameter sha256 ([0-9a-f]{64})", text) for text in (plain, resumed)]
+    assert len(digests[0]) == 1 and digests[0] == digests[1], digests
