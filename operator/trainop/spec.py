@@ -188,12 +188,11 @@ def _checkpoint(spec: dict, name: str, uid: str | None) -> Checkpoint | None:
     output = spec.get("output") or {}
     enabled = ck.get("enabled")
     if enabled is None:
-        enabled = bool(claim or output) and spec["framework"] == "pytorch"
+        # Every framework's built-in trainer saves and resumes (TensorFlow and Keras under
+        # Horovod: the only launcher they have is mpi).
+        enabled = bool(claim or output)
     if not enabled:
         return None
-    if spec["framework"] != "pytorch":
-        raise SpecError("spec.checkpoint.enabled", f"resuming from checkpoints is implemented for "
-                        f"framework pytorch, not {spec['framework']}; set enabled: false")
     if not (claim or output):
         raise SpecError("spec.checkpoint.enabled", "checkpoints need a place that outlives the pods; "
                         "set spec.checkpoint.volume.claimName or spec.output")

@@ -1,9 +1,10 @@
 """Resume on restart, with real processes: `trainop run --local` of a job with a checkpoint volume;
 a rank is killed (SIGKILL) once a checkpoint is complete; the gang restarts as the operator
 restarts it, the next attempt resumes at the saved step, and the final parameters are bitwise
-those of an uninterrupted run with the same seed (PyTorch on CPU: deterministic kernels, the same
+those of an uninterrupted run with the same seed (on CPU: deterministic kernels, the same
 batches in the same order, and a two-rank sum that is the same whichever rank adds).
-Horovod (mpirun) and native DDP (torchrun, gloo)."""
+PyTorch with Horovod (mpirun) and native DDP (torchrun, gloo); TensorFlow (custom loop) and
+Keras (model.fit) with Horovod, TensorFlow's op determinism on (TF_DETERMINISTIC_OPS=1)."""
 
 from __future__ import annotations
 
@@ -23,20 +24,21 @@ STEPS, EPOCHS, EVERY = 10, 2, 4  # 20 steps, checkpoints at 4, 8, ...
 DIGEST = re.compile(r"rank 0/2 parameter sha256 ([0-9a-f]{64})")
 
 
-def manifest(tmp_path: Path, launcher: str) -> Path:
+def manifest(tmp_path: Path, name: str, framework: str, launcher: str) -> Path:
     job = {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
-           "metadata": {"name": f"resume-{launcher}"},
-           "spec": {"framework": "pytorch", "launcher": launcher, "workers": 2, "gpusPerWorker": 1,
+           "metadata": {"name": name},
+           "spec": {"framework": framework, "launcher": launcher, "workers": 2, "gpusPerWorker": 1,
                     "data": {"synthetic": True}, "training": {"batchSize": 4, "imageSize": 32},
                     "checkpoint": {"everySteps": EVERY, "volume": {"claimName": "checkpoints"}},
                     "runPolicy": {"backoffLimit": 2}}}
-    path = tmp_path / f"{launcher}.yaml"
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
 
 
 def start(path: Path, state: Path) -> subprocess.Popen:
-    env = dict(os.environ, TRAINOP_STATE=str(state), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, TRAINOP_STATE=str(state), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               TF_DETERMINISTIC_OPS="1", TF_CPP_MIN_LOG_LEVEL="3")
     return subprocess.Popen([sys.executable, "-m", "trainop", "run", str(path), "--local",
                              "--epochs", str(EPOCHS), "--steps", str(STEPS)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
@@ -79,11 +81,13 @@ def digest(run_dir: Path, log: str) -> str:
 @pytest.mark.trainer
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("launcher", ["mpi", "torchrun"])
-def test_killed_rank_restarts_the_gang_which_resumes_and_ends_bitwise_equal(tmp_path, launcher):
-    path = manifest(tmp_path, launcher)
+@pytest.mark.parametrize("framework,launcher", [("pytorch", "mpi"), ("pytorch", "torchrun"),
+                                                ("tensorflow", "mpi"), ("keras", "mpi")])
+def test_killed_rank_restarts_the_gang_which_resumes_and_ends_bitwise_equal(tmp_path, framework, launcher):
+    name = f"resume-{framework}-{launcher}"
+    path = manifest(tmp_path, name, framework, launcher)
     state = tmp_path / "state"
-    runs = state / "runs" / f"resume-{launcher}"
+    runs = state / "runs" / name
 
     # 1. uninterrupted
     plain = start(path, state)

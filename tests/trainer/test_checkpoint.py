@@ -64,6 +64,58 @@ def test_sigterm_saves_at_the_next_step_on_every_rank_then_exits(tmp_path):
     assert text.count("SIGTERM: saving a checkpoint") >= 1
 
 
+def test_a_checkpoint_of_another_framework_or_world_size_is_refused_naming_it(tmp_path):
+    torch_saved = checkpoint.write_atomic(tmp_path / "a", 4, {"state.pt": b"x"}, {"worldSize": 2}, save=put)
+    tf_saved = checkpoint.write_atomic(tmp_path / "b", 4, {"state.index": b"x", "state.data-00000-of-00001": b"y"},
+                                       {"worldSize": 2}, save=put)
+    assert json.loads((tf_saved / "COMPLETE").read_text())["files"] == ["state.data-00000-of-00001", "state.index"]
+    with pytest.raises(checkpoint.CheckpointError, match=r"no state.index \(saved by PyTorch\?\)"):
+        checkpoint.tf_load(torch_saved, 2, state=None)
+    with pytest.raises(checkpoint.CheckpointError, match=r"no state.pt \(saved by TensorFlow/Keras\?\)"):
+        checkpoint.torch_load(tf_saved, 2)
+    with pytest.raises(checkpoint.CheckpointError, match="saved by 2 ranks, this run has 4"):
+        checkpoint.tf_load(tf_saved, 4, state=None)
+
+
+@pytest.mark.trainer
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("framework", ["tensorflow", "keras"])
+def test_tensorflow_sigterm_saves_a_state_that_the_next_run_resumes_from(tmp_path, framework):
+    """One TensorFlow process (the custom loop, or model.fit from a callback): SIGTERM saves a
+    tf.train.Checkpoint at the next step and exits 143; `--resume-from latest` then restores it
+    and continues at that step (the multi-rank, bitwise case: tests/cli/test_local_resume.py)."""
+    common = ["--framework", framework, *[a if a != "3" else "50" for a in TINY],
+              "--output-dir", str(tmp_path / "out")]
+    proc = subprocess.Popen(launch_command("python", 1, common + ["--checkpoint-dir", str(tmp_path / "ck" / "attempt-0"),
+                                                                  "--checkpoint-every", "1000"], 0),
+                            env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    lines = []
+    for line in proc.stdout:  # the first epoch report: training is under way
+        lines.append(line)
+        if line.startswith("{"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    text = "".join(lines) + rest
+    assert proc.returncode == 143, text
+    saved = checkpoint.latest(tmp_path / "ck")
+    assert saved is not None, text
+    step = checkpoint.step_of(saved)
+    assert 4 <= step < 200 and f"checkpoint step {step} saved" in text, text
+    marker = json.loads((saved / checkpoint.MARKER).read_text())
+    assert marker["files"] == ["state.data-00000-of-00001", "state.index"] and marker["worldSize"] == 1
+
+    epochs = str(step // 4 + 2)  # one epoch more than the saved step's
+    resumed = subprocess.run(launch_command("python", 1, [*common, "--epochs", epochs, "--checkpoint-dir",
+                                                          str(tmp_path / "ck" / "attempt-1"), "--resume-from", "latest"],
+                                            0),
+                             env=base_env(), capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming from {saved} at step {step}" in resumed.stderr
+    final = [json.loads(line) for line in resumed.stdout.splitlines() if line.startswith("{")][-1]
+    assert (final["final"], final["step"]) == (True, int(epochs) * 4)
+
+
 def test_a_run_resumed_at_its_last_step_ends_at_once_with_its_final_report(tmp_path):
     """The last periodic checkpoint can be the last step (the gang failed after it): the next
     attempt trains nothing and reports final, instead of failing again."""
@@ -92,7 +144,6 @@ def test_a_rank_that_reaches_no_step_after_sigterm_still_ends(tmp_path):
     (["--resume-from", "{tmp}"], "--resume-from {tmp}: not a complete checkpoint (no COMPLETE file)"),
     (["--resume-from", "latest"], "--resume-from latest needs --checkpoint-dir"),
     (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 or more, got -1"),
-    (["--framework", "keras", "--resume-from", "latest"], "resuming is implemented for --framework pytorch only"),
 ])
 def test_bad_checkpoint_options_are_refused_naming_the_option(tmp_path, extra, message):
     from trainop_trainer import cli, world
@@ -101,6 +152,26 @@ def test_bad_checkpoint_options_are_refused_naming_the_option(tmp_path, extra, m
     with pytest.raises(cli.ConfigError) as exc:
         cli.parse(args + [a.format(tmp=tmp_path) for a in extra], world.detect({}))
     assert message.format(tmp=tmp_path) in str(exc.value)
+
+
+MPI_RANK0_OF_2 = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                  "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "keras"])
+def test_tensorflow_checkpoints_need_horovod_on_several_ranks(tmp_path, framework):
+    """TF/Keras save and resume under Horovod (or alone); MultiWorkerMirroredStrategy's saving
+    runs collectives on every worker, which the trainer does not do: refused naming the flags."""
+    from trainop_trainer import cli, world
+
+    args = ["--framework", framework, "--synthetic", "--batch-size", "8", "--output-dir", str(tmp_path / "o"),
+            "--checkpoint-dir", str(tmp_path / "ck" / "attempt-0")]
+    alone = cli.parse(args + ["--resume-from", "latest"], world.detect({}))
+    assert (alone.checkpoint_dir, alone.resume_from) == (tmp_path / "ck" / "attempt-0", "latest")
+    with pytest.raises(cli.ConfigError) as exc:
+        cli.parse(args + ["--backend", "native"], world.detect(MPI_RANK0_OF_2))
+    assert f"--checkpoint-dir/--resume-from with --framework {framework} on 2 ranks needs --backend horovod" \
+        in str(exc.value)
 
 
 def test_checkpoint_settings_default_to_what_the_operator_renders(tmp_path, monkeypatch):
@@ -112,3 +183,33 @@ def test_checkpoint_settings_default_to_what_the_operator_renders(tmp_path, monk
     cfg = cli.parse(["--framework", "pytorch", "--synthetic", "--batch-size", "8", "--output-dir", str(tmp_path)],
                     world.detect({}))
     assert (cfg.checkpoint_dir, cfg.checkpoint_every, cfg.resume_from) == (tmp_path / "attempt-2", 7, None)
+
+
+@pytest.mark.trainer
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("framework", ["tensorflow", "keras"])
+def test_tensorflow_on_an_image_folder_resumed_mid_epoch_ends_bitwise_equal(tmp_path, image_folder, framework):
+    """Folder data: the tf.data pipeline of a resumed run starts its BatchPlan at the saved step
+    (24 images, batch 4: 6 steps an epoch; step 8 is inside epoch 2), and the run ends with the
+    parameters of the uninterrupted one (one process, TF_DETERMINISTIC_OPS=1)."""
+    import re
+
+    env = dict(base_env(), TF_DETERMINISTIC_OPS="1")
+    common = ["--framework", framework, "--data-dir", str(image_folder), "--image-size", "32", "--model", "resnet18",
+              "--batch-size", "4", "--epochs", "2", "--warmup-epochs", "1", "--base-lr", "0.002",
+              "--checkpoint-every", "4"]
+
+    def train(tag: str, *extra: str) -> str:
+        args = [*common, "--output-dir", str(tmp_path / tag), "--checkpoint-dir", str(tmp_path / "ck" / tag), *extra]
+        done = subprocess.run(launch_command("python", 1, args, 0), env=env, capture_output=True, text=True,
+                              cwd=tmp_path, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stderr
+
+    plain = train("attempt-0")
+    saved = tmp_path / "ck" / "attempt-0" / "step-8"
+    assert checkpoint.is_complete(saved), plain[-3000:]
+    resumed = train("attempt-1", "--resume-from", str(saved))
+    assert f"resuming from {saved} at step 8" in resumed
+    digests = [re.findall(r"parameter sha256 ([0-9a-f]{64})", text) for text in (plain, resumed)]
+    assert len(digests[0]) == 1 and digests[0] == digests[1], digests

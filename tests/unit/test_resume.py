@@ -52,7 +52,11 @@ BLOB_PATH = "j/1/output/checkpoints/attempt-1/step-500"  # BLOB has no prefix
     ({"output": {"pvc": {"claimName": "out"}}}, (f"/output/checkpoints/j-{UID[:8]}", 500, True)),
     ({"checkpoint": {**VOLUME, "everySteps": 50}}, (ROOT, 50, True)),
     ({"output": BLOB, "checkpoint": {"enabled": False}}, None),
-    ({"output": BLOB, "framework": "tensorflow"}, None),  # default on for PyTorch only
+    # TensorFlow and Keras (Horovod, launcher mpi) resume too: on by default alike
+    ({"output": BLOB, "framework": "tensorflow"}, ("/output/checkpoints", 500, False)),
+    ({"checkpoint": VOLUME, "framework": "keras"}, (ROOT, 500, True)),
+    ({"checkpoint": {**VOLUME, "enabled": True, "everySteps": 20}, "framework": "keras"}, (ROOT, 20, True)),
+    ({"output": BLOB, "framework": "tensorflow", "checkpoint": {"enabled": False}}, None),
 ])
 def test_checkpointing_is_on_by_default_where_checkpoints_outlive_the_pods(spec_, expected):
     ck = job(**spec_).checkpoint
@@ -61,8 +65,7 @@ def test_checkpointing_is_on_by_default_where_checkpoints_outlive_the_pods(spec_
 
 @pytest.mark.parametrize("spec_,words", [
     ({"checkpoint": {"enabled": True}}, "spec.checkpoint.enabled: checkpoints need a place"),
-    ({"checkpoint": {"enabled": True, **VOLUME}, "framework": "keras"},
-     "spec.checkpoint.enabled: resuming from checkpoints is implemented for framework pytorch"),
+    ({"checkpoint": {"enabled": True}, "framework": "tensorflow"}, "spec.checkpoint.enabled: checkpoints need a place"),
 ])
 def test_checkpointing_that_cannot_work_is_refused_naming_the_field(spec_, words):
     with pytest.raises(spec.SpecError) as exc:
@@ -157,6 +160,10 @@ def test_pods_are_told_where_to_save_and_what_to_resume_from():
     # other workers fetch nothing (rank 0 reads the checkpoint and broadcasts it)
     w1 = dtj.render_worker(j, 1, 2, resume=plan)
     assert all(c["name"] != "fetch-checkpoint" for c in w1["spec"].get("initContainers", []))
+    # a TensorFlow job's ranks are told the same (the trainer's TF path saves and resumes alike)
+    tf_launch = dtj.render_launcher(job(output=BLOB, framework="tensorflow"), 2, resume=plan)
+    assert env_of(tf_launch["spec"]["template"]["spec"]["containers"][0])["TRAINOP_RESUME_FROM"] == \
+        "/var/trainop/resume/step-500"
     # a first attempt: the variable is there, empty (one -x list for every attempt)
     assert env_of(dtj.render_worker(j, 0, 0)["spec"]["containers"][0])["TRAINOP_RESUME_FROM"] == ""
 

@@ -3,7 +3,10 @@ into one folder per attempt; loaded by rank 0 and broadcast, so only rank 0's ho
 
 Layout (the operator's contract, docs/long-runs.md):
 
-    <root>/attempt-<n>/step-<k>/state.pt   model, optimizer, step, epoch, every rank's RNG state
+    <root>/attempt-<n>/step-<k>/state.pt   PyTorch: model, optimizer, step, epoch, every rank's RNG state
+    <root>/attempt-<n>/step-<k>/state.index, state.data-*
+                                           TensorFlow/Keras: a tf.train.Checkpoint of the model,
+                                           optimizer, step (the data position) and RNG
     <root>/attempt-<n>/step-<k>/COMPLETE   JSON {"step", "epoch", "time", "worldSize", "files"}
 
 A checkpoint is written into `<root>/attempt-<n>/.step-<k>.tmp`, every file and the folder
@@ -86,6 +89,8 @@ def _fsync_dir(path: Path) -> None:
 def write_atomic(directory: Path, step: int, files: dict[str, object], meta: dict,
                  save=None) -> Path:
     """`files` (name -> object, written by `save(obj, path)`) as `<directory>/step-<step>`.
+    `save` may write several files from one name (a tf.train.Checkpoint prefix writes
+    `<name>.index` and `<name>.data-*`): every file it leaves is fsynced and listed in COMPLETE.
     Returns the final folder. Older complete checkpoints beyond KEEP are removed after."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{step}"
@@ -93,12 +98,13 @@ def write_atomic(directory: Path, step: int, files: dict[str, object], meta: dic
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     for name, obj in files.items():
-        path = tmp / name
-        save(obj, path)
+        save(obj, tmp / name)
+    written = sorted(p for p in tmp.rglob("*") if p.is_file())
+    for path in written:
         with open(path, "rb+") as f:
             os.fsync(f.fileno())
     marker = dict(meta, step=step, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  files=sorted(files))
+                  files=[str(p.relative_to(tmp)) for p in written])
     with open(tmp / MARKER, "w") as f:
         f.write(json.dumps(marker, sort_keys=True) + "\n")
         f.flush()
@@ -202,8 +208,34 @@ def torch_save(directory: Path, step: int, epoch: int, world_size: int, model, o
 def torch_load(path: Path, world_size: int) -> dict:
     import torch
 
+    if not (path / STATE).is_file():
+        raise CheckpointError(f"{path}: no {STATE} (saved by TensorFlow/Keras?); resume with the framework "
+                              f"that saved it, or start without it")
     state = torch.load(path / STATE, map_location="cpu", weights_only=False)
     if state["worldSize"] != world_size:
         raise CheckpointError(f"{path}: saved by {state['worldSize']} ranks, this run has {world_size}; "
                               f"resume with the same workers x slotsPerWorker, or start without it")
     return state
+
+
+# ---- TensorFlow and Keras --------------------------------------------------------------------
+TF_STATE = "state"  # the tf.train.Checkpoint prefix: state.index, state.data-00000-of-00001
+
+
+def tf_save(directory: Path, step: int, epoch: int, world_size: int, state) -> Path:
+    """`state`: a tf.train.Checkpoint (model, optimizer, step, RNG), written by rank 0."""
+    return write_atomic(directory, step, {TF_STATE: state}, {"epoch": epoch, "worldSize": world_size},
+                        save=lambda ckpt, path: ckpt.write(str(path)))
+
+
+def tf_load(path: Path, world_size: int, state) -> None:
+    """Restore `state` (a tf.train.Checkpoint of the same objects) from the folder `path`;
+    every object of `state` must be found there (a model of another shape is refused)."""
+    saved = json.loads((path / MARKER).read_text()).get("worldSize")
+    if saved != world_size:
+        raise CheckpointError(f"{path}: saved by {saved} ranks, this run has {world_size}; "
+                              f"resume with the same workers x slotsPerWorker, or start without it")
+    if not (path / f"{TF_STATE}.index").is_file():
+        raise CheckpointError(f"{path}: no {TF_STATE}.index (saved by PyTorch?); resume with the framework "
+                              f"that saved it, or start without it")
+    state.read(str(path / TF_STATE)).assert_existing_objects_matched()

@@ -115,9 +115,6 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     if args.checkpoint_every < 0:
         raise ConfigError(f"--checkpoint-every must be 0 or more, got {args.checkpoint_every}")
-    if args.resume_from and args.framework != "pytorch":
-        raise ConfigError(f"--resume-from: resuming is implemented for --framework pytorch only, not "
-                          f"{args.framework}; start without it")
     if world.is_chief:  # only rank 0 reads it (and only its host may have it): the rest get it from rank 0
         try:
             checkpoint.resolve(args.resume_from, args.checkpoint_dir)
@@ -146,6 +143,11 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
     if world.launcher == "torchrun" and not world.hosts and args.framework != "pytorch":
         raise ConfigError("tensorflow/keras under torchrun need all ranks on one host; launch with mpirun instead")
     backend = resolve_backend(args.backend, args.framework, world.launcher)
+    if (args.checkpoint_dir or args.resume_from) and args.framework != "pytorch" and backend == "native" \
+            and world.size > 1:
+        # MultiWorkerMirroredStrategy saves with collectives on every worker: not implemented.
+        raise ConfigError(f"--checkpoint-dir/--resume-from with --framework {args.framework} on "
+                          f"{world.size} ranks needs --backend horovod (mpirun); drop them or use Horovod")
     if args.compile and backend == "horovod" and args.framework == "keras":
         raise ConfigError("--compile with Keras and Horovod: model.fit would XLA-compile Horovod's all-reduce, "
                           "which has no XLA kernel; drop --compile or use --backend native")

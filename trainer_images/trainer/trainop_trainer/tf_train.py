@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from trainop_trainer import data, events, report  # noqa: E402
+from trainop_trainer import checkpoint, data, events, report  # noqa: E402
 from trainop_trainer.config import Config  # noqa: E402
 from trainop_trainer.world import World  # noqa: E402
 
@@ -63,7 +64,8 @@ def _model(keras, cfg: Config):
 
 
 def _dataset(tf, cfg: Config, world: World):
-    """This rank's batched, prefetched dataset and its steps per epoch."""
+    """`make(start)`: this rank's batched dataset from its batch `start` (the batches a resumed
+    run consumed before); and its steps per epoch."""
     if cfg.synthetic:
         patterns, labels = data.synthetic_task(cfg.num_classes, cfg.synthetic_batches, cfg.batch_size,
                                                world.rank, cfg.seed)
@@ -71,27 +73,30 @@ def _dataset(tf, cfg: Config, world: World):
         shape = (cfg.synthetic_batches, cfg.batch_size, cfg.image_size, cfg.image_size, 3)
         noise = tf.random.stateless_normal(shape, seed=[cfg.seed + 1 + world.rank, 0])
         tiled = tf.tile(tf.gather(patterns, labels), [1, 1, reps, reps, 1])[:, :, : cfg.image_size, : cfg.image_size]
+        # Step k trains on batch k mod len: a resumed run continues the cycle where it stopped.
         ds = tf.data.Dataset.from_tensor_slices((noise + tiled, labels)).repeat()
-        return ds, 100
+        return (lambda start: ds.skip(start % cfg.synthetic_batches)), 100
     dataset = data.scan(cfg.data_dir)
     mode = dataset.read_mode(cfg.read_mode)
     dataset.rank_shard(world.rank, world.size, cfg.data_dir, mode)
-    return _image_dataset(tf, dataset, mode, cfg, world), dataset.steps_per_epoch(world.size, cfg.batch_size, mode)
+    return (lambda start: _image_dataset(tf, dataset, mode, cfg, world, start),
+            dataset.steps_per_epoch(world.size, cfg.batch_size, mode))
 
 
-def _image_dataset(tf, dataset: data.DataSet, mode: str, cfg: Config, world: World):
+def _image_dataset(tf, dataset: data.DataSet, mode: str, cfg: Config, world: World, start: int = 0):
     """tf.data over the same `BatchPlan` and augmentation contract as the PyTorch loader.
 
     A Python generator names the samples in plan order (cheap); a parallel map reads each batch's
     bytes (tar blocks coalesced) and draws its crops with data.py's code (the GIL is held only for
     the read and the header parse); a second parallel map decodes with TensorFlow's own kernels
     (`decode_and_crop_jpeg` decodes only the crop window), outside the GIL on tf.data's threads;
-    normalisation is one vectorised op per batch. AUTOTUNE sizes both maps and the prefetch."""
+    normalisation is one vectorised op per batch. AUTOTUNE sizes both maps and the prefetch.
+    Batch n is a pure function of the plan: a resumed run starts the generator at batch `start`."""
     plan = data.BatchPlan(tuple(dataset.blocks(world.rank, world.size, mode)), cfg.batch_size, cfg.seed, world.rank)
     size, autotune = cfg.image_size, tf.data.AUTOTUNE
 
     def batch_keys():
-        n = 0
+        n = start
         while True:
             epoch, indices = plan.batch(n)
             yield epoch, indices
@@ -199,39 +204,116 @@ def train(cfg: Config, world: World) -> None:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     tf.keras.utils.set_random_seed(cfg.seed)  # same initial weights everywhere; Horovod broadcasts anyway
 
-    ds, default_steps = _dataset(tf, cfg, world)
+    make_dataset, default_steps = _dataset(tf, cfg, world)
     steps = cfg.steps_per_epoch or default_steps
     with backend.strategy.scope():
         model = _model(keras, cfg)
         optimizer = keras.optimizers.SGD(learning_rate=cfg.base_lr, momentum=cfg.momentum,
                                          weight_decay=cfg.weight_decay)
     if backend.hvd:
+        # Keras: Horovod's wrapper is a new optimizer made from the wrapped one's config (its own
+        # slots), so the wrapper is what is built, broadcast, saved and restored below.
         optimizer = backend.hvd.DistributedOptimizer(optimizer) if cfg.framework == "keras" else optimizer
+    if cfg.framework == "keras":
+        optimizer = _compile(keras, cfg, model, optimizer)
+    state = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(0, dtype=tf.int64))
+    start = _resume(tf, cfg, world, backend, model, optimizer, state)
     reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief,
                                total_steps=cfg.epochs * steps,
                                events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None)
+
+    def batches(first: int):
+        return backend.distribute(make_dataset(first))
+
+    saver = _Saver(cfg, world, backend, state)
     run = _fit if cfg.framework == "keras" else _custom_loop
-    loss = run(tf, keras, cfg, world, backend, model, optimizer, backend.distribute(ds), steps, reporter)
+    loss = run(tf, keras, cfg, world, backend, model, optimizer, batches, start, steps, reporter, saver)
     reporter.final(cfg.epochs, cfg.epochs * steps, loss)
     report.log_digest(world.rank, world.size, report.parameter_digest(w.numpy() for w in model.trainable_weights))
     backend.save(world, cfg.output_dir / "model.keras", model.save)
 
 
+def _compile(keras, cfg: Config, model, optimizer):
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=cfg.compile)
+    return model.optimizer
+
+
+def _resume(tf, cfg: Config, world: World, backend: _Backend, model, optimizer, state) -> int:
+    """The global step to start at. Rank 0 restores `state` (model, optimizer slots, step) from
+    the checkpoint to resume from; Horovod then broadcasts rank 0's variables and step to every
+    rank, which also starts a fresh run alike everywhere (the same seed gives the same weights,
+    the broadcast makes sure). The optimizer is built first, so its slots exist to be restored
+    and broadcast before the first step (rather than after it, which would let the other ranks'
+    first gradients come from un-restored weights)."""
+    if backend.hvd or cfg.checkpoint_dir or cfg.resume_from:
+        with backend.strategy.scope():
+            optimizer.build(model.trainable_variables)
+    start = 0
+    if world.is_chief:
+        path = checkpoint.resolve(cfg.resume_from, cfg.checkpoint_dir)
+        if path is not None:
+            checkpoint.tf_load(path, world.size, state)
+            start = int(state.step.numpy())
+            print(f"trainop_trainer: resuming from {path} at step {start}", file=sys.stderr, flush=True)
+        elif cfg.resume_from:
+            print(f"trainop_trainer: no complete checkpoint under {cfg.checkpoint_dir.parent}; starting at step 0",
+                  file=sys.stderr, flush=True)
+    if backend.hvd:
+        import horovod.tensorflow as hvd_tf  # horovod.tensorflow.keras has neither broadcast below
+
+        start = int(hvd_tf.broadcast_object(start, root_rank=0, name="trainop.resume"))
+        hvd_tf.broadcast_variables(model.variables, root_rank=0)
+        hvd_tf.broadcast_variables(optimizer.variables(), root_rank=0)
+    return start
+
+
+STOP_CHECK_STEPS = 10
+
+
+class _Saver:
+    """Every `checkpoint_every` steps, and at the step where a SIGTERM is first seen (the ranks
+    agree on it with a one-float sum), rank 0 writes `state` (checkpoint.tf_save). Horovod keeps
+    the ranks' variables equal, so rank 0's are the gang's; the data position is the step."""
+
+    def __init__(self, cfg: Config, world: World, backend: _Backend, state):
+        self.cfg, self.world, self.backend, self.state = cfg, world, backend, state
+        self.stop = checkpoint.StopFlag()
+        if cfg.checkpoint_dir is not None:
+            self.stop.install()
+
+    def after_step(self, step: int, epoch: int) -> bool:
+        """Save when due; True when the run must end now (SIGTERM)."""
+        if self.cfg.checkpoint_dir is None:
+            return False
+        due = bool(self.cfg.checkpoint_every) and step % self.cfg.checkpoint_every == 0
+        stopping = (due or step % STOP_CHECK_STEPS == 0) and \
+            self.backend.sum([1.0 if self.stop.requested else 0.0])[0] > 0
+        if not (stopping or due):
+            return False
+        if self.world.is_chief:
+            self.state.step.assign(step)
+            path = checkpoint.tf_save(self.cfg.checkpoint_dir, step, epoch, self.world.size, self.state)
+            print(f"trainop_trainer: checkpoint step {step} saved in {path}", file=sys.stderr, flush=True)
+        return stopping
+
+
 def _set_lr(optimizer, cfg: Config, world: World, step: int, steps: int) -> None:
+    # The schedule is a function of the global step: a resumed run continues it.
     optimizer.learning_rate.assign(report.learning_rate(step, steps, cfg.base_lr, world.size, cfg.warmup_epochs))
 
 
-def _end_epoch(cfg, world, backend, model, reporter, epoch, steps, seconds, local_loss) -> float:
-    own_rate = steps * cfg.batch_size / seconds
+def _end_epoch(cfg, world, backend, model, reporter, epoch, global_step, ran, seconds, local_loss) -> float:
+    own_rate = ran * cfg.batch_size / seconds
     # Before the collective, so the other ranks wait for the chief there, outside their timed epoch.
     backend.save(world, cfg.output_dir / f"checkpoint-epoch{epoch}.weights.h5", model.save_weights)
     total_rate, loss_total = backend.sum([own_rate, local_loss])
     loss = loss_total / world.size
-    reporter.epoch(epoch, epoch * steps, loss, total_rate, steps)
+    reporter.epoch(epoch, global_step, loss, total_rate, ran)
     return loss
 
 
-def _custom_loop(tf, keras, cfg, world, backend, model, optimizer, dist_ds, steps, reporter) -> float:
+def _custom_loop(tf, keras, cfg, world, backend, model, optimizer, batches, start, steps, reporter, saver) -> float:
     loss_obj = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
     global_batch = cfg.batch_size * world.size
     strategy, hvd = backend.strategy, backend.hvd
@@ -259,42 +341,63 @@ def _custom_loop(tf, keras, cfg, world, backend, model, optimizer, dist_ds, step
         per_replica = strategy.run(replica_step, args=(x, y))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    iterator = iter(dist_ds)
-    global_step, loss = 0, 0.0
-    for epoch in range(1, cfg.epochs + 1):
-        start = time.perf_counter()
+    iterator = iter(batches(start))
+    global_step, loss = start, 0.0
+    first_epoch, offset = divmod(start, steps)
+    for epoch in range(first_epoch + 1, cfg.epochs + 1):
+        began = time.perf_counter()
         loss_sum = tf.constant(0.0)
-        for _ in range(steps):
+        ran = steps - offset
+        for _ in range(ran):
             _set_lr(optimizer, cfg, world, global_step, steps)
             loss_sum += train_step(iterator)
-            if hvd and global_step == 0:
-                # After the first step, when the optimizer's slots exist: start every rank alike.
-                hvd.broadcast_variables(model.variables, root_rank=0)
-                hvd.broadcast_variables(optimizer.variables(), root_rank=0)
             global_step += 1
-        local_loss = float(loss_sum.numpy()) / steps  # waits for the device
-        loss = _end_epoch(cfg, world, backend, model, reporter, epoch, steps, time.perf_counter() - start, local_loss)
+            if saver.after_step(global_step, epoch):
+                raise SystemExit(143)  # stopped by SIGTERM, state saved
+        offset = 0
+        local_loss = float(loss_sum.numpy()) / ran  # waits for the device
+        loss = _end_epoch(cfg, world, backend, model, reporter, epoch, global_step, ran,
+                          time.perf_counter() - began, local_loss)
     return loss
 
 
-def _fit(tf, keras, cfg, world, backend, model, optimizer, dist_ds, steps, reporter) -> float:
-    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  jit_compile=cfg.compile)
+def _fit(tf, keras, cfg, world, backend, model, optimizer, batches, start, steps, reporter, saver) -> float:
+    """model.fit from global step `start`. fit cannot begin mid-epoch, so a resume inside an
+    epoch first fits that epoch's remaining steps (one call), then the following epochs; each
+    call gets a dataset that starts at its own first batch (fit makes a new iterator per call)."""
     state = {"loss": 0.0}
+    first_epoch, offset = divmod(start, steps)
 
     class Trainop(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch, logs=None):
-            _set_lr(optimizer, cfg, world, self.epoch * steps + batch, steps)
+        def __init__(self, skip: int):
+            super().__init__()
+            self.skip = skip  # steps of this call's first epoch done before it (a resume mid-epoch)
 
         def on_epoch_begin(self, epoch, logs=None):
-            self.epoch, self.start = epoch, time.perf_counter()
+            self.epoch, self.began = epoch, time.perf_counter()
+
+        def step(self, batch: int) -> int:
+            return self.epoch * steps + self.skip + batch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            _set_lr(optimizer, cfg, world, self.step(batch), steps)
+
+        def on_train_batch_end(self, batch, logs=None):
+            if saver.after_step(self.step(batch) + 1, self.epoch + 1):
+                raise SystemExit(143)  # stopped by SIGTERM, state saved
 
         def on_epoch_end(self, epoch, logs=None):
-            seconds = time.perf_counter() - self.start
-            state["loss"] = _end_epoch(cfg, world, backend, model, reporter, epoch + 1, steps, seconds, logs["loss"])
+            ran = steps - self.skip
+            seconds = time.perf_counter() - self.began
+            state["loss"] = _end_epoch(cfg, world, backend, model, reporter, epoch + 1, (epoch + 1) * steps, ran,
+                                       seconds, logs["loss"])
 
-    callbacks = [Trainop()]
-    if backend.hvd:
-        callbacks.insert(0, backend.hvd.callbacks.BroadcastGlobalVariablesCallback(0))
-    model.fit(dist_ds, epochs=cfg.epochs, steps_per_epoch=steps, callbacks=callbacks, verbose=0)
+    # The variables were broadcast before training (_resume): no BroadcastGlobalVariablesCallback.
+    if offset and first_epoch < cfg.epochs:
+        model.fit(batches(start), initial_epoch=first_epoch, epochs=first_epoch + 1, steps_per_epoch=steps - offset,
+                  callbacks=[Trainop(offset)], verbose=0)
+        first_epoch += 1
+    if first_epoch < cfg.epochs:
+        model.fit(batches(first_epoch * steps), initial_epoch=first_epoch, epochs=cfg.epochs, steps_per_epoch=steps,
+                  callbacks=[Trainop(0)], verbose=0)
     return state["loss"]
