@@ -1012,6 +1012,20 @@ def _unschedulable(pod: dict) -> bool:
         for c in (pod.get("status") or {}).get("conditions") or [])
 
 
+def _waiting_since(st: _Status, workers: dict[int, dict], was: bool) -> dt.datetime | None:
+    """When the wait for nodes began: the earliest of the scheduler's own word on the workers
+    (PodScheduled False since ...) and our WaitingForNodes condition. The pods' time keeps the
+    deadline (and the condition's text, hence the one INFO line) the same when a reconcile
+    reads a status from the cache that does not hold our last write yet."""
+    times = [c["lastTransitionTime"] for p in workers.values() if _unschedulable(p)
+             for c in (p.get("status") or {}).get("conditions") or []
+             if c.get("type") == "PodScheduled" and c.get("lastTransitionTime")]
+    since = conditions.get_condition(st.data.get("conditions"), "WaitingForNodes") if was else None
+    if since and since.get("lastTransitionTime"):
+        times.append(since["lastTransitionTime"])
+    return min((conditions.parse_time(t) for t in times), default=None)
+
+
 def _nodes_waiting(plan: _Plan, job: Job, st: _Status,
                    workers: dict[int, dict]) -> tuple[str | None, bool]:
     """(what the gang waits for, timed out). Workers the scheduler cannot place wait for
@@ -1037,8 +1051,7 @@ def _nodes_waiting(plan: _Plan, job: Job, st: _Status,
         text = (f"{pending}/{job.workers} workers wait for room on {where}: the scheduler "
                 f"finds no node for them")
     timeout = job.run_policy.scheduling_timeout_seconds
-    since = conditions.get_condition(st.data.get("conditions"), "WaitingForNodes") if was else None
-    start = conditions.parse_time(since["lastTransitionTime"]) if since else plan.now
+    start = _waiting_since(st, workers, was) or plan.now
     if timeout:
         deadline = start + dt.timedelta(seconds=timeout)
         left = (deadline - plan.now).total_seconds()

@@ -8,6 +8,7 @@ test_pools.py drives the real scheduler, PodGC and Eviction API)."""
 from __future__ import annotations
 
 import copy
+import datetime as dt
 
 import pytest
 
@@ -46,8 +47,8 @@ def spot_body(status=None, **spec):
     return body(status, **spec)
 
 
-def decide_(s: JobSnapshot):
-    return decide(s, CFG, NOW)
+def decide_(s: JobSnapshot, now=NOW):
+    return decide(s, CFG, now)
 
 
 def unschedulable(p: dict) -> dict:
@@ -159,6 +160,20 @@ def test_unschedulable_workers_wait_for_nodes_with_an_exact_deadline():
     assert ("Normal", "WaitingForNodes") in [(t, r) for t, r, _ in out.events]
     assert out.status["phase"] == "Starting"
     assert not [a for a in summary(out.actions) if a.startswith(("create", "delete"))]
+
+
+def test_the_deadline_counts_from_the_schedulers_word_even_when_the_status_read_is_stale():
+    """A reconcile may read a status from the cache without our last write (WaitingForNodes not
+    yet there): the deadline, and so the condition's text and the one INFO line, still come out
+    the same, from the pods' PodScheduled=False time."""
+    pods = [unschedulable(p) for p in workers(2, ready=False)]
+    for p in pods:
+        p["status"]["conditions"][0]["lastTransitionTime"] = "2026-05-01T11:58:00Z"  # NOW - 2 min
+    first = decide_(snap(spot_body(copy.deepcopy(STARTING)), pods=copy.deepcopy(pods), **shared()))
+    assert "fails at 2026-05-01T12:08:00Z" in first.waiting and first.requeue_after == 480
+    stale = decide_(snap(spot_body(copy.deepcopy(STARTING)), pods=copy.deepcopy(pods), **shared()),
+                    now=NOW + dt.timedelta(seconds=5))
+    assert stale.waiting == first.waiting
 
 
 def test_half_placed_gang_counts_nodes_for_the_rest():
