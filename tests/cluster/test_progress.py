@@ -82,7 +82,10 @@ def test_progress_columns_watch_and_chart(cluster, namespace, operator, azurite,
     # get -w: the table, then a row per change, from a watch.
     watched = tmp_path / "watch.out"
     with open(watched, "w") as out:
-        watcher = subprocess.Popen([*trainop[:3], "get", "-w", *trainop[3:]], stdout=out, stderr=subprocess.STDOUT)
+        # Ctrl-C as from a terminal: a test session started in the background (`make test &`)
+        # ignores SIGINT, and a child inherits that, so Python would install no handler for it.
+        watcher = subprocess.Popen([*trainop[:3], "get", "-w", *trainop[3:]], stdout=out, stderr=subprocess.STDOUT,
+                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_until(lambda: "25%" in watched.read_text(), timeout=60, what="get -w's table")
         with open(metrics, "a") as f:
