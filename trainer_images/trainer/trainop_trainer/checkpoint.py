@@ -239,3 +239,16 @@ def tf_load(path: Path, world_size: int, state) -> None:
         raise CheckpointError(f"{path}: no {TF_STATE}.index (saved by PyTorch?); resume with the framework "
                               f"that saved it, or start without it")
     state.read(str(path / TF_STATE)).assert_existing_objects_matched()
+
+
+STOP_CHECK_STEPS = 10
+
+
+def when(step: int, every: int, anyone_stopping) -> tuple[bool, bool]:
+    """(save now, stop now) after global step `step`, for every framework's saver. Ranks must
+    agree on a SIGTERM before saving: `anyone_stopping()` is a one-float all-reduce, which also
+    waits for the device, so it runs only every STOP_CHECK_STEPS steps (and at each save), not
+    every step: the GPU's queue stays full in between."""
+    due = bool(every) and step % every == 0
+    stopping = bool((due or step % STOP_CHECK_STEPS == 0) and anyone_stopping())
+    return due or stopping, stopping

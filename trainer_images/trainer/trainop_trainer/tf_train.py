@@ -268,8 +268,6 @@ def _resume(tf, cfg: Config, world: World, backend: _Backend, model, optimizer, 
     return start
 
 
-STOP_CHECK_STEPS = 10
-
 
 class _Saver:
     """Every `checkpoint_every` steps, and at the step where a SIGTERM is first seen (the ranks
@@ -286,10 +284,9 @@ class _Saver:
         """Save when due; True when the run must end now (SIGTERM)."""
         if self.cfg.checkpoint_dir is None:
             return False
-        due = bool(self.cfg.checkpoint_every) and step % self.cfg.checkpoint_every == 0
-        stopping = (due or step % STOP_CHECK_STEPS == 0) and \
-            self.backend.sum([1.0 if self.stop.requested else 0.0])[0] > 0
-        if not (stopping or due):
+        save, stopping = checkpoint.when(step, self.cfg.checkpoint_every,
+                                         lambda: self.backend.sum([1.0 if self.stop.requested else 0.0])[0] > 0)
+        if not save:
             return False
         if self.world.is_chief:
             self.state.step.assign(step)

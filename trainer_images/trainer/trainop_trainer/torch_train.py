@@ -239,8 +239,6 @@ def _resume(cfg: Config, world: World, comm: _Collective, net, optimizer) -> dic
     return {"step": state["step"], "epoch": state["epoch"]}
 
 
-STOP_CHECK_STEPS = 10
-
 
 class _Saver:
     """Every `checkpoint_every` steps, and at the step where a SIGTERM is first seen, every
@@ -256,12 +254,9 @@ class _Saver:
         """Save when due; True when the run must end now (SIGTERM)."""
         if self.cfg.checkpoint_dir is None:
             return False
-        due = bool(self.cfg.checkpoint_every) and step % self.cfg.checkpoint_every == 0
-        # Ranks must agree on a SIGTERM before saving: a one-float all-reduce, which also waits
-        # for the device, so only every STOP_CHECK_STEPS steps (and at each save) rather than
-        # every step: the GPU's queue stays full in between.
-        stopping = (due or step % STOP_CHECK_STEPS == 0) and self.comm.any(self.stop.requested)
-        if not (stopping or due):
+        save, stopping = checkpoint.when(step, self.cfg.checkpoint_every,
+                                         lambda: self.comm.any(self.stop.requested))
+        if not save:
             return False
         rng = self.comm.gather_object(checkpoint.torch_rng_state())
         if self.world.is_chief:
