@@ -32,29 +32,34 @@ def api(cluster, namespace):
     return Api(cluster, namespace)
 
 
-@pytest.fixture
-def queues(cluster, namespace, api, kueue):
-    """A ClusterQueue with 8 GPUs (StrictFIFO: priority, then creation) and a LocalQueue."""
-    cq = f"cq-{namespace}"
+def flavor_queue(custom, namespace: str, name: str, gpus: int, node_labels: dict | None = None,
+                 strict_fifo: bool = False):
+    """A ResourceFlavor and ClusterQueue `name` with `gpus` GPUs of quota on that flavor, and the
+    LocalQueue `team` of `namespace` on it; a generator for a fixture (deleted after)."""
     group, version = KUEUE
-    custom = api.custom
     custom.create_cluster_custom_object(group, version, "resourceflavors", {
-        "apiVersion": f"{group}/{version}", "kind": "ResourceFlavor",
-        "metadata": {"name": cq}, "spec": {}})
+        "apiVersion": f"{group}/{version}", "kind": "ResourceFlavor", "metadata": {"name": name},
+        "spec": {"nodeLabels": node_labels} if node_labels else {}})
     custom.create_cluster_custom_object(group, version, "clusterqueues", {
-        "apiVersion": f"{group}/{version}", "kind": "ClusterQueue", "metadata": {"name": cq},
-        "spec": {"namespaceSelector": {}, "queueingStrategy": "StrictFIFO",
+        "apiVersion": f"{group}/{version}", "kind": "ClusterQueue", "metadata": {"name": name},
+        "spec": {"namespaceSelector": {}, **({"queueingStrategy": "StrictFIFO"} if strict_fifo else {}),
                  "resourceGroups": [{"coveredResources": ["nvidia.com/gpu", "cpu", "memory"],
-                                     "flavors": [{"name": cq, "resources": [
-                                         {"name": "nvidia.com/gpu", "nominalQuota": 8},
+                                     "flavors": [{"name": name, "resources": [
+                                         {"name": "nvidia.com/gpu", "nominalQuota": gpus},
                                          {"name": "cpu", "nominalQuota": 100},
                                          {"name": "memory", "nominalQuota": "1Ti"}]}]}]}})
     custom.create_namespaced_custom_object(group, version, namespace, "localqueues", {
         "apiVersion": f"{group}/{version}", "kind": "LocalQueue", "metadata": {"name": "team"},
-        "spec": {"clusterQueue": cq}})
-    yield cq
-    custom.delete_cluster_custom_object(group, version, "clusterqueues", cq)
-    custom.delete_cluster_custom_object(group, version, "resourceflavors", cq)
+        "spec": {"clusterQueue": name}})
+    yield name
+    custom.delete_cluster_custom_object(group, version, "clusterqueues", name)
+    custom.delete_cluster_custom_object(group, version, "resourceflavors", name)
+
+
+@pytest.fixture
+def queues(cluster, namespace, api, kueue):
+    """A ClusterQueue with 8 GPUs (StrictFIFO: priority, then creation) and a LocalQueue."""
+    yield from flavor_queue(api.custom, namespace, f"cq-{namespace}", 8, strict_fifo=True)
 
 
 @pytest.fixture
@@ -245,26 +250,8 @@ def test_a_job_managed_by_another_controller_is_left_alone_and_managed_by_is_imm
 @pytest.fixture
 def ibgpu_flavor_queue(cluster, namespace, api, kueue):
     """LocalQueue `team` on a ClusterQueue whose only flavor says agentpool=ibgpu."""
-    name = f"ib-{namespace}"[:63]
-    group, version = KUEUE
-    custom = api.custom
-    custom.create_cluster_custom_object(group, version, "resourceflavors", {
-        "apiVersion": f"{group}/{version}", "kind": "ResourceFlavor", "metadata": {"name": name},
-        "spec": {"nodeLabels": {"kubernetes.azure.com/agentpool": "ibgpu"}}})
-    custom.create_cluster_custom_object(group, version, "clusterqueues", {
-        "apiVersion": f"{group}/{version}", "kind": "ClusterQueue", "metadata": {"name": name},
-        "spec": {"namespaceSelector": {}, "resourceGroups": [{
-            "coveredResources": ["nvidia.com/gpu", "cpu", "memory"],
-            "flavors": [{"name": name, "resources": [
-                {"name": "nvidia.com/gpu", "nominalQuota": 8},
-                {"name": "cpu", "nominalQuota": 100},
-                {"name": "memory", "nominalQuota": "1Ti"}]}]}]}})
-    custom.create_namespaced_custom_object(group, version, namespace, "localqueues", {
-        "apiVersion": f"{group}/{version}", "kind": "LocalQueue", "metadata": {"name": "team"},
-        "spec": {"clusterQueue": name}})
-    yield name
-    custom.delete_cluster_custom_object(group, version, "clusterqueues", name)
-    custom.delete_cluster_custom_object(group, version, "resourceflavors", name)
+    yield from flavor_queue(api.custom, namespace, f"ib-{namespace}"[:63], 8,
+                            {"kubernetes.azure.com/agentpool": "ibgpu"})
 
 
 def test_a_flavor_that_contradicts_the_node_pool_is_never_admitted(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.cluster.test_dtj import FAST, Api, manifest
-from tests.cluster.test_kueue import KUEUE, conditions_of, workload
+from tests.cluster.test_kueue import conditions_of, flavor_queue, workload
 from tests.fixtures.waiting import wait_until
 from trainop.devcluster import kueue as kueue_dev
 
@@ -38,26 +38,8 @@ def api(cluster, namespace):
 def zone_queue(cluster, namespace, api, kueue):
     """16 GPUs of quota on a ResourceFlavor whose nodeLabels pin the pods to one zone, which
     has room for only 8: quota admits two 8-GPU gangs, the nodes hold one."""
-    name = f"zone-{namespace}"[:63]
-    group, version = KUEUE
-    custom = api.custom
-    custom.create_cluster_custom_object(group, version, "resourceflavors", {
-        "apiVersion": f"{group}/{version}", "kind": "ResourceFlavor", "metadata": {"name": name},
-        "spec": {"nodeLabels": {"topology.kubernetes.io/zone": ZONE}}})
-    custom.create_cluster_custom_object(group, version, "clusterqueues", {
-        "apiVersion": f"{group}/{version}", "kind": "ClusterQueue", "metadata": {"name": name},
-        "spec": {"namespaceSelector": {}, "resourceGroups": [{
-            "coveredResources": ["nvidia.com/gpu", "cpu", "memory"],
-            "flavors": [{"name": name, "resources": [
-                {"name": "nvidia.com/gpu", "nominalQuota": 16},
-                {"name": "cpu", "nominalQuota": 100},
-                {"name": "memory", "nominalQuota": "1Ti"}]}]}]}})
-    custom.create_namespaced_custom_object(group, version, namespace, "localqueues", {
-        "apiVersion": f"{group}/{version}", "kind": "LocalQueue", "metadata": {"name": "team"},
-        "spec": {"clusterQueue": name}})
-    yield name
-    custom.delete_cluster_custom_object(group, version, "clusterqueues", name)
-    custom.delete_cluster_custom_object(group, version, "resourceflavors", name)
+    yield from flavor_queue(api.custom, namespace, f"zone-{namespace}"[:63], 16,
+                            {"topology.kubernetes.io/zone": ZONE})
 
 
 def test_a_gang_that_cannot_start_in_time_is_evicted_requeued_and_runs_later(
