@@ -46,12 +46,15 @@ _progress_exit() {
   echo "FAILED after $(_duration "$took")"
   [[ -z ${TRAINOP_TIMINGS:-} ]] || printf '  %-30s %5ds  FAILED\n' "$_phase_name" "$took" >>"$TRAINOP_TIMINGS"
   # A build's last lines are often the tool's traceback; the cause (a compiler's error, a full
-  # disk) comes earlier, so the phase's first error lines are shown too.
+  # disk) comes earlier, so the phase's first error lines are shown too, and the free space: a
+  # full disk is the usual failure of a machine whose caches are warm.
   local errors
-  errors=$(tail -n "+$((_phase_line + 1))" "$PROGRESS_LOG" | grep -m 5 -E 'error:|ERROR:|No space left' || true)
+  errors=$(tail -n "+$((_phase_line + 1))" "$PROGRESS_LOG" |
+    grep -m 5 -iE 'error:|^npm error|no space left|ENOSPC' || true)
   {
     echo "$_phase_name failed (exit status $rc)"
     [[ -z $errors ]] || { echo "its first errors:"; sed 's/^/    /' <<<"$errors"; }
+    echo "free disk: $(df -h --output=avail "$(dirname "$PROGRESS_LOG")" | tail -1 | tr -d ' ')"
     echo "the last $PROGRESS_TAIL lines of $PROGRESS_LOG:"
     tail -n "$PROGRESS_TAIL" "$PROGRESS_LOG" | sed 's/^/    /'
     echo "the whole output: $PROGRESS_LOG"

@@ -109,6 +109,19 @@ def test_a_failing_phase_stops_the_script_and_shows_the_log_and_its_last_lines(t
     assert "    building" in stderr
     assert proc.stderr.splitlines()[-1] == f"the whole output: {log}"
     assert (tmp_path / "logs/b.log.1").read_text() == "the previous run\n"
+    assert any(line.startswith("free disk: ") and line[-1] in "KMGT" for line in stderr)
+
+
+def test_a_full_disk_under_npm_is_named_in_the_first_errors(tmp_path):
+    # npm's errors have no colon after "error" (seen in CI: a full disk while unpacking Azurite).
+    proc = run_phases(tmp_path, 'fill() { echo "npm warn tar TAR_ENTRY_ERROR ENOSPC: no space left on device, write"; '
+                                'echo "npm error code ENOSPC"; for i in $(seq 50); do echo "npm error log $i"; done; '
+                                'return 1; }\nphase "npm: azurite" fill\n')
+    assert proc.returncode == 1
+    stderr = proc.stderr.splitlines()
+    first = stderr[stderr.index("its first errors:") + 1:stderr.index("its first errors:") + 3]
+    assert first == ["    npm warn tar TAR_ENTRY_ERROR ENOSPC: no space left on device, write",
+                     "    npm error code ENOSPC"]
 
 
 def test_the_readme_shows_the_demo_phases_as_they_are(tmp_path):
