@@ -74,12 +74,44 @@ def test_split_batches_share_the_decode_between_cpu_and_device(image_tars):
         loader.workers = 0  # decode in this process; the share stays that of `workers` workers
         return loader.cpu_count, next(loader)
 
-    assert torch_data.cpu_share("split", 15) == 0.75 and torch_data.cpu_share("split", 63) == 1.0
-    (n_cpu, (x_cpu, y_cpu)), (n_split, (x_split, y_split)) = first_batch("cpu", 0), first_batch("split", 10)
+    assert torch_data.cpu_share("split", 5) == 0.5 and torch_data.cpu_share("split", 11) == 1.0
+    (n_cpu, (x_cpu, y_cpu)), (n_split, (x_split, y_split)) = first_batch("cpu", 0), first_batch("split", 5)
     assert (n_cpu, n_split) == (8, 4)
     assert torch.equal(y_cpu, y_split) and x_cpu.shape == x_split.shape
     assert torch.equal(x_cpu[:4], x_split[:4])  # the same worker decode for the CPU part
     assert float((x_cpu[4:] - x_split[4:]).abs().mean()) < 0.1
+
+
+def test_the_worker_decode_agrees_with_the_pil_reference(tmp_path):
+    """decode_into (torchvision + ATen's uint8 resize; PIL for large crops and what torchvision
+    refuses) against data.decode_uint8 (PIL): the same crop, flip and size, a grey level apart."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    smooth = np.asarray(Image.fromarray(rng.integers(0, 256, (12, 16, 3), dtype=np.uint8)).resize((640, 480), Image.BICUBIC))
+
+    def encoded(mode, fmt):
+        out = io.BytesIO()
+        Image.fromarray(smooth).convert(mode).save(out, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+        return out.getvalue()
+
+    cases = [(encoded("RGB", "JPEG"), data.Crop(10, 20, 300, 200, False)),  # torchvision
+             (encoded("RGB", "JPEG"), data.Crop(10, 20, 300, 200, True)),
+             (encoded("RGB", "JPEG"), data.Crop(0, 0, 640, 480, True)),  # >= 2x: PIL's draft decode
+             (encoded("L", "JPEG"), data.Crop(100, 50, 120, 90, False)),  # grey: three equal channels
+             (encoded("RGBA", "PNG"), data.Crop(5, 5, 200, 300, True))]
+    for raw, crop in cases:
+        out = torch.full((224, 224, 3), 7, dtype=torch.uint8)[None][0]
+        torch_data.decode_into(raw, crop, 224, out)
+        reference = data.decode_uint8(raw, crop, 224).astype(np.int16)
+        assert float(np.abs(out.numpy().astype(np.int16) - reference).mean()) < 1.0, crop
+    flipped = out.clone()
+    torch_data.decode_into(raw, data.Crop(5, 5, 200, 300, False), 224, out)
+    assert torch.equal(flipped, out.flip(1))
+    with pytest.raises(Exception):  # noqa: B017 (PIL's own error for bytes that are no image)
+        torch_data.decode_into(b"not an image", data.Crop(0, 0, 4, 4, False), 224, out)
 
 
 def test_random_resized_crop_stays_inside_the_contract():
@@ -190,11 +222,14 @@ def test_loader_resumes_at_its_position(image_tars):
 
 
 def test_cpu_path_trains_on_tar_shards_with_default_workers(image_tars, tmp_path):
-    """End to end on CPU: default --loader-workers auto and --read-mode auto (sequential) on tars."""
+    """End to end: default --loader-workers auto, --decode auto and --read-mode auto (sequential)
+    on tars; on a CPU machine all of each batch is decoded on the CPU, beside a GPU as cpu_share says."""
     run = run_trainer("torchrun", ["--framework", "pytorch", "--backend", "native", "--data-dir", str(image_tars),
                                    "--image-size", "32", "--model", "resnet18", "--batch-size", "2", "--epochs", "1",
                                    "--warmup-epochs", "1"], tmp_path)
     assert run.returncode == 0, run.explain()
-    assert "sequential reads" in run.stderr and "decodes 2 of every 2 images on the CPU" in run.stderr
+    decode_on = "split" if torch.cuda.is_available() else "cpu"
+    on_cpu = round(torch_data.cpu_share(decode_on, data.auto_workers(2, decode_on)) * 2)
+    assert "sequential reads" in run.stderr and f"decodes {on_cpu} of every 2 images on the CPU" in run.stderr
     final = run.records[-1]
     assert final["final"] and final["step"] == 24 // 2 // 2 and final["imagesPerSec"] > 0
