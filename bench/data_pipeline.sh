@@ -4,7 +4,7 @@
 # In one run on a GPU machine with no network: generate the JPEG set deterministically
 # (bench/make_jpegs.py: ImageNet-like sizes, as class folders and as .tar shards), then train on
 # 1 GPU and on every GPU with synthetic data and with JPEGs: the default (`--decode auto`: split,
-# each batch shared between PIL in the loader workers and nvJPEG on the GPU), the GPU path alone
+# each batch shared between the loader workers' decode and nvJPEG on the GPU), the GPU path alone
 # and the CPU path alone, default loader settings; print images/sec and the ratio to synthetic.
 # Then (PROBE=1) bench/loader_probe.py times the loaders alone, without a model, to show where the
 # old CPU pipeline lost its time.
