@@ -46,8 +46,9 @@ comm = MPI.COMM_WORLD
 server = os.environ.get("SSH_CONNECTION", "none none local").split()[2]
 total = comm.allreduce(comm.rank)
 env = os.environ.get("TRAINOP_TEST")
+worker = os.environ.get("WORKER_ONLY")
 # one write per report: mpirun interleaves the ranks' output chunk by chunk
-os.write(1, f"rank {comm.rank}/{comm.size} via {server} uid {os.getuid()} sum {total} env {env}\\n".encode())
+os.write(1, f"rank {comm.rank}/{comm.size} via {server} uid {os.getuid()} sum {total} env {env} worker {worker}\\n".encode())
 """
 TEST_USER = "trainop-test"
 
@@ -146,8 +147,12 @@ def rendered():
     base.chmod(0o755)
     root = base / "etc-trainop"
 
-    def remap(text: str) -> str:
-        return text.replace(common.MOUNT_ROOT, str(root))
+    shm = base / "shm"  # the pod's /dev/shm (an emptyDir the user can write in)
+    shm.mkdir(mode=0o1777)
+    shm.chmod(0o1777)
+
+    def remap(text: str) -> str:  # the pod's paths, in this test's folder
+        return text.replace(common.MOUNT_ROOT, str(root)).replace(dtj.WORKER_ENV, str(shm / "worker-env"))
 
     pod = dtj.render_worker(job, 0, attempt=0)
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
@@ -210,7 +215,12 @@ def test_launcher_runs_ranks_over_sshd_on_both_workers(rendered):
                 "sshd_config\n", f"sshd_config -o ListenAddress={address} -o 'SetEnv="
                 f"OMPI_MCA_btl_vader_backing_directory={private} TMPDIR={private}'\n")
             log = (base / f"worker-{i}.log").open("w")
-            workers.append(subprocess.Popen([*_as_pod_user(pod), "sh", "-c", script],
+            # The container's environment as the kubelet gives it, plus what spec.podTemplate
+            # could add: one variable of the worker's own, and one that spec.env sets too.
+            env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+            env |= {"PATH": os.environ["PATH"], "HOME": user.pw_dir, "WORKER_ONLY": "from the worker",
+                    "TRAINOP_TEST": "the worker's own"}
+            workers.append(subprocess.Popen([*_as_pod_user(pod), "sh", "-c", script], env=env,
                                             stdout=log, stderr=subprocess.STDOUT))
 
         def listening():
@@ -240,10 +250,11 @@ def test_launcher_runs_ranks_over_sshd_on_both_workers(rendered):
             proc.wait(10)
 
     assert run.returncode == 0, f"launcher failed ({run.returncode}):\n{run.stdout}\n{run.stderr}\n{_worker_logs(base)}"
-    lines = sorted(re.findall(r"rank \d+/\d+ via \S+ uid \d+ sum \d+ env \S+", run.stdout))
+    lines = sorted(re.findall(r"rank \d+/\d+ via \S+ uid \d+ sum \d+ env \S+ worker .*", run.stdout))
     # every rank came through the sshd of its worker (hostfile order, 2 slots each) as the pod's
-    # user, reached every other rank (allreduce), and got the job's env (mpirun -x) despite
-    # sshd's clean env
-    assert lines == [f"rank {r}/4 via 127.0.0.{2 + r // 2} uid {user.pw_uid} sum 6 env forwarded"
+    # user, reached every other rank (allreduce), got the job's env (mpirun -x) despite sshd's
+    # clean env, and the worker container's own env too (ssh_session), the job's winning
+    assert lines == [f"rank {r}/4 via 127.0.0.{2 + r // 2} uid {user.pw_uid} sum 6 env forwarded worker from the worker"
                      for r in range(4)], run.stdout + run.stderr
+    assert (base / "shm" / "worker-env").stat().st_mode & 0o077 == 0  # the job's user's alone
     print(f"mpirun over sshd: 4 ranks on 2 workers in {elapsed:.1f}s")

@@ -64,6 +64,9 @@ def test_config_map_files():
     assert "  StrictHostKeyChecking yes\n" in data["ssh_config"]
     assert "  UserKnownHostsFile /etc/trainop/ssh/known_hosts\n" in data["ssh_config"]
     assert data["ssh"] == '#!/bin/sh\nexec ssh -F /etc/trainop/mpi/ssh_config "$@"\n'
+    # every session gets the worker container's environment back (tests/mpi/test_mpi_sshd.py)
+    assert "ForceCommand /etc/trainop/mpi/ssh-session\n" in data["sshd_config"]
+    assert ". /dev/shm/trainop-worker-env" in data["ssh-session"]
 
 
 def test_gpu_worker_pod():
@@ -79,7 +82,8 @@ def test_gpu_worker_pod():
     assert spec["nodeSelector"] == {"kubernetes.azure.com/agentpool": "gpu"}
     assert spec["tolerations"] == [GPU_TOL]
     (c,) = spec["containers"]
-    assert c["command"] == ["sh", "-c", "exec /usr/sbin/sshd -D -e -f /etc/trainop/mpi/sshd_config\n"]
+    assert c["command"] == ["sh", "-c", "(umask 077 && export -p > /dev/shm/trainop-worker-env)\n"
+                                        "exec /usr/sbin/sshd -D -e -f /etc/trainop/mpi/sshd_config\n"]
     assert c["resources"] == {"requests": {"cpu": "8", "memory": "64Gi"},
                               "limits": {"nvidia.com/gpu": 4}}
     assert c["readinessProbe"]["tcpSocket"] == {"port": 2222}

@@ -3,7 +3,7 @@
 Children (names are deterministic so a restarted operator finds what it made):
   Service     <job>                 headless; gives worker i the DNS name host(job, i)
   Secret      <job>-ssh             SSH key pair (also the sshd host key), authorized_keys, known_hosts
-  ConfigMap   <job>-mpi             hostfile, hosts, sshd_config, ssh_config, ssh wrapper
+  ConfigMap   <job>-mpi             hostfile, hosts, sshd_config, ssh_config, ssh wrapper, ssh-session
   Pod         <job>-worker-<i>      sshd (mpi) or torchrun (torchrun)
   Job         <job>-launcher        mpirun over ssh (mpi only)
 """
@@ -194,11 +194,35 @@ def torchrun_script(job: Job) -> str:
         "set -eu", *_wait_for_dns(host(job, 0)), "exec " + shlex.join(cmd)]) + "\n"
 
 
+# The worker container's environment, as its shell exports it (`export -p`: quoted for that same
+# shell to read back), for the ssh sessions mpirun starts the ranks in (ssh_session).
+WORKER_ENV = "/dev/shm/trainop-worker-env"
+
+
 def sshd_script(job: Job | None = None) -> str:
     # sshd runs as the job's non-root user: it can only log that user in, and needs neither
     # the privilege-separation folder (/run/sshd) nor a PID file. Ranks inherit its memlock.
+    # sshd starts every session with a fresh environment, so what the worker container was given
+    # (the image's ENV, spec.podTemplate's env and envFrom) is written down first for
+    # ssh_session to restore; only the job's user can read it (it may hold a Secret's value, as
+    # the container's own environment does).
     preamble = fabric.memlock_preamble(job) if job is not None else ""
-    return preamble + f"exec /usr/sbin/sshd -D -e -f {CONF_DIR}/sshd_config\n"
+    return preamble + (f"(umask 077 && export -p > {WORKER_ENV})\n"
+                       f"exec /usr/sbin/sshd -D -e -f {CONF_DIR}/sshd_config\n")
+
+
+def ssh_session() -> str:
+    """sshd's ForceCommand on the workers: the session (Open MPI's orted, Hydra's proxy) gets the
+    worker container's environment back, then runs what the client asked for with the user's
+    shell, as sshd would have. What mpirun forwards (-x: spec.env and the operator's variables)
+    is set on the ranks after this, so it still wins."""
+    return "\n".join([
+        "#!/bin/sh",
+        'shell=${SHELL:-/bin/sh}',
+        f"if [ -r {WORKER_ENV} ]; then . {WORKER_ENV}; fi",
+        'if [ -z "${SSH_ORIGINAL_COMMAND:-}" ]; then exec "$shell" -l; fi',
+        'exec "$shell" -c "$SSH_ORIGINAL_COMMAND"',
+    ]) + "\n"
 
 
 # ---- configuration files ----------------------------------------------------------------------
@@ -225,6 +249,7 @@ def sshd_config() -> str:
         "UsePAM no",
         "PidFile none",
         "PrintMotd no",
+        f"ForceCommand {CONF_DIR}/ssh-session",
     ]) + "\n"
 
 
@@ -290,7 +315,7 @@ def render_config_map(job: Job) -> dict:
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": common.metadata(config_map_name(job), job.namespace, _labels(job)),
         "data": {"hostfile": hostfile(job), "hosts": hosts, "sshd_config": sshd_config(),
-                 "ssh_config": ssh_config(),
+                 "ssh_config": ssh_config(), "ssh-session": ssh_session(),
                  "ssh": f'#!/bin/sh\nexec ssh -F {CONF_DIR}/ssh_config "$@"\n'},
     }
 
@@ -330,8 +355,8 @@ def _ssh_volumes(job: Job) -> tuple[list[dict], list[dict]]:
     volumes = [
         {"name": "ssh", "secret": {"secretName": secret_name(job), "defaultMode": SSH_SECRET_MODE}},
         {"name": "mpi", "configMap": {"name": config_map_name(job), "defaultMode": 0o444,
-                                      "items": items + [{"key": "ssh", "path": "ssh",
-                                                         "mode": 0o555}]}},
+                                      "items": items + [{"key": key, "path": key, "mode": 0o555}
+                                                        for key in ("ssh", "ssh-session")]}},
     ]
     mounts = [{"name": "ssh", "mountPath": SSH_DIR, "readOnly": True},
               {"name": "mpi", "mountPath": CONF_DIR, "readOnly": True}]
