@@ -75,11 +75,13 @@ def test_a_report_is_one_write(monkeypatch, tmp_path):
     assert writes == [("trainop_trainer: rank 1/2 parameter sha256 " + "c" * 64 + "\n").encode()]
 
 
-def test_rank_0_reports_within_an_epoch_at_most_every_report_seconds(trainer_runs):
+@pytest.mark.parametrize("framework", ["pytorch", "tensorflow", "keras"])
+def test_rank_0_reports_within_an_epoch_at_most_every_report_seconds(trainer_runs, framework):
     """--report-seconds: between the epochs' reports rank 0 reports its own throughput times the
     ranks, so that status.progress's ETA moves within a long epoch (an ImageNet epoch is many
-    minutes). With an interval shorter than a step, every step reports."""
-    run = trainer_runs("torchrun", "pytorch", "native", ("--report-seconds", "1e-9"))
+    minutes). With an interval shorter than a step, every step reports: PyTorch's loop,
+    TensorFlow's custom loop and Keras's model.fit (a callback) alike."""
+    run = trainer_runs("torchrun", framework, "native", ("--report-seconds", "1e-9"))
     assert run.returncode == 0, run.explain()
     steps, epochs = int(TINY[TINY.index("--steps-per-epoch") + 1]), int(TINY[TINY.index("--epochs") + 1])
     records = [r for r in run.records if not r["final"]]

@@ -42,6 +42,8 @@ class Reporter:
     total_steps: int | None = None  # steps of the whole run (epochs x steps per epoch)
     events: Any = None  # events.open_writer(...) on the chief: the reports as TensorBoard scalars
     transport: str | None = None  # "IB" | "Socket": the network NCCL chose (nccl.py); None: no NCCL
+    report_seconds: float = 0.0  # rank 0 also reports within an epoch, at most this often (0: never)
+    _tick: tuple[float, int] | None = None  # (time, global step) of the last report within the epoch
     # (seconds, steps) per epoch, seconds derived from the gathered throughput. Epochs after the
     # first (which holds compilation and warm-up) make the final figure, as in the reference.
     _epochs: list[tuple[float, int]] = field(default_factory=list)
@@ -52,12 +54,24 @@ class Reporter:
         self._epochs.append((seconds, steps))
         self._emit(epoch, step, loss, total_images_per_sec, seconds / steps, final=False)
 
-    def between(self, epoch: int, step: int, loss: float, images_per_sec: float, step_time: float) -> None:
+    def start_epoch(self, step: int) -> None:
+        """An epoch begins at global step `step`: the clock of the reports within it starts."""
+        self._tick = (time.perf_counter(), step)
+
+    def due(self) -> bool:
+        """A report within the epoch is due (rank 0, at most every `report_seconds`)."""
+        return bool(self.chief and self.report_seconds and self._tick is not None
+                    and time.perf_counter() - self._tick[0] >= self.report_seconds)
+
+    def between(self, epoch: int, step: int, loss: float) -> None:
         """A report within an epoch, from the chief's own view (no collective: no rank waits for
         it): its throughput since the last report times the ranks. An ImageNet epoch is many
         minutes, and status.progress's ETA moves only when a report comes. Not part of the
         final figure, which the epochs' gathered throughput makes."""
-        self._emit(epoch, step, loss, images_per_sec, step_time, final=False)
+        began, since = self._tick
+        now, done = time.perf_counter(), max(1, step - since)
+        self._emit(epoch, step, loss, done * self.global_batch / (now - began), (now - began) / done, final=False)
+        self._tick = (now, step)
 
     def final(self, epoch: int, step: int, loss: float) -> None:
         timed = self._epochs[1:] or self._epochs

@@ -219,7 +219,7 @@ def train(cfg: Config, world: World) -> None:
     state = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(0, dtype=tf.int64))
     start = _resume(tf, cfg, world, backend, model, optimizer, state)
     reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief,
-                               total_steps=cfg.epochs * steps,
+                               total_steps=cfg.epochs * steps, report_seconds=cfg.report_seconds,
                                events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None)
 
     def batches(first: int):
@@ -345,10 +345,14 @@ def _custom_loop(tf, keras, cfg, world, backend, model, optimizer, batches, star
         began = time.perf_counter()
         loss_sum = tf.constant(0.0)
         ran = steps - offset
+        first = global_step
+        reporter.start_epoch(first)
         for _ in range(ran):
             _set_lr(optimizer, cfg, world, global_step, steps)
             loss_sum += train_step(iterator)
             global_step += 1
+            if reporter.due():
+                reporter.between(epoch, global_step, float(loss_sum.numpy()) / (global_step - first))  # waits for the device
             if saver.after_step(global_step, epoch):
                 raise SystemExit(143)  # stopped by SIGTERM, state saved
         offset = 0
@@ -372,6 +376,7 @@ def _fit(tf, keras, cfg, world, backend, model, optimizer, batches, start, steps
 
         def on_epoch_begin(self, epoch, logs=None):
             self.epoch, self.began = epoch, time.perf_counter()
+            reporter.start_epoch(self.step(0))
 
         def step(self, batch: int) -> int:
             return self.epoch * steps + self.skip + batch
@@ -380,6 +385,8 @@ def _fit(tf, keras, cfg, world, backend, model, optimizer, batches, start, steps
             _set_lr(optimizer, cfg, world, self.step(batch), steps)
 
         def on_train_batch_end(self, batch, logs=None):
+            if reporter.due():  # Keras's loss in `logs`: the epoch's mean so far
+                reporter.between(self.epoch + 1, self.step(batch) + 1, float(logs["loss"]))
             if saver.after_step(self.step(batch) + 1, self.epoch + 1):
                 raise SystemExit(143)  # stopped by SIGTERM, state saved
 

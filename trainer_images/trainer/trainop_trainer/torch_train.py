@@ -156,7 +156,7 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
     steps = cfg.steps_per_epoch or default_steps
     loss_fn = nn.CrossEntropyLoss()
     reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief,
-                               total_steps=cfg.epochs * steps,
+                               total_steps=cfg.epochs * steps, report_seconds=cfg.report_seconds,
                                events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None)
 
     def step_fn(x, y):
@@ -175,8 +175,8 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
         start = time.perf_counter()
         loss_sum = torch.zeros((), device=device)
         ran = steps - offset
-        first = tick_step = global_step  # the epoch's first step; the last report within it (rank 0)
-        tick = start
+        first = global_step
+        reporter.start_epoch(first)
         for _ in range(ran):
             # The schedule is a function of the global step: a resumed run continues it.
             lr = report.learning_rate(global_step, steps, cfg.base_lr, world.size, cfg.warmup_epochs)
@@ -184,12 +184,8 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
                 group["lr"] = lr
             loss_sum += step_fn(*next(batches))
             global_step += 1
-            if world.is_chief and cfg.report_seconds and time.perf_counter() - tick >= cfg.report_seconds:
-                mean_loss = loss_sum.item() / (global_step - first)  # waits for the device (once)
-                done, now = global_step - tick_step, time.perf_counter()
-                reporter.between(epoch, global_step, mean_loss,
-                                 done * cfg.batch_size * world.size / (now - tick), (now - tick) / done)
-                tick, tick_step = now, global_step
+            if reporter.due():
+                reporter.between(epoch, global_step, loss_sum.item() / (global_step - first))  # waits for the device
             if saver.after_step(global_step, epoch):
                 comm.close()
                 raise SystemExit(143)  # stopped by SIGTERM, state saved
