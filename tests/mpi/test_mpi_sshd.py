@@ -22,6 +22,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -131,43 +132,55 @@ def _rank_python(user: pwd.struct_passwd) -> tuple[str, str]:
 
 
 @pytest.fixture
-def rendered():
+def render():
+    """render(program): the 2-worker job whose ranks run `program` (python source), its files
+    laid out as the kubelet would; returns (job, base, root, remap, user)."""
     _need("setpriv")
     user = _test_user()
     python, site = _rank_python(user)
     cfg = config.load(None)
-    job = parse({"metadata": {"name": "j1", "namespace": "mpitest"},
-                 "spec": {"workers": 2, "slotsPerWorker": 2,
-                          "command": [python, "-c", RANK_PROGRAM],
-                          "env": [{"name": "TRAINOP_TEST", "value": "forwarded"},
-                                  {"name": "PYTHONPATH", "value": site}],
-                          "securityContext": {"runAsUser": user.pw_uid, "runAsGroup": user.pw_gid}}}, cfg)
-    # not under pytest's tmp_path: its parents are root-only (0700)
-    base = Path(tempfile.mkdtemp(prefix="trainop-mpi-"))
-    base.chmod(0o755)
-    root = base / "etc-trainop"
+    made = []
 
-    shm = base / "shm"  # the pod's /dev/shm (an emptyDir the user can write in)
-    shm.mkdir(mode=0o1777)
-    shm.chmod(0o1777)
+    def make(program: str):
+        # not under pytest's tmp_path: its parents are root-only (0700)
+        base = Path(tempfile.mkdtemp(prefix="trainop-mpi-"))
+        made.append(base)
+        base.chmod(0o755)
+        root = base / "etc-trainop"
+        shm = base / "shm"  # the pod's /dev/shm (an emptyDir the user can write in)
+        shm.mkdir(mode=0o1777)
+        shm.chmod(0o1777)
+        job = parse({"metadata": {"name": "j1", "namespace": "mpitest"},
+                     "spec": {"workers": 2, "slotsPerWorker": 2,
+                              "command": [python, "-c", program],
+                              "env": [{"name": "TRAINOP_TEST", "value": "forwarded"},
+                                      {"name": "PYTHONPATH", "value": site},
+                                      {"name": "SAVED", "value": str(shm / "saved")}],
+                              "securityContext": {"runAsUser": user.pw_uid, "runAsGroup": user.pw_gid}}}, cfg)
 
-    def remap(text: str) -> str:  # the pod's paths, in this test's folder
-        return text.replace(common.MOUNT_ROOT, str(root)).replace(dtj.WORKER_ENV, str(shm / "worker-env"))
+        def remap(text: str) -> str:  # the pod's paths, in this test's folder
+            return text.replace(common.MOUNT_ROOT, str(root)).replace(dtj.WORKER_ENV, str(shm / "worker-env"))
 
-    pod = dtj.render_worker(job, 0, attempt=0)
-    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
-    secret = dtj.render_ssh_secret(job, *sshkeys.generate())
-    config_map = dtj.render_config_map(job)
-    fs_group = pod["spec"]["securityContext"]["fsGroup"]
-    for name, files in (("ssh", {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}),
-                        ("mpi", config_map["data"])):
-        _lay_out_volume(Path(remap(mounts[name])), volumes[name],
-                        {k: remap(v) for k, v in files.items()}, fs_group)
-    try:
-        yield job, base, root, remap, user
-    finally:
+        pod = dtj.render_worker(job, 0, attempt=0)
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        mounts = {m["name"]: m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        secret = dtj.render_ssh_secret(job, *sshkeys.generate())
+        config_map = dtj.render_config_map(job)
+        fs_group = pod["spec"]["securityContext"]["fsGroup"]
+        for name, files in (("ssh", {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}),
+                            ("mpi", config_map["data"])):
+            _lay_out_volume(Path(remap(mounts[name])), volumes[name],
+                            {k: remap(v) for k, v in files.items()}, fs_group)
+        return job, base, root, remap, user
+
+    yield make
+    for base in made:
         shutil.rmtree(base)
+
+
+@pytest.fixture
+def rendered(render):
+    return render(RANK_PROGRAM)
 
 
 def test_ssh_key_is_readable_by_the_pods_user_only(rendered):
@@ -196,65 +209,163 @@ def _worker_logs(base: Path) -> str:
     return "".join(f"--- {p.name}\n{p.read_text()}" for p in sorted(base.glob("worker-*.log")))
 
 
+# Each "pod" runs in its own PID namespace, its shell the namespace's first process as in a
+# container: its exit ends every process in it, and a SIGTERM reaches it only through a handler.
+POD = ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+def _start_workers(job, base: Path, remap, user) -> list[subprocess.Popen]:
+    """The rendered worker command of each worker, as its pod's user, listening on 127.0.0.(2+i)."""
+    workers = []
+    for i in range(job.workers):
+        pod = dtj.render_worker(job, i, attempt=0)
+        (container,) = pod["spec"]["containers"]
+        assert container["command"][:2] == ["sh", "-c"]
+        address = f"127.0.0.{2 + i}"
+        # Each pod has its own /dev/shm and /tmp; on one machine, give each worker its own,
+        # or Open MPI's shared-memory files of the two "nodes" collide.
+        private = base / f"worker-{i}-shm"
+        private.mkdir(mode=0o700)
+        os.chown(private, user.pw_uid, user.pw_gid)
+        options = (f"-o ListenAddress={address} -o 'SetEnv="
+                   f"OMPI_MCA_btl_vader_backing_directory={private} TMPDIR={private}'")
+        script = re.sub(r"sshd_config( &)?\n", lambda m: f"sshd_config {options}{m[1] or ''}\n",
+                        remap(container["command"][2]))
+        log = (base / f"worker-{i}.log").open("w")
+        # The container's environment as the kubelet gives it, plus what spec.podTemplate
+        # could add: one variable of the worker's own, and one that spec.env sets too.
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        env |= {"PATH": os.environ["PATH"], "HOME": user.pw_dir, "WORKER_ONLY": "from the worker",
+                "TRAINOP_TEST": "the worker's own"}
+        workers.append(_pod([*_as_pod_user(pod), "sh", "-c", script], env=env,
+                            stdout=log, stderr=subprocess.STDOUT))
+
+    def listening():
+        for proc in workers:
+            assert proc.poll() is None, _worker_logs(base)
+        return all(_accepts(f"127.0.0.{2 + i}", dtj.SSH_PORT) for i in range(job.workers))
+    wait_until(listening, timeout=20, what="both sshd workers listening")
+    return workers
+
+
+def _launcher(job, base: Path, remap, user, **popen) -> subprocess.Popen:
+    """The rendered launcher command, as the pod's user, in a private mount namespace whose
+    /etc/hosts maps the workers' DNS names to their addresses."""
+    hosts = base / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n" + "".join(
+        f"127.0.0.{2 + i} {dtj.host(job, i)}\n" for i in range(job.workers)))
+    launcher_pod = dtj.render_launcher(job, attempt=0)["spec"]["template"]
+    launcher = launcher_pod["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in launcher["env"] if "value" in e}
+    env |= {"PATH": os.environ["PATH"], "HOME": user.pw_dir}  # HOME: what the runtime sets
+    command = [remap(part) for part in launcher["command"]]
+    # root only for the private /etc/hosts; mpirun and ssh run as the pod's user
+    return _pod(["sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts),
+                 *_as_pod_user(launcher_pod), *command], env=env, text=True, **popen)
+
+
+def _first_process(pod: subprocess.Popen) -> int:
+    """The host's pid of the pod's first process (unshare's child)."""
+    def child():
+        with open(f"/proc/{pod.pid}/task/{pod.pid}/children") as f:
+            return (f.read().split() or [None])[0]
+    return int(wait_until(child, timeout=10, what="the pod's first process"))
+
+
+def _stop(pods: list[subprocess.Popen]) -> None:
+    """SIGKILL to each pod's first process ends its namespace (unshare's --kill-child does not
+    outlive setpriv's change of user), then unshare ends."""
+    for pod in pods:
+        if pod.poll() is None:
+            try:
+                os.kill(pod.first, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pod.wait(10)
+
+
+def _pod(command: list[str], **popen) -> subprocess.Popen:
+    pod = subprocess.Popen([*POD, *command], **popen)
+    pod.first = _first_process(pod)
+    return pod
+
+
 def test_launcher_runs_ranks_over_sshd_on_both_workers(rendered):
     _need("mpirun", "/usr/sbin/sshd", "unshare")
     job, base, root, remap, user = rendered
-    workers = []
+    workers = _start_workers(job, base, remap, user)
     try:
-        for i in range(job.workers):
-            pod = dtj.render_worker(job, i, attempt=0)
-            (container,) = pod["spec"]["containers"]
-            assert container["command"][:2] == ["sh", "-c"]
-            address = f"127.0.0.{2 + i}"
-            # Each pod has its own /dev/shm and /tmp; on one machine, give each worker its own,
-            # or Open MPI's shared-memory files of the two "nodes" collide.
-            private = base / f"worker-{i}-shm"
-            private.mkdir(mode=0o700)
-            os.chown(private, user.pw_uid, user.pw_gid)
-            script = remap(container["command"][2]).replace(
-                "sshd_config\n", f"sshd_config -o ListenAddress={address} -o 'SetEnv="
-                f"OMPI_MCA_btl_vader_backing_directory={private} TMPDIR={private}'\n")
-            log = (base / f"worker-{i}.log").open("w")
-            # The container's environment as the kubelet gives it, plus what spec.podTemplate
-            # could add: one variable of the worker's own, and one that spec.env sets too.
-            env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-            env |= {"PATH": os.environ["PATH"], "HOME": user.pw_dir, "WORKER_ONLY": "from the worker",
-                    "TRAINOP_TEST": "the worker's own"}
-            workers.append(subprocess.Popen([*_as_pod_user(pod), "sh", "-c", script], env=env,
-                                            stdout=log, stderr=subprocess.STDOUT))
-
-        def listening():
-            for proc in workers:
-                assert proc.poll() is None, _worker_logs(base)
-            return all(_accepts(f"127.0.0.{2 + i}", dtj.SSH_PORT) for i in range(job.workers))
-        wait_until(listening, timeout=20, what="both sshd workers listening")
-
-        hosts = base / "hosts"
-        hosts.write_text("127.0.0.1 localhost\n" + "".join(
-            f"127.0.0.{2 + i} {dtj.host(job, i)}\n" for i in range(job.workers)))
-        launcher_pod = dtj.render_launcher(job, attempt=0)["spec"]["template"]
-        launcher = launcher_pod["spec"]["containers"][0]
-        env = {e["name"]: e["value"] for e in launcher["env"] if "value" in e}
-        env |= {"PATH": os.environ["PATH"], "HOME": user.pw_dir}  # HOME: what the runtime sets
-        command = [remap(part) for part in launcher["command"]]
         started = time.monotonic()
-        # root only for the private /etc/hosts; mpirun and ssh run as the pod's user
-        run = subprocess.run(
-            ["unshare", "-m", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts),
-             *_as_pod_user(launcher_pod), *command],
-            env=env, capture_output=True, text=True, timeout=120)
+        launcher = _launcher(job, base, remap, user, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout, stderr = launcher.communicate(timeout=120)
         elapsed = time.monotonic() - started
     finally:
-        for proc in workers:
-            proc.terminate()
-            proc.wait(10)
+        _stop(workers)
 
-    assert run.returncode == 0, f"launcher failed ({run.returncode}):\n{run.stdout}\n{run.stderr}\n{_worker_logs(base)}"
-    lines = sorted(re.findall(r"rank \d+/\d+ via \S+ uid \d+ sum \d+ env \S+ worker .*", run.stdout))
+    assert launcher.returncode == 0, f"launcher failed ({launcher.returncode}):\n{stdout}\n{stderr}\n{_worker_logs(base)}"
+    lines = sorted(re.findall(r"rank \d+/\d+ via \S+ uid \d+ sum \d+ env \S+ worker .*", stdout))
     # every rank came through the sshd of its worker (hostfile order, 2 slots each) as the pod's
     # user, reached every other rank (allreduce), got the job's env (mpirun -x) despite sshd's
     # clean env, and the worker container's own env too (ssh_session), the job's winning
     assert lines == [f"rank {r}/4 via 127.0.0.{2 + r // 2} uid {user.pw_uid} sum 6 env forwarded worker from the worker"
-                     for r in range(4)], run.stdout + run.stderr
+                     for r in range(4)], stdout + stderr
     assert (base / "shm" / "worker-env").stat().st_mode & 0o077 == 0  # the job's user's alone
     print(f"mpirun over sshd: 4 ranks on 2 workers in {elapsed:.1f}s")
+
+
+# Ranks that save on SIGTERM as the trainer does: every rank learns of a stop through an
+# allreduce, rank 0 writes (slowly), a barrier, then all end with 143.
+STOPPING_PROGRAM = """
+import os, signal, sys, time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+os.write(1, f"rank {comm.rank} running\\n".encode())
+i = 0
+while not comm.allreduce(len(stop)):
+    i += 1
+    time.sleep(0.02)
+if comm.rank == 0:
+    time.sleep(2)
+    with open(os.environ["SAVED"], "w") as f:
+        f.write(str(i))
+comm.barrier()
+os.write(1, f"rank {comm.rank} stopped at {i} by {len(stop)}\\n".encode())
+sys.exit(143)
+"""
+
+
+def test_a_stopping_gang_lets_its_ranks_save_before_they_end(render):
+    """The kubelet stops every pod of the gang at once (the operator deleted them: an eviction,
+    a preemption): SIGTERM to each pod's first process only. The workers' shells hand it to
+    their ranks (not to sshd, whose exit would end the pod at once; not to orted, which would
+    kill its ranks), the launcher's shell lets mpirun run on: the ranks agree, rank 0 saves,
+    and everything ends on its own, well inside a grace period."""
+    _need("mpirun", "/usr/sbin/sshd", "unshare")
+    job, base, root, remap, user = render(STOPPING_PROGRAM)
+    workers = _start_workers(job, base, remap, user)
+    log = base / "launcher.log"
+    with log.open("w") as out:
+        launcher = _launcher(job, base, remap, user, stdout=out, stderr=subprocess.STDOUT)
+    pods = [launcher, *workers]
+    try:
+        wait_until(lambda: log.read_text().count("running") == 4 or launcher.poll() is not None,
+                   timeout=60, what="four ranks running")
+        assert launcher.poll() is None, log.read_text()
+        stopped_at = time.monotonic()
+        for pod in pods:
+            os.kill(pod.first, signal.SIGTERM)
+        for pod in pods:
+            pod.wait(timeout=30)
+        took = time.monotonic() - stopped_at
+    finally:
+        _stop(pods)
+    text = log.read_text()
+    saved = (base / "shm" / "saved").read_text()
+    # every rank stopped at the iteration rank 0 saved, each told by its own worker's shell
+    assert sorted(re.findall(r"rank \d stopped at \d+ by \d", text)) == \
+        [f"rank {r} stopped at {saved} by 1" for r in range(4)], text + _worker_logs(base)
+    assert "trainop: stopping: the ranks save and end, mpirun with them" in text
+    assert [w.returncode for w in workers] == [143, 143], _worker_logs(base)
+    print(f"a stopping gang: saved and ended in {took:.1f}s")

@@ -175,9 +175,17 @@ def _wait_for_dns(hosts_expr: str) -> list[str]:
 
 
 def launcher_script(job: Job) -> str:
+    # mpirun is not exec'd: the kubelet's SIGTERM (the gang stopping) goes to this shell, which
+    # lets mpirun run on, since mpirun would kill the ranks within seconds; the workers' shells
+    # hand the signal to the ranks instead, which save a checkpoint and end, and mpirun with them.
     return fabric.memlock_preamble(job) + "\n".join([
         "set -eu", *_wait_for_dns(f"$(cat {CONF_DIR}/hosts)"),
-        "exec " + shlex.join(mpirun_command(job))]) + "\n"
+        shlex.join(mpirun_command(job)) + " &",
+        "mpirun=$!",
+        "trap 'echo \"trainop: stopping: the ranks save and end, mpirun with them\" >&2' TERM",
+        "set +e",
+        'while :; do wait "$mpirun"; status=$?; kill -0 "$mpirun" 2>/dev/null || exit "$status"; done',
+    ]) + "\n"
 
 
 def torchrun_script(job: Job) -> str:
@@ -199,16 +207,47 @@ def torchrun_script(job: Job) -> str:
 WORKER_ENV = "/dev/shm/trainop-worker-env"
 
 
+# The ranks are the children of the MPI daemon that the launcher's mpirun starts on each worker
+# (Open MPI's orted, or prted from Open MPI 5, Hydra's proxy); not their own children, such as
+# data-loader workers, which a SIGTERM would kill under their rank. "pid (comm) state ppid ...".
+_RANKS = """\
+ranks() {
+  for stat in /proc/[0-9]*/stat; do
+    read -r pid rest 2>/dev/null < "$stat" || continue
+    ppid=${rest##*) }; ppid=${ppid#* }; ppid=${ppid%% *}
+    case "$(cat "/proc/$ppid/comm" 2>/dev/null)" in orted|prted|hydra_pmi_proxy) echo "$pid" ;; esac
+  done
+}
+"""
+
+
 def sshd_script(job: Job | None = None) -> str:
-    # sshd runs as the job's non-root user: it can only log that user in, and needs neither
-    # the privilege-separation folder (/run/sshd) nor a PID file. Ranks inherit its memlock.
-    # sshd starts every session with a fresh environment, so what the worker container was given
-    # (the image's ENV, spec.podTemplate's env and envFrom) is written down first for
-    # ssh_session to restore; only the job's user can read it (it may hold a Secret's value, as
-    # the container's own environment does).
+    """The MPI worker's shell. sshd runs as the job's non-root user: it can only log that user
+    in, and needs neither the privilege-separation folder (/run/sshd) nor a PID file. Ranks
+    inherit its memlock.
+
+    sshd starts every session with a fresh environment, so what the worker container was given
+    (the image's ENV, spec.podTemplate's env and envFrom) is written down first for ssh_session
+    to restore; only the job's user can read it (it may hold a Secret's value, as the
+    container's own environment does).
+
+    sshd is not exec'd: as the container's first process, its exit on the kubelet's SIGTERM
+    would end every process of the pod at once. This shell hands the SIGTERM to the ranks
+    instead (the trainer saves a checkpoint on it, docs/long-runs.md) and ends when they have."""
     preamble = fabric.memlock_preamble(job) if job is not None else ""
-    return preamble + (f"(umask 077 && export -p > {WORKER_ENV})\n"
-                       f"exec /usr/sbin/sshd -D -e -f {CONF_DIR}/sshd_config\n")
+    return preamble + _RANKS + "\n".join([
+        f"(umask 077 && export -p > {WORKER_ENV})",
+        f"/usr/sbin/sshd -D -e -f {CONF_DIR}/sshd_config &",
+        "sshd=$!",
+        "stop() {",
+        '  for rank in $(ranks); do kill -TERM "$rank" 2>/dev/null; done',
+        '  while [ -n "$(ranks)" ]; do sleep 1; done',
+        '  kill "$sshd" 2>/dev/null',
+        "  exit 143",
+        "}",
+        "trap stop TERM",
+        'wait "$sshd"',
+    ]) + "\n"
 
 
 def ssh_session() -> str:

@@ -292,6 +292,8 @@ class _Saver:
             self.state.step.assign(step)
             path = checkpoint.tf_save(self.cfg.checkpoint_dir, step, epoch, self.world.size, self.state)
             print(f"trainop_trainer: checkpoint step {step} saved in {path}", file=sys.stderr, flush=True)
+        if stopping:  # no rank ends (and has its launcher stop the others) before rank 0 has written
+            self.backend.sum([0.0])
         return stopping
 
 

@@ -259,4 +259,6 @@ class _Saver:
             path = checkpoint.torch_save(self.cfg.checkpoint_dir, step, epoch, self.world.size,
                                          self.net, self.optimizer, rng)
             print(f"trainop_trainer: checkpoint step {step} saved in {path}", file=sys.stderr, flush=True)
+        if stopping:  # no rank ends (and has its launcher stop the others) before rank 0 has written
+            self.comm.sum([0.0])
         return stopping
