@@ -722,6 +722,11 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
         plan.out.requeue_after = None
         return plan.out
     if launched:  # after success: a job that completed is not failed for its transport
+        if job.launcher == "mpi":  # the launcher's pod may wait for room too
+            for_nodes, timed_out = _nodes_waiting(plan, job, st, workers)
+            if timed_out:
+                return plan.out
+            plan.out.waiting = for_nodes
         stopped = _training_transport(plan, job, st)
         if stopped is not None:
             return stopped
@@ -1012,12 +1017,12 @@ def _unschedulable(pod: dict) -> bool:
         for c in (pod.get("status") or {}).get("conditions") or [])
 
 
-def _waiting_since(st: _Status, workers: dict[int, dict], was: bool) -> dt.datetime | None:
-    """When the wait for nodes began: the earliest of the scheduler's own word on the workers
-    (PodScheduled False since ...) and our WaitingForNodes condition. The pods' time keeps the
-    deadline (and the condition's text, hence the one INFO line) the same when a reconcile
+def _waiting_since(st: _Status, pending: list[dict], was: bool) -> dt.datetime | None:
+    """When the wait for nodes began: the earliest of the scheduler's own word on the pending
+    pods (PodScheduled False since ...) and our WaitingForNodes condition. The pods' time keeps
+    the deadline (and the condition's text, hence the one INFO line) the same when a reconcile
     reads a status from the cache that does not hold our last write yet."""
-    times = [c["lastTransitionTime"] for p in workers.values() if _unschedulable(p)
+    times = [c["lastTransitionTime"] for p in pending
              for c in (p.get("status") or {}).get("conditions") or []
              if c.get("type") == "PodScheduled" and c.get("lastTransitionTime")]
     since = conditions.get_condition(st.data.get("conditions"), "WaitingForNodes") if was else None
@@ -1028,19 +1033,25 @@ def _waiting_since(st: _Status, workers: dict[int, dict], was: bool) -> dt.datet
 
 def _nodes_waiting(plan: _Plan, job: Job, st: _Status,
                    workers: dict[int, dict]) -> tuple[str | None, bool]:
-    """(what the gang waits for, timed out). Workers the scheduler cannot place wait for
-    nodes (an autoscaled pool grows: that is the autoscaler's cue); the WaitingForNodes
-    condition says how many nodes are missing, and runPolicy.schedulingTimeoutSeconds
-    (counted from when the wait began) fails the job at its exact moment if they never come."""
-    pending = sum(1 for p in workers.values() if _unschedulable(p))
+    """(what the gang waits for, timed out). Workers, or the MPI launcher (it goes to the same
+    pool), that the scheduler cannot place wait for nodes (an autoscaled pool grows: that is
+    the autoscaler's cue); the WaitingForNodes condition says how many nodes are missing, and
+    runPolicy.schedulingTimeoutSeconds (counted from when the wait began) fails the job at its
+    exact moment if they never come."""
+    waiting = [p for p in workers.values() if _unschedulable(p)]
+    launcher = [p for p in plan.snap.pods if _unschedulable(p)
+                and p["metadata"]["labels"].get(common.LABEL_ROLE) == render.LAUNCHER]
+    pending = len(waiting)
     was = st.is_true("WaitingForNodes")
-    if not pending:
+    if not waiting and not launcher:
         if was:
-            st.cond("WaitingForNodes", False, "NodesAvailable", "every worker has a node")
+            st.cond("WaitingForNodes", False, "NodesAvailable", "every pod of the gang has a node")
         return None, False
     pool = job.placement
     where = f"node pool {pool.pool!r}" if pool.pool else f"nodeSelector {pool.node_selector}"
-    if pool.autoscale:
+    if not pending:
+        text = f"the launcher waits for room on {where}: the scheduler finds no node for it"
+    elif pool.autoscale:
         gpus = pool.gpus_per_node
         per_node = max(gpus // job.gpus_per_worker, 1) if gpus and job.gpus_per_worker else 1
         missing = -(-pending // per_node)
@@ -1051,7 +1062,7 @@ def _nodes_waiting(plan: _Plan, job: Job, st: _Status,
         text = (f"{pending}/{job.workers} workers wait for room on {where}: the scheduler "
                 f"finds no node for them")
     timeout = job.run_policy.scheduling_timeout_seconds
-    start = _waiting_since(st, workers, was) or plan.now
+    start = _waiting_since(st, waiting + launcher, was) or plan.now
     if timeout:
         deadline = start + dt.timedelta(seconds=timeout)
         left = (deadline - plan.now).total_seconds()

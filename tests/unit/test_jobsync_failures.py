@@ -176,6 +176,32 @@ def test_the_deadline_counts_from_the_schedulers_word_even_when_the_status_read_
     assert stale.waiting == first.waiting
 
 
+def test_a_launcher_without_room_waits_for_nodes_under_the_same_deadline():
+    """The MPI launcher goes to the job's pool too: once created, it can be the one pod the
+    scheduler cannot place (its node full of CPU work). WaitingForNodes says so, one INFO line's
+    text, and schedulingTimeoutSeconds counts from the scheduler's word on it."""
+    stuck = unschedulable(pod("j-launcher-abcde", role="launcher", index=None, ready=False))
+    stuck["status"]["conditions"][0]["lastTransitionTime"] = "2026-05-01T11:55:00Z"  # NOW - 5 min
+    running = {**copy.deepcopy(RUNNING), "attempt": 0, "restarts": {"failures": 0, "disruptions": 0}}
+    pods = [on_node(p, "aks-spot-0") for p in workers(2)] + [stuck]
+    out = decide_(snap(spot_body(running), pods=pods, launcher=launcher(), **shared()))
+    cond = conditions.get_condition(out.status["conditions"], "WaitingForNodes")
+    assert cond["status"] == "True"
+    assert cond["message"].startswith("the launcher waits for room on node pool 'spot': the scheduler finds no node")
+    assert "fails at 2026-05-01T12:05:00Z" in cond["message"] and out.requeue_after == 300
+    assert out.waiting == cond["message"]
+    # past the deadline: Failed, the gang's pods freed
+    late = decide_(snap(spot_body(copy.deepcopy(out.status)), pods=pods, launcher=launcher(), **shared()),
+                   now=NOW + dt.timedelta(seconds=301))
+    assert reasons(late.status)["Failed"] == ("True", "SchedulingTimeout")
+    # placed: the wait ends
+    placed = copy.deepcopy(pods)
+    placed[-1] = on_node(pod("j-launcher-abcde", role="launcher", index=None), "aks-spot-0")
+    done = decide_(snap(spot_body(copy.deepcopy(out.status)), pods=placed, launcher=launcher(), **shared()))
+    assert conditions.get_condition(done.status["conditions"], "WaitingForNodes")["status"] == "False"
+    assert done.waiting is None
+
+
 def test_half_placed_gang_counts_nodes_for_the_rest():
     pods = [on_node(workers(2)[0], "aks-spot-0"), unschedulable(workers(2, ready=False)[1])]
     out = decide_(snap(spot_body(copy.deepcopy(STARTING), workers=2), pods=pods, **shared()))
