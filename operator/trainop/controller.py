@@ -265,6 +265,8 @@ class Controller:
         stage = _stage_ref(body)
         config_maps = {_is_progress(c): c for c in self._all("dtj_configmaps", ck)}
         workload = next((w for w in self._all("dtj_workloads", ck) if _controlled(w, uid)), None)
+        pod_group = next((g for ix in ("dtj_podgroups_plugins", "dtj_podgroups_volcano")
+                          for g in self._all(ix, ck) if _controlled(g, uid)), None)
         flavors = {n: f for n in kueue.flavor_names(workload)
                    for f in self._all("resource_flavors", n)}
         return jobsync.JobSnapshot(
@@ -281,7 +283,7 @@ class Controller:
             admit=lambda job, prio: gate.decide(job, body, self.cfg, lambda: view, prio,
                                                 workload),
             classes=self.priority_classes(),
-            workload=workload, flavors=flavors,
+            workload=workload, flavors=flavors, pod_group=pod_group,
             problem=self.problems.pop(key, None),
             departed=[p for p in self.departed.get(ck, {}).values()
                       if any(_controlled(p, owner) for owner in owners if owner)])

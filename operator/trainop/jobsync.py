@@ -74,6 +74,7 @@ class JobSnapshot:
     workload: dict | None = None  # its Kueue Workload (the watch cache's, controlled by the job)
     flavors: dict[str, dict] = field(default_factory=dict)  # the admitted ResourceFlavors by name
     gang_scheduler: str | None = None  # served gang scheduler of the configuration (podgroup.py)
+    pod_group: dict | None = None  # its PodGroup, where that scheduler's API is served
     problem: Problem | None = None                        # what the last apply met (apply.py)
     # The last state of the job's pods deleted since this process started (the DELETED watch
     # event's object): why a vanished worker went (DisruptionTarget, its node). Empty after an
@@ -659,8 +660,8 @@ def _shared_children(plan: _Plan, job: Job) -> None:
     snap, body, acts = plan.snap, plan.body, plan.out.actions
     acts.append(Apply(render.render_service(job), body, _version(snap.service)))
     pod_group = podgroup.render_for(job)
-    if pod_group is not None:  # before any pod of the group (a kind the operator does not watch)
-        acts.append(Apply(pod_group, body, None))
+    if pod_group is not None:  # before any pod of the group; put back if deleted
+        acts.append(Apply(pod_group, body, _version(snap.pod_group)))
     for obj in logship.rbac(job, job.logship):
         acts.append(Apply(obj, body, None))  # kinds the operator does not watch
     progress = logship.progress_config_map(job, job.logship)

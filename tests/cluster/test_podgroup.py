@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.test_dtj import FAST, Api, manifest
+from tests.fixtures.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -45,6 +46,17 @@ def test_a_job_gets_its_pod_group_before_its_pods(cluster, namespace, api, podgr
         assert pod.spec.scheduler_name == "default-scheduler"
         created = pod.metadata.creation_timestamp.strftime("%Y-%m-%dT%H:%M:%SZ")
         assert created >= pg["metadata"]["creationTimestamp"]
+    # Watched: a PodGroup deleted while the gang runs (placed, it needs none) is made again
+    # before the pods of the next attempt, which could not be scheduled without it.
+    cluster.kubectl("delete", "podgroups.scheduling.x-k8s.io", "gang", "-n", namespace)
+    cluster.kubectl("delete", "pod", "gang-worker-0", "-n", namespace, "--wait=false")
+    def next_attempt():
+        return [p for p in api.pods("gang", "worker") if p.metadata.labels["trainop.io/attempt"] == "1"]
+    new_workers = wait_until(next_attempt, timeout=60, what="the gang's next attempt's workers")
+    back = cluster.get("podgroups.scheduling.x-k8s.io", "gang", "-n", namespace)
+    assert back["metadata"]["uid"] != pg["metadata"]["uid"] and back["spec"] == pg["spec"]
+    for pod in new_workers:
+        assert pod.metadata.creation_timestamp.strftime("%Y-%m-%dT%H:%M:%SZ") >= back["metadata"]["creationTimestamp"]
 
 
 def test_without_the_schedulers_api_nothing_changes(cluster, namespace, api, operator_factory):

@@ -260,15 +260,18 @@ def _warning(text: str) -> logging.LogRecord:
                              text, None, None)
 
 
-def test_only_kueue_kinds_may_be_unresolved_quietly():
+def test_only_optional_kinds_may_be_unresolved_quietly():
+    """Kueue's kinds and the gang schedulers' PodGroups are watched where served."""
     from trainop.handlers import indexes
     head = "Unresolved resources cannot be served (try creating their CRDs): "
-    kueue_only = (f"{head}Selector(group='kueue.x-k8s.io', version='v1beta2', plural='workloads'),"
-                  f" Selector(group='kueue.x-k8s.io', version='v1beta2', "
-                  f"plural='workloadpriorityclasses')")
-    assert not indexes._optional_kueue(_warning(kueue_only))
-    also_ours = kueue_only + ", Selector(group='trainop.io', version='v1alpha1', plural='x')"
-    assert indexes._optional_kueue(_warning(also_ours))
+    optional = (f"{head}Selector(group='kueue.x-k8s.io', version='v1beta2', plural='workloads'),"
+                f" Selector(group='kueue.x-k8s.io', version='v1beta2', "
+                f"plural='workloadpriorityclasses'),"
+                f" Selector(group='scheduling.x-k8s.io', version='v1alpha1', plural='podgroups'),"
+                f" Selector(group='scheduling.volcano.sh', version='v1beta1', plural='podgroups')")
+    assert not indexes._optional_apis(_warning(optional))
+    also_ours = optional + ", Selector(group='trainop.io', version='v1alpha1', plural='x')"
+    assert indexes._optional_apis(_warning(also_ours))
 
 
 def test_a_quota_scoped_to_a_class_counts_the_jobs_that_name_it():

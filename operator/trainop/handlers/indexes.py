@@ -17,6 +17,9 @@ children then fit in tens of MB.
     dtj_endpointslices   (ns, job-name)           its Service's EndpointSlices (labels mirrored)
     dtj_workloads        (ns, job-name)           its Kueue Workload (conditions, admission; none
                                                   without Kueue)
+    dtj_podgroups_plugins, dtj_podgroups_volcano
+                         (ns, job-name)           its PodGroup (runPolicy.schedulingPolicy; none
+                                                  where that scheduler's API is not served)
     nodes_by_pool        agentpool label          nodes (labels, allocatable)
     quotas               ns                       ResourceQuotas
     stage_bodies         (ns, name)               DataStages
@@ -46,6 +49,7 @@ from trainop.kueue import VERSION as KUEUE_VERSION
 from trainop.render import common
 from trainop.render import datastage as render_stage
 from trainop.render import logship as render_logship
+from trainop.render import podgroup as render_podgroup
 from trainop.render.fabric import PREFLIGHT
 
 LABEL_JOB = common.LABEL_JOB
@@ -62,19 +66,31 @@ def _quiet(record: logging.LogRecord) -> bool:
         or "succeeded" not in msg
 
 
-def _optional_kueue(record: logging.LogRecord) -> bool:
-    """kopf warns once that it cannot watch Workloads and WorkloadPriorityClasses when Kueue is
-    not installed; that is a supported set-up (jobs are admitted natively), not something to
-    fix. A warning that names any other kind still shows."""
+def _group_version(api_version: str) -> tuple[str, str]:
+    group, _, version = api_version.partition("/")
+    return group, version
+
+
+PLUGINS_API = _group_version(render_podgroup.API_VERSION[render_podgroup.PLUGINS])
+VOLCANO_API = _group_version(render_podgroup.API_VERSION[render_podgroup.VOLCANO])
+# APIs the operator watches where they are served and does without where they are not.
+OPTIONAL_GROUPS = (KUEUE_GROUP, PLUGINS_API[0], VOLCANO_API[0])
+
+
+def _optional_apis(record: logging.LogRecord) -> bool:
+    """kopf warns once that it cannot watch Kueue's kinds or a gang scheduler's PodGroups when
+    their APIs are not installed; that is a supported set-up (jobs are admitted natively, pods
+    use the default scheduler), not something to fix. A warning that names any other kind
+    still shows."""
     msg = record.getMessage()
     unresolved = msg.partition("): ")[2]  # "Selector(group='...', ...), Selector(...)"
     selectors = unresolved.split("Selector(")[1:]
     return not (msg.startswith("Unresolved resources") and selectors
-                and all(f"group='{KUEUE_GROUP}'" in s for s in selectors))
+                and all(any(f"group='{g}'" in s for g in OPTIONAL_GROUPS) for s in selectors))
 
 
 logging.getLogger("kopf.objects").addFilter(_quiet)
-logging.getLogger("kopf._core.reactor.observation").addFilter(_optional_kueue)
+logging.getLogger("kopf._core.reactor.observation").addFilter(_optional_apis)
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -199,6 +215,16 @@ async def dtj_workloads(body, namespace, **_):
     return {_job_key(body, namespace): slim_workload(body)}
 
 
+@kopf.index(*PLUGINS_API, "podgroups", labels=_HAS_JOB)
+async def dtj_podgroups_plugins(body, namespace, **_):
+    return {_job_key(body, namespace): _obj(body)}
+
+
+@kopf.index(*VOLCANO_API, "podgroups", labels=_HAS_JOB)
+async def dtj_podgroups_volcano(body, namespace, **_):
+    return {_job_key(body, namespace): _obj(body)}
+
+
 # ---- cluster state the gate and placement read ----------------------------------------------
 
 @kopf.index("v1", "nodes")
@@ -278,7 +304,7 @@ async def resource_flavors(body, name, **_):
 
 
 INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps", "dtj_netpols",
-           "dtj_endpointslices", "dtj_workloads", "nodes_by_pool", "quotas", "stage_bodies",
+           "dtj_endpointslices", "dtj_workloads", "dtj_podgroups_plugins", "dtj_podgroups_volcano", "nodes_by_pool", "quotas", "stage_bodies",
            "stage_services", "stage_statefulsets", "stage_jobs", "service_accounts", "claims",
            "priority_classes", "workload_priority_classes", "resource_flavors")
 
@@ -312,6 +338,8 @@ async def route_pod(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noq
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=_HAS_JOB)
 @kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=_HAS_JOB)
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=_HAS_JOB)
+@kopf.on.event(*PLUGINS_API, "podgroups", labels=_HAS_JOB)
+@kopf.on.event(*VOLCANO_API, "podgroups", labels=_HAS_JOB)
 async def route_job_child(body, namespace, memo: kopf.Memo, **_) -> None:
     memo.controller.enqueue_job(*_job_key(body, namespace))
 
