@@ -445,7 +445,8 @@ def _attempt(what: str, fn: Callable[[], Any]) -> bool:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m trainop.logship", description=__doc__.splitlines()[0])
     p.add_argument("--account-url", help="Blob endpoint, e.g. https://acct.blob.core.windows.net (not used with a connection string)")
-    p.add_argument("--container", required=True)
+    p.add_argument("--container", help="Blob container; without it the sidecar only reports (--progress): "
+                                        "a job whose output is a claim")
     p.add_argument("--dest", help="blob folder of this run: <prefix>/<job>/<attempt>")
     p.add_argument("--file", action="append", default=[], metavar="PATH=BLOB",
                    help="append PATH to the Append Blob <dest>/BLOB (repeatable)")
@@ -472,7 +473,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.fetch and not args.fetch_to:
         p.error("--fetch: needs --fetch-to DIR")
-    if not args.fetch and not args.dest:
+    if not args.container:
+        shipping = [flag for flag, value in (("--file", args.file), ("--output-dir", args.output_dir),
+                                             ("--checkpoint-upload", args.checkpoint_upload),
+                                             ("--fetch", args.fetch), ("--dest", args.dest)) if value]
+        if shipping or not args.progress:
+            p.error(f"{', '.join(shipping) or 'shipping nothing'}: needs --container (only --progress "
+                    f"reporting works without Blob Storage)")
+    elif not args.fetch and not args.dest:
         p.error("--dest is required (except with --fetch)")
     if args.checkpoint_dir and not args.progress:
         p.error("--checkpoint-dir: needs --progress (the ConfigMap it reports to)")
@@ -492,6 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     stop = Stop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: setattr(stop, "requested", True))
+    if not args.container:  # a claim's job: report the metrics and checkpoints, ship nothing
+        patch = kube_progress_patcher(args.progress, args.namespace)
+        checkpoints = CheckpointReporter(args.checkpoint_dir, patch) if args.checkpoint_dir else None
+        log.info("reporting %s to ConfigMap %s every %ss", args.metrics_file, args.progress, args.interval)
+        return Shipper([], args.interval, None, args.metrics_file,
+                       ProgressReporter(args.metrics_file, args.metrics_interval, patch),
+                       checkpoints=checkpoints).run(stop, args.drain_timeout)
     try:
         method, _secret = blob.auth_from_env()
         url = args.account_url if method == "ConnectionString" else blob.check_account_url(args.account_url, "--account-url")

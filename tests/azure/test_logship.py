@@ -239,6 +239,20 @@ def test_no_secret_in_logs_or_blobs(azurite, container, tmp_path):
             assert secret not in text
 
 
+def test_without_a_container_the_sidecar_only_reports(capsys):
+    """A job whose output is a claim: no Blob Storage, so --progress (and --checkpoint-dir) only;
+    anything that would ship is refused, naming the flags."""
+    args = logship.parse_args(["--metrics-file", "/output/metrics.jsonl", "--progress", "j-progress",
+                               "--namespace", "ns", "--checkpoint-dir", "/output/checkpoints/j/attempt-0"])
+    assert args.container is None and args.progress == "j-progress"
+    for wrong, named in [(["--file", "/var/trainop/train.log=x.log", "--dest", "d"], "--file, --dest"),
+                         (["--output-dir", "/output"], "--output-dir"), ([], "shipping nothing")]:
+        with pytest.raises(SystemExit):
+            logship.parse_args([*wrong, "--metrics-file", "m", "--namespace", "ns",
+                                *(["--progress", "p"] if wrong else [])])
+        assert f"{named}: needs --container" in capsys.readouterr().err
+
+
 def test_last_metrics_reads_the_last_complete_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     assert logship.last_metrics(path) is None

@@ -162,12 +162,12 @@ def test_rbac_allows_only_this_jobs_progress_config_map():
 
 
 def test_progress_config_map_only_with_a_sidecar():
-    assert logship.progress_config_map(job(blob_output(SAS)), {}) == {
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "j1-progress", "namespace": "team-a",
-                     "labels": {"trainop.io/job-name": "j1", "trainop.io/role": "progress"}},
-        "data": {}}
-    assert logship.progress_config_map(job({"pvc": {"claimName": "results"}}), {}) is None
+    made = {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "j1-progress", "namespace": "team-a",
+                         "labels": {"trainop.io/job-name": "j1", "trainop.io/role": "progress"}},
+            "data": {}}
+    assert logship.progress_config_map(job(blob_output(SAS)), {}) == made
+    assert logship.progress_config_map(job({"pvc": {"claimName": "results"}}), {}) == made
     assert logship.progress_config_map(job(None), {}) is None
 
 
@@ -202,7 +202,7 @@ def test_status_urls():
         "logsURL": "pvc://results/logs/j1/1/", "outputURL": "pvc://results/"}
 
 
-def test_pvc_output_tees_onto_the_claim_without_sidecar():
+def test_pvc_output_tees_onto_the_claim_and_worker_0_only_reports():
     j = job({"pvc": {"claimName": "results"}})
     parts = logship.pod_parts(j, "launcher", None, 1, ["mpirun"], {})
     assert parts.init_containers == []
@@ -211,7 +211,24 @@ def test_pvc_output_tees_onto_the_claim_without_sidecar():
     assert parts.command[-2:] == ["/var/trainop/logs/j1/1/$(POD_NAME).log", "mpirun"]
     assert parts.env == FIELD_ENV[:1]
     assert parts.service_account_name is None
-    assert logship.rbac(j, {}) == []
+    # Worker 0: the same tee, and a sidecar that ships nothing (no Blob, no credential) but
+    # reports the trainer's metrics into the progress ConfigMap, through its own token.
+    w0 = logship.pod_parts(j, "worker", 0, 1, ["sshd"], {}, output_mount={"name": "output", "mountPath": "/output"})
+    assert w0.command == logship.pod_parts(j, "worker", 0, 1, ["sshd"], {}).command
+    (sidecar,) = w0.init_containers
+    # each complete checkpoint (on the claim: spec.checkpoint's default) reported, not uploaded
+    assert sidecar["args"] == ["--interval", "2", "--drain-timeout", "300", "--metrics-file", "/output/metrics.jsonl",
+                               "--progress", "j1-progress", "--metrics-interval", "15",
+                               "--checkpoint-dir", "/output/checkpoints/j1/attempt-1"]
+    assert sidecar["env"] == FIELD_ENV
+    assert sidecar["volumeMounts"] == [{"name": "output", "mountPath": "/output", "readOnly": True},
+                                       {"name": "trainop-api-token", "readOnly": True,
+                                        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]
+    assert [v["name"] for v in w0.volumes] == ["trainop-run", "trainop-api-token"]
+    assert w0.service_account_name == "j1-logship"
+    role = next(o for o in logship.rbac(j, {}) if o["kind"] == "Role")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["j1-progress"],
+                              "verbs": ["patch"]}]
 
 
 # The tee wrapper, run for real by /bin/sh (what the training container runs).

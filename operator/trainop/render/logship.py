@@ -19,8 +19,9 @@ Blob output: the training container tees stdout+stderr into LOG_FILE on an empty
 the `logship` native sidecar (`python -m trainop.logship`), which appends it to
 `<prefix>/<job>/<attempt>/<pod>.log`. Worker 0 (where rank 0 runs: first in the MPI hostfile,
 node rank 0 for torchrun) also uploads the trainer's output dir to `.../<attempt>/output/` and
-reports its metrics into the job's progress ConfigMap (`<job>-progress`). PVC output: no sidecar; the tee writes straight onto the
-claim, under `logs/<job>/<attempt>/<pod>.log`, and the trainer's output is on the claim already.
+reports its metrics into the job's progress ConfigMap (`<job>-progress`). PVC output: the tee
+writes straight onto the claim, under `logs/<job>/<attempt>/<pod>.log`, and the trainer's output
+is on the claim already; worker 0's sidecar only reports the metrics and checkpoints.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def service_account_name(job: Job, out: Output) -> str:
     """The identity of pods that ship: the federated ServiceAccount for workload identity (the
     webhook can only federate the pod's own account), else a per-job one (created by `rbac`).
     Either way only the sidecar holds a credential of it (`pod_parts`)."""
-    return out.auth.service_account_name or f"{job.name}-{SIDECAR}"
+    return (out.auth.service_account_name if out.auth else None) or f"{job.name}-{SIDECAR}"
 
 
 def progress_name(job: Job) -> str:
@@ -116,7 +117,8 @@ def progress_name(job: Job) -> str:
 
 
 def progress_config_map(job: Job, cfg: dict) -> dict | None:
-    """Where worker 0's sidecar reports the trainer's metrics (None without a sidecar). Created
+    """Where worker 0's sidecar reports the trainer's metrics (None without spec.output: no
+    sidecar). Created
     empty by the operator, owned by the job; the sidecar may only patch this one object (it never reads it).
 
     Why a separate object and not the job's status: RBAC cannot limit a writer of the status
@@ -124,8 +126,7 @@ def progress_config_map(job: Job, cfg: dict) -> dict | None:
     write `phase`, `cleanedUp` or `restarts`, which the operator acts on. The operator reads
     this ConfigMap only to copy its metrics into `status.metrics` for display
     (`progress_metrics`), never to decide anything."""
-    out = job.output
-    if out is None or out.claim is not None:
+    if job.output is None:
         return None
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": common.metadata(progress_name(job), job.namespace,
@@ -228,10 +229,15 @@ def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: lis
     if out is None or (role == "worker" and not primary and not cfg["shipWorkerLogs"]):
         return None
     if out.claim is not None:
-        return PodParts(
-            command=_tee(f"{RUN_DIR}/logs/{job.name}/{attempt}/$(POD_NAME).log", command),
-            volumes=[{"name": VOLUME, "persistentVolumeClaim": {"claimName": out.claim}}],
-            mounts=[{"name": VOLUME, "mountPath": RUN_DIR}], env=_field_env()[:1])
+        claim = {"command": _tee(f"{RUN_DIR}/logs/{job.name}/{attempt}/$(POD_NAME).log", command),
+                 "mounts": [{"name": VOLUME, "mountPath": RUN_DIR}], "env": _field_env()[:1]}
+        volume = {"name": VOLUME, "persistentVolumeClaim": {"claimName": out.claim}}
+        if not (primary and output_mount is not None):
+            return PodParts(volumes=[volume], **claim)
+        return PodParts(  # nothing to ship: worker 0's sidecar only reports
+            init_containers=[_reporter(job, attempt, cfg, output_mount)], volumes=[volume, _api_token_volume()],
+            service_account_name=service_account_name(job, out),
+            termination_grace_period_seconds=int(cfg["drainSeconds"]) + 30, **claim)
     shared = {"name": VOLUME, "mountPath": RUN_DIR}
     reports = primary and output_mount is not None
     init = [_sidecar(job, attempt, out, cfg, shared, output_mount if primary else None)]
@@ -273,21 +279,46 @@ def _api_token_volume() -> dict:
 def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, output_mount: dict | None) -> dict:
     args = ["--account-url", out.account_url, "--container", out.container,
             "--dest", run_path(out.prefix, job.name, attempt), "--file", f"{LOG_FILE}=$(POD_NAME).log",
-            "--interval", str(cfg["intervalSeconds"]), "--drain-timeout", str(cfg["drainSeconds"])]
+            *_timing(cfg)]
     mounts = [dict(shared)]
     if output_mount:
-        output_dir = output_mount["mountPath"]
-        args += ["--output-dir", output_dir, "--metrics-file", f"{output_dir}/{METRICS_NAME}",
-                 "--progress", progress_name(job), "--metrics-interval", str(cfg["metricsIntervalSeconds"])]
-        mounts.append({**output_mount, "readOnly": True})
-        mounts.append({"name": API_TOKEN_VOLUME, "mountPath": API_TOKEN_DIR, "readOnly": True})
-        ck = job.checkpoint
-        if ck is not None:  # report each completed checkpoint (Blob: upload it first)
-            args += ["--checkpoint-dir", ck.attempt_dir(attempt)]
-            if not ck.on_claim:
-                args += ["--checkpoint-upload"]
-            if ck.claim:  # the checkpoint volume, to see the trainer's folders (render/dtj.py)
-                mounts.append({"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True})
+        args += ["--output-dir", output_mount["mountPath"]]
+        more_args, more_mounts = _reporting(job, attempt, cfg, output_mount, upload=True)
+        args, mounts = args + more_args, mounts + more_mounts
+    return _container(cfg, args, _field_env() + out.auth.container_env(), mounts)
+
+
+def _reporter(job: Job, attempt: int, cfg: dict, output_mount: dict) -> dict:
+    """Worker 0's sidecar when the output is a claim: the logs and the output are on the claim
+    already, so it only reports the metrics and the checkpoints (no storage credential)."""
+    args, mounts = _reporting(job, attempt, cfg, output_mount, upload=False)
+    return _container(cfg, [*_timing(cfg), *args], _field_env(), mounts)
+
+
+def _reporting(job: Job, attempt: int, cfg: dict, output_mount: dict, upload: bool) -> tuple[list[str], list[dict]]:
+    """The sidecar's arguments and mounts that report the trainer's metrics (and, with
+    spec.checkpoint, each completed checkpoint: uploaded first when `upload` and the checkpoints
+    are not on a claim) into the progress ConfigMap."""
+    output_dir = output_mount["mountPath"]
+    args = ["--metrics-file", f"{output_dir}/{METRICS_NAME}", "--progress", progress_name(job),
+            "--metrics-interval", str(cfg["metricsIntervalSeconds"])]
+    mounts = [{**output_mount, "readOnly": True},
+              {"name": API_TOKEN_VOLUME, "mountPath": API_TOKEN_DIR, "readOnly": True}]
+    ck = job.checkpoint
+    if ck is not None:
+        args += ["--checkpoint-dir", ck.attempt_dir(attempt)]
+        if upload and not ck.on_claim:
+            args += ["--checkpoint-upload"]
+        if ck.claim:  # the checkpoint volume, to see the trainer's folders (render/dtj.py)
+            mounts.append({"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True})
+    return args, mounts
+
+
+def _timing(cfg: dict) -> list[str]:
+    return ["--interval", str(cfg["intervalSeconds"]), "--drain-timeout", str(cfg["drainSeconds"])]
+
+
+def _container(cfg: dict, args: list[str], env: list[dict], mounts: list[dict]) -> dict:
     return {
         "name": SIDECAR,
         "image": cfg["image"],
@@ -296,7 +327,7 @@ def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, outpu
         "restartPolicy": "Always",
         "command": ["python", "-m", "trainop.logship"],
         "args": args,
-        "env": _field_env() + out.auth.container_env(),
+        "env": env,
         "volumeMounts": mounts,
         "resources": cfg["resources"],
         # runs as the pod's (the job's) user, so it reads whatever the trainer wrote
@@ -331,7 +362,7 @@ def rbac(job: Job, cfg: dict) -> list[dict]:
     could not get without holding a broad identity of its own), and the credential cannot read
     or change the job, its status, any pod or any other object."""
     out = job.output
-    if out is None or out.claim is not None:
+    if out is None:
         return []
     return identity.objects(
         f"{job.name}-{SIDECAR}", job.namespace, common.labels(job.name),

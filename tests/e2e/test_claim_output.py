@@ -1,0 +1,58 @@
+"""A job whose output is a claim, on real pods: logs, metrics and checkpoints go straight onto the
+claim (here a hostPath PersistentVolume both real nodes reach, as an Azure Files share would be),
+and worker 0's sidecar, which has nothing to ship, reports the trainer's metrics and each
+completed checkpoint: status.progress and status.checkpoint (a pvc:// URL) as for Blob output."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.test_real_pods import RUN_TIMEOUT, reduced, wait_phase
+from tests.fixtures.waiting import wait_until
+from trainop.render import logship
+
+pytestmark = pytest.mark.real
+
+
+def test_claim_output_reports_progress_and_checkpoints(real_cluster, real_namespace, real_operator, tmp_path):
+    ns, name = real_namespace, "claimed"
+    share = tmp_path / "results"
+    share.mkdir()
+    share.chmod(0o777)  # a hostPath volume keeps the host's ownership: any pod user may write
+    real_cluster.apply([
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{ns}-results"},
+         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(share)},
+                  "claimRef": {"namespace": ns, "name": "results"}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "results", "namespace": ns},
+         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": f"{ns}-results",
+                  "resources": {"requests": {"storage": "1Gi"}}}},
+    ])
+    manifest = reduced("pytorch-horovod-synthetic.yaml", name, steps=60, output={"pvc": {"claimName": "results"}},
+                       checkpoint={"everySteps": 10}, runPolicy={"cleanPodPolicy": "None"})
+    real_cluster.apply(manifest, ns)
+
+    def dtj_status() -> dict:
+        return real_cluster.get("dtj", name, "-n", ns).get("status") or {}
+
+    # While it trains: a checkpoint reported by worker 0's sidecar, checked and shown by the operator.
+    shown = wait_until(lambda: dtj_status().get("checkpoint"), timeout=RUN_TIMEOUT, interval=1,
+                       what="status.checkpoint from the claim")
+    step = shown["step"]
+    assert shown["attempt"] == 0 and step % 10 == 0 and 0 < step <= 60, shown
+    assert shown["path"] == f"/output/checkpoints/{name}/attempt-0/step-{step}"
+    assert shown["url"] == f"pvc://results/checkpoints/{name}/attempt-0/step-{step}"
+    assert (share / "checkpoints" / name / "attempt-0" / f"step-{step}" / "COMPLETE").is_file()
+
+    status = wait_phase(real_cluster, ns, name, "Succeeded")
+    real_cluster.assert_ran_on_real_nodes(ns, f"trainop.io/job-name={name}")
+    final = wait_until(lambda: (dtj_status().get("metrics") or {}).get("final") and dtj_status(),
+                       timeout=120, what="the final report in the status")
+    assert final["metrics"]["step"] == 60 and final["progress"]["percent"] == 100
+    assert status["phase"] == "Succeeded"
+    # The logs went onto the claim by the tee; the sidecar holds no storage credential.
+    assert (share / "logs" / name / "0" / f"{name}-worker-0.log").stat().st_size > 0
+    worker0 = real_cluster.get("pod", f"{name}-worker-0", "-n", ns)
+    sidecar = next(c for c in worker0["spec"]["initContainers"] if c["name"] == logship.SIDECAR)
+    assert all("fieldRef" in (e.get("valueFrom") or {}) for e in sidecar["env"]), sidecar["env"]
+    assert "--container" not in sidecar["args"]
