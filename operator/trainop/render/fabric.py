@@ -56,7 +56,7 @@ fi
 
 def memlock_preamble(job: Job) -> str:
     """Shell lines that raise the memlock soft limit to the hard one on InfiniBand jobs; empty
-    otherwise. sshd and torchrun are exec'd after it, so every rank inherits the limit."""
+    otherwise. sshd and torchrun start after it, from that shell, so every rank inherits the limit."""
     return MEMLOCK_PREAMBLE if job.infiniband else ""
 
 

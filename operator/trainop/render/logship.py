@@ -118,8 +118,8 @@ def progress_name(job: Job) -> str:
 
 def progress_config_map(job: Job, cfg: dict) -> dict | None:
     """Where worker 0's sidecar reports the trainer's metrics (None without spec.output: no
-    sidecar). Created
-    empty by the operator, owned by the job; the sidecar may only patch this one object (it never reads it).
+    sidecar). Created empty by the operator, owned by the job; the sidecar may only patch this
+    one object (it never reads it).
 
     Why a separate object and not the job's status: RBAC cannot limit a writer of the status
     subresource to some of its keys, so a sidecar allowed to write `status.metrics` could also
