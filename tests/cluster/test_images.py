@@ -52,14 +52,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
             wait_until(lambda: proc.poll() is not None or ctr(address, "version").returncode == 0,
                        timeout=60, what="containerd to answer")
             assert proc.poll() is None, (tmp / "containerd.log").read_text()
-            # The kept root holds the current images only: older content hashes go before any
-            # import (the trainer is gigabytes twice over: content and unpacked snapshot).
-            current = {ref: result.meta["digest"] for result in built.values() for ref in result.refs}
-            stale = [ref for ref, digest in images.containerd_images(address).items()
-                     if current.get(ref) != digest]
-            if stale:
-                ctr(address, "images", "rm", "--sync", *stale)
-            yield address
+            yield address  # images.load removes older builds before it imports (the root is kept)
         finally:
             proc.terminate()
             try:
@@ -151,6 +144,19 @@ def test_load_names_every_image_and_a_second_load_imports_nothing(loaded):
         for ref in result.refs:
             assert present.get(ref) == result.meta["digest"], (result.name, ref)
     assert images.load(loaded, LOADED) == {name: False for name in LOADED}
+
+
+def test_load_removes_an_images_older_builds(loaded):
+    """An older build of the operator image (here: the pause image under an older content-hash
+    tag of the operator's repository) is removed when the operator is loaded; other images'
+    names are not touched."""
+    pause, operator = (images.ensure([n])[0] for n in ("pause", "operator"))
+    older = operator.refs[0].rpartition(":")[0] + ":0123456789abcdef"
+    ctr(loaded, "images", "tag", "--force", pause.refs[0], older)
+    assert images.containerd_images(loaded)[older] == pause.meta["digest"]
+    assert images.load(loaded, ["operator"]) == {"operator": False}  # current already: only the old goes
+    present = images.containerd_images(loaded)
+    assert older not in present and present[pause.refs[0]] == pause.meta["digest"]
 
 
 def test_pause_runs_until_sigterm_and_exits_0(loaded):

@@ -665,14 +665,21 @@ def containerd_images(address: str) -> dict[str, str]:
 def load(containerd_address: str, names=None, log=_log, snapshotter: str = "overlayfs") -> dict[str, bool]:
     """Import each image (built first if missing; names: image names, or ensure_images()'s dict)
     into the containerd at that address, namespace k8s.io, unpacked for `snapshotter` (the CRI
-    plugin's, overlayfs by default), under all its names. An image whose every name already
-    points at the same digest is skipped, so a second load only lists. Returns {name: True if
-    imported, False if it was there}."""
+    plugin's, overlayfs by default), under all its names, after removing its older builds. An
+    image whose every name already points at the same digest is skipped, so a second load only
+    lists. Returns {name: True if imported, False if it was there}."""
     _need_tools(LOAD_TOOLS, log)
     present = containerd_images(containerd_address)
     done = {}
     for result in ensure(names, log):
         digest, refs = result.meta["digest"], result.meta["refs"]
+        # Older builds of this image go first, and --sync waits for containerd to free their
+        # layers: a trainer is gigabytes twice over (content and unpacked snapshot), and a disk
+        # that holds one copy may not hold two.
+        repositories = {ref.rpartition(":")[0] for ref in refs}
+        stale = [ref for ref, d in present.items() if ref.rpartition(":")[0] in repositories and d != digest]
+        if stale:
+            _ctr(containerd_address, "images", "rm", "--sync", *stale)
         if all(present.get(ref) == digest for ref in refs):
             done[result.name] = False
             continue
