@@ -54,6 +54,19 @@ class RealCluster(ClusterHandle):
         """`kubectl logs`: the API server fetches it from the real kubelet."""
         return self.kubectl("logs", "-n", namespace, *target).stdout
 
+    def shared_claim(self, namespace: str, claim: str, folder) -> None:
+        """A ReadWriteMany claim on a hostPath PersistentVolume at `folder`, which both real nodes
+        reach because they share this machine's filesystem: what an Azure Files share is on AKS."""
+        self.apply([
+            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{namespace}-{claim}"},
+             "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
+                      "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(folder)},
+                      "claimRef": {"namespace": namespace, "name": claim}}},
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim, "namespace": namespace},
+             "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": f"{namespace}-{claim}",
+                      "resources": {"requests": {"storage": "1Gi"}}}},
+        ])
+
 
 @pytest.fixture(scope="session")
 def real_cluster(tmp_path_factory) -> RealCluster:

@@ -19,15 +19,7 @@ def test_claim_output_reports_progress_and_checkpoints(real_cluster, real_namesp
     share = tmp_path / "results"
     share.mkdir()
     share.chmod(0o777)  # a hostPath volume keeps the host's ownership: any pod user may write
-    real_cluster.apply([
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{ns}-results"},
-         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(share)},
-                  "claimRef": {"namespace": ns, "name": "results"}}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "results", "namespace": ns},
-         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": f"{ns}-results",
-                  "resources": {"requests": {"storage": "1Gi"}}}},
-    ])
+    real_cluster.shared_claim(ns, "results", share)
     manifest = reduced("pytorch-horovod-synthetic.yaml", name, steps=60, output={"pvc": {"claimName": "results"}},
                        checkpoint={"everySteps": 10}, runPolicy={"cleanPodPolicy": "None"})
     real_cluster.apply(manifest, ns)

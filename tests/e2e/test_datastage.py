@@ -45,15 +45,7 @@ def test_staged_data_is_what_the_job_reads(real_cluster, real_namespace, real_op
     share = tmp_path / "share"
     share.mkdir()
     os.chown(share, COPY_UID, COPY_UID)
-    real_cluster.apply([
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"{ns}-share"},
-         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"], "storageClassName": "",
-                  "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(share)},
-                  "claimRef": {"namespace": ns, "name": "shared"}}},
-        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "shared", "namespace": ns},
-         "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": f"{ns}-share",
-                  "resources": {"requests": {"storage": "1Gi"}}}},
-    ])
+    real_cluster.shared_claim(ns, "shared", share)
     real_cluster.apply({
         "apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": {"name": "pets"},
         "spec": {"source": {"blob": {"accountURL": pod_azurite.http_url, "container": container.container_name,
