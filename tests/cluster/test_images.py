@@ -146,17 +146,25 @@ def test_load_names_every_image_and_a_second_load_imports_nothing(loaded):
     assert images.load(loaded, LOADED) == {name: False for name in LOADED}
 
 
-def test_load_removes_an_images_older_builds(loaded):
-    """An older build of the operator image (here: the pause image under an older content-hash
-    tag of the operator's repository) is removed when the operator is loaded; other images'
-    names are not touched."""
-    pause, operator = (images.ensure([n])[0] for n in ("pause", "operator"))
+def test_load_removes_an_images_older_builds_by_every_name(loaded):
+    """An older build of the operator image (here: the mpi-pi image under an older content-hash
+    tag of the operator's repository, and under the image-ID name the CRI plugin gives every
+    image, which alone would keep its layers) is removed when the operator is loaded; another
+    image that shares no name with it stays."""
+    mpi_pi = images.ensure(["mpi-pi"])[0]
+    images.load(loaded, ["mpi-pi"])
+    operator = images.ensure(["operator"])[0]
     older = operator.refs[0].rpartition(":")[0] + ":0123456789abcdef"
-    ctr(loaded, "images", "tag", "--force", pause.refs[0], older)
-    assert images.containerd_images(loaded)[older] == pause.meta["digest"]
+    alias = "sha256:" + "0" * 64
+    for name in (older, alias):
+        ctr(loaded, "images", "tag", "--force", mpi_pi.refs[0], name)
+    for ref in mpi_pi.refs:  # the old build's own names gone, as after a rebuild
+        ctr(loaded, "images", "rm", ref)
+    assert images.containerd_images(loaded)[alias] == mpi_pi.meta["digest"]
     assert images.load(loaded, ["operator"]) == {"operator": False}  # current already: only the old goes
     present = images.containerd_images(loaded)
-    assert older not in present and present[pause.refs[0]] == pause.meta["digest"]
+    assert older not in present and alias not in present
+    assert present[operator.refs[0]] == operator.meta["digest"]
 
 
 def test_pause_runs_until_sigterm_and_exits_0(loaded):

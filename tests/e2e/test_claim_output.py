@@ -5,6 +5,8 @@ completed checkpoint: status.progress and status.checkpoint (a pvc:// URL) as fo
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.e2e.test_real_pods import RUN_TIMEOUT, reduced, wait_phase
@@ -32,9 +34,12 @@ def test_claim_output_reports_progress_and_checkpoints(real_cluster, real_namesp
                        what="status.checkpoint from the claim")
     step = shown["step"]
     assert shown["attempt"] == 0 and step % 10 == 0 and 0 < step <= 60, shown
-    assert shown["path"] == f"/output/checkpoints/{name}/attempt-0/step-{step}"
-    assert shown["url"] == f"pvc://results/checkpoints/{name}/attempt-0/step-{step}"
-    assert (share / "checkpoints" / name / "attempt-0" / f"step-{step}" / "COMPLETE").is_file()
+    # the job's own folder on the claim: its name and a piece of its uid (a new job of the same
+    # name does not resume from the old one's checkpoints)
+    where = re.fullmatch(rf"/output/(checkpoints/{name}-[0-9a-f]+/attempt-0/step-{step})", shown["path"])
+    assert where, shown
+    assert shown["url"] == f"pvc://results/{where[1]}"
+    assert (share / where[1] / "COMPLETE").is_file()
 
     status = wait_phase(real_cluster, ns, name, "Succeeded")
     real_cluster.assert_ran_on_real_nodes(ns, f"trainop.io/job-name={name}")

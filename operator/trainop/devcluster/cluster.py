@@ -211,8 +211,8 @@ class DevCluster:
             self._wait(lambda: node.containerd_socket.exists(), timeout, f"containerd of {node.name}")
             wanted = nodes.node_images(node.pool)
             images.load(str(node.containerd_socket), wanted)
-            nodes.prune_images(str(node.containerd_socket),
-                               {ref for name in wanted for ref in images.containerd_refs(name)})
+            images.prune(str(node.containerd_socket),
+                         {ref for name in wanted for ref in images.containerd_refs(name)})
             nodes.forget_device_checkpoint()
             self._spawn(f"kubelet/{node.name}", [str(bins / "kubelet"), *nodes.kubelet_args(node)])
             self._wait(lambda: self._get(f"/api/v1/nodes/{node.name}")[0] == 200, timeout,

@@ -673,13 +673,11 @@ def load(containerd_address: str, names=None, log=_log, snapshotter: str = "over
     done = {}
     for result in ensure(names, log):
         digest, refs = result.meta["digest"], result.meta["refs"]
-        # Older builds of this image go first, and --sync waits for containerd to free their
-        # layers: a trainer is gigabytes twice over (content and unpacked snapshot), and a disk
-        # that holds one copy may not hold two.
+        # Older builds of this image go first: a trainer is gigabytes twice over (content and
+        # unpacked snapshot), and a disk that holds one copy may not hold two.
         repositories = {ref.rpartition(":")[0] for ref in refs}
-        stale = [ref for ref, d in present.items() if ref.rpartition(":")[0] in repositories and d != digest]
-        if stale:
-            _ctr(containerd_address, "images", "rm", "--sync", *stale)
+        _remove(containerd_address, present,
+                {ref for ref, d in present.items() if ref.rpartition(":")[0] in repositories and d != digest})
         if all(present.get(ref) == digest for ref in refs):
             done[result.name] = False
             continue
@@ -693,6 +691,25 @@ def load(containerd_address: str, names=None, log=_log, snapshotter: str = "over
     return done
 
 
+def prune(containerd_address: str, keep: set[str]) -> None:
+    """Remove the project's images but those named in `keep` from that containerd (a real
+    node's root is kept in the cache: every rebuilt trainer would otherwise stay)."""
+    present = containerd_images(containerd_address)
+    _remove(containerd_address, present, {ref for ref in present if "/trainop" in ref and ref not in keep})
+
+
+def _remove(address: str, present: dict[str, str], stale: set[str]) -> None:
+    """Remove the `stale` names and every other name of the same images, unless a name that
+    stays points at one: the CRI plugin names each image by its ID too (`sha256:...`), and that
+    name alone keeps all its layers. --sync waits for containerd to free them."""
+    if not stale:
+        return
+    staying = {d for ref, d in present.items() if ref not in stale and not ref.startswith("sha256:")}
+    gone = {present[ref] for ref in stale} - staying
+    names = sorted(stale | {ref for ref, d in present.items() if d in gone})
+    _ctr(address, "images", "rm", "--sync", *names)
+
+
 def describe(results: list[Result]) -> str:
     """The table `trainop devcluster images` prints."""
     rows = [("IMAGE", "NAMES", "SIZE", "ARCHIVE", "STATE", "TIME")]
@@ -704,4 +721,4 @@ def describe(results: list[Result]) -> str:
 
 
 __all__ = ["IMAGES", "BASES", "Image", "Base", "Result", "ImageBuildError", "ensure", "ensure_images",
-           "load", "reference", "sandbox_image", "containerd_refs", "containerd_images", "plan", "describe"]
+           "load", "prune", "reference", "sandbox_image", "containerd_refs", "containerd_images", "plan", "describe"]

@@ -121,16 +121,6 @@ def node_images(pool: NodePool) -> list[str]:
     return ["pause", "operator", *(["trainer-pytorch", "mpi-pi"] if pool.gpus else ["nfs-server"])]
 
 
-def prune_images(address: str, keep: set[str]) -> None:
-    """Remove the project's older images from a node's containerd (the node's root is kept in the
-    cache, and every rebuilt trainer would otherwise stay: gigabytes each); --sync waits for
-    containerd's garbage collection to free their layers."""
-    listed = sh("ctr", "--address", address, "-n", "k8s.io", "images", "ls", "-q", check=False).stdout.split()
-    stale = [ref for ref in listed if "/trainop" in ref and ref not in keep]
-    if stale:
-        sh("ctr", "--address", address, "-n", "k8s.io", "images", "rm", "--sync", *stale, check=False)
-
-
 def plan(pools: list[NodePool], cluster_state: Path) -> list[RealNode]:
     nodes = []
     for pool in (p for p in pools if p.real):
