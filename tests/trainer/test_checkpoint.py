@@ -19,6 +19,18 @@ def put(data: bytes, path: Path) -> None:
     path.write_bytes(data)
 
 
+
+def sigterm_once_training(proc: subprocess.Popen) -> str:
+    """SIGTERM at the first epoch report (training under way); its whole output once it ended."""
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("{"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=120)
+    return "".join(lines) + rest
+
 def test_atomic_folders_newest_complete_and_pruning(tmp_path):
     root = tmp_path / "ck"
     for step in (2, 4, 6):
@@ -47,14 +59,7 @@ def test_sigterm_saves_at_the_next_step_on_every_rank_then_exits(tmp_path):
             "--output-dir", str(out), "--checkpoint-dir", str(ck), "--checkpoint-every", "1000"]
     proc = subprocess.Popen(launch_command("torchrun", 2, args, free_port_block()), env=base_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
-    lines = []
-    for line in proc.stdout:  # the first epoch report: training is under way
-        lines.append(line)
-        if line.startswith("{"):
-            break
-    proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=120)
-    text = "".join(lines) + rest
+    text = sigterm_once_training(proc)
     assert proc.returncode != 0, text
     saved = checkpoint.latest(ck.parent)
     assert saved is not None, text
@@ -89,14 +94,7 @@ def test_tensorflow_sigterm_saves_a_state_that_the_next_run_resumes_from(tmp_pat
     proc = subprocess.Popen(launch_command("python", 1, common + ["--checkpoint-dir", str(tmp_path / "ck" / "attempt-0"),
                                                                   "--checkpoint-every", "1000"], 0),
                             env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
-    lines = []
-    for line in proc.stdout:  # the first epoch report: training is under way
-        lines.append(line)
-        if line.startswith("{"):
-            break
-    proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=120)
-    text = "".join(lines) + rest
+    text = sigterm_once_training(proc)
     assert proc.returncode == 143, text
     saved = checkpoint.latest(tmp_path / "ck")
     assert saved is not None, text

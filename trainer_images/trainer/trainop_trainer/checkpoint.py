@@ -252,3 +252,39 @@ def when(step: int, every: int, anyone_stopping) -> tuple[bool, bool]:
     due = bool(every) and step % every == 0
     stopping = bool((due or step % STOP_CHECK_STEPS == 0) and anyone_stopping())
     return due or stopping, stopping
+
+
+
+class Saver:
+    """A framework's saver, the rule both share: every `checkpoint_every` steps, and at the step
+    where a SIGTERM is first seen (`when`), `write(step, epoch)` saves (rank 0 writes; a write may
+    gather from every rank first); after a SIGTERM save every rank waits for rank 0's write (a
+    barrier), so no launcher stops rank 0 mid-write. A framework gives `sum` (the gang's sum of a
+    few floats) and `write` (returns the folder written on rank 0, else None)."""
+
+    def __init__(self, cfg, world):
+        self.cfg, self.world = cfg, world
+        self.stop = StopFlag()
+        if cfg.checkpoint_dir is not None:
+            self.stop.install()
+
+    def sum(self, values: list[float]) -> list[float]:
+        raise NotImplementedError
+
+    def write(self, step: int, epoch: int) -> Path | None:
+        raise NotImplementedError
+
+    def after_step(self, step: int, epoch: int) -> bool:
+        """Save when due; True when the run must end now (SIGTERM)."""
+        if self.cfg.checkpoint_dir is None:
+            return False
+        save, stopping = when(step, self.cfg.checkpoint_every,
+                              lambda: self.sum([1.0 if self.stop.requested else 0.0])[0] > 0)
+        if not save:
+            return False
+        path = self.write(step, epoch)
+        if path is not None:
+            print(f"trainop_trainer: checkpoint step {step} saved in {path}", file=sys.stderr, flush=True)
+        if stopping:
+            self.sum([0.0])
+        return stopping

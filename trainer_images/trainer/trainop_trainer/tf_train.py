@@ -269,32 +269,22 @@ def _resume(tf, cfg: Config, world: World, backend: _Backend, model, optimizer, 
 
 
 
-class _Saver:
-    """Every `checkpoint_every` steps, and at the step where a SIGTERM is first seen (the ranks
-    agree on it with a one-float sum), rank 0 writes `state` (checkpoint.tf_save). Horovod keeps
-    the ranks' variables equal, so rank 0's are the gang's; the data position is the step."""
+class _Saver(checkpoint.Saver):
+    """Rank 0 writes `state` (checkpoint.tf_save). Horovod keeps the ranks' variables equal, so
+    rank 0's are the gang's; the data position is the step."""
 
     def __init__(self, cfg: Config, world: World, backend: _Backend, state):
-        self.cfg, self.world, self.backend, self.state = cfg, world, backend, state
-        self.stop = checkpoint.StopFlag()
-        if cfg.checkpoint_dir is not None:
-            self.stop.install()
+        super().__init__(cfg, world)
+        self.backend, self.state = backend, state
 
-    def after_step(self, step: int, epoch: int) -> bool:
-        """Save when due; True when the run must end now (SIGTERM)."""
-        if self.cfg.checkpoint_dir is None:
-            return False
-        save, stopping = checkpoint.when(step, self.cfg.checkpoint_every,
-                                         lambda: self.backend.sum([1.0 if self.stop.requested else 0.0])[0] > 0)
-        if not save:
-            return False
-        if self.world.is_chief:
-            self.state.step.assign(step)
-            path = checkpoint.tf_save(self.cfg.checkpoint_dir, step, epoch, self.world.size, self.state)
-            print(f"trainop_trainer: checkpoint step {step} saved in {path}", file=sys.stderr, flush=True)
-        if stopping:  # no rank ends (and has its launcher stop the others) before rank 0 has written
-            self.backend.sum([0.0])
-        return stopping
+    def sum(self, values: list[float]) -> list[float]:
+        return self.backend.sum(values)
+
+    def write(self, step: int, epoch: int):
+        if not self.world.is_chief:
+            return None
+        self.state.step.assign(step)
+        return checkpoint.tf_save(self.cfg.checkpoint_dir, step, epoch, self.world.size, self.state)
 
 
 def _set_lr(optimizer, cfg: Config, world: World, step: int, steps: int) -> None:

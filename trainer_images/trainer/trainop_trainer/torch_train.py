@@ -236,29 +236,19 @@ def _resume(cfg: Config, world: World, comm: _Collective, net, optimizer) -> dic
 
 
 
-class _Saver:
-    """Every `checkpoint_every` steps, and at the step where a SIGTERM is first seen, every
-    rank's RNG state goes to rank 0, which writes the checkpoint (checkpoint.write_atomic)."""
+class _Saver(checkpoint.Saver):
+    """Every rank's RNG state goes to rank 0, which writes the checkpoint (checkpoint.torch_save)."""
 
     def __init__(self, cfg: Config, world: World, comm: _Collective, net, optimizer):
-        self.cfg, self.world, self.comm, self.net, self.optimizer = cfg, world, comm, net, optimizer
-        self.stop = checkpoint.StopFlag()
-        if cfg.checkpoint_dir is not None:
-            self.stop.install()
+        super().__init__(cfg, world)
+        self.comm, self.net, self.optimizer = comm, net, optimizer
 
-    def after_step(self, step: int, epoch: int) -> bool:
-        """Save when due; True when the run must end now (SIGTERM)."""
-        if self.cfg.checkpoint_dir is None:
-            return False
-        save, stopping = checkpoint.when(step, self.cfg.checkpoint_every,
-                                         lambda: self.comm.any(self.stop.requested))
-        if not save:
-            return False
-        rng = self.comm.gather_object(checkpoint.torch_rng_state())
-        if self.world.is_chief:
-            path = checkpoint.torch_save(self.cfg.checkpoint_dir, step, epoch, self.world.size,
-                                         self.net, self.optimizer, rng)
-            print(f"trainop_trainer: checkpoint step {step} saved in {path}", file=sys.stderr, flush=True)
-        if stopping:  # no rank ends (and has its launcher stop the others) before rank 0 has written
-            self.comm.sum([0.0])
-        return stopping
+    def sum(self, values: list[float]) -> list[float]:
+        return self.comm.sum(values)
+
+    def write(self, step: int, epoch: int):
+        rng = self.comm.gather_object(checkpoint.torch_rng_state())  # a collective: every rank
+        if not self.world.is_chief:
+            return None
+        return checkpoint.torch_save(self.cfg.checkpoint_dir, step, epoch, self.world.size,
+                                     self.net, self.optimizer, rng)
