@@ -147,3 +147,7 @@ class Outcome:
     requeue_after: float | None = None
     delete_self: bool = False  # ttlSecondsAfterFinished elapsed: delete the owner itself
     waiting: str | None = None  # what it waits for, for the log (INFO, once per change)
+    # The job reached the native admission queue and the snapshot holds no answer: the
+    # controller asks its gate (gate.Gate, with the job bound to its priority) and decides
+    # again; nothing else in this Outcome is acted on.
+    asks: object | None = None

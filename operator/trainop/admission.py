@@ -1,7 +1,7 @@
 """Gang admission: does a job's whole demand (every worker and the launcher) fit the namespace's
 ResourceQuotas and the operator's own limits, and in which order are queued jobs admitted?
 
-Pure: the caller (handlers/admission.py) passes the live ResourceQuotas, pods, jobs and nodes.
+Pure: the caller (gate.py, from the controller's caches) passes the live ResourceQuotas, pods, jobs and nodes.
 
     demand = admission.job_demand(job)                       # Usage summed over the gang's pods
     ledgers = admission.ledgers(ns, quotas, pods, cfg)       # hard - used per quota (or cap)

@@ -74,6 +74,7 @@ class Controller:
         self.said: dict[tuple, tuple] = {}     # key -> (phase, waiting) last logged
         self.departed: dict[tuple, dict] = {}  # (ns, job) -> pod name -> last state (deleted)
         self.tasks: list[asyncio.Task] = []
+        self.gate = gate.Gate()  # the native admission queue, asked before decide (gate.py)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -119,7 +120,7 @@ class Controller:
         self.departed.setdefault((namespace, job), {})[pod["metadata"]["name"]] = pod
 
     def wake_gate(self, namespace: str) -> None:
-        for name in gate.wake(namespace):
+        for name in self.gate.wake(namespace):
             self.enqueue_job(namespace, name)
 
     def wake_all_gates(self) -> None:
@@ -142,8 +143,9 @@ class Controller:
             for body in store:
                 cond = conditions.get_condition((body.get("status") or {}).get("conditions"),
                                                 "Created")
-                if cond and cond.get("reason") == "WaitingForResourceFlavor" and \
-                        flavor in (cond.get("message") or ""):
+                if cond and cond.get("reason") == "WaitingForResourceFlavor" and any(
+                        flavor in kueue.flavor_names(w)
+                        for w in self._all("dtj_workloads", (namespace, name))):
                     self.enqueue_job(namespace, name)
 
     def wake_jobs_of_stage(self, namespace: str, stage: str) -> None:
@@ -231,7 +233,7 @@ class Controller:
             [c for store in self.ix["workload_priority_classes"].values() for c in store])
 
     def namespace_view(self, namespace: str) -> gate.NamespaceView:
-        wakes = gate.wakes(namespace)  # with the caches, in the loop that runs the wake-ups
+        wakes = self.gate.wakes(namespace)  # with the caches, in the loop that runs the wake-ups
         quotas = self._all("quotas", namespace)
         if gate.unlimited(quotas, self.cfg):  # the gate needs only the nodes then
             return gate.NamespaceView(pods=[], quotas=[], jobs=[], nodes=self.nodes())
@@ -245,7 +247,11 @@ class Controller:
         return gate.NamespaceView(pods=pods, quotas=quotas, jobs=jobs, nodes=self.nodes(),
                                   classes=self.priority_classes(), wakes=wakes)
 
-    def job_snapshot(self, key: tuple) -> jobsync.JobSnapshot | None:
+    def job_snapshot(self, key: tuple) -> tuple[jobsync.JobSnapshot, gate.NamespaceView | None] \
+            | None:
+        """The job's snapshot for decide(), and the namespace's view for the gate (read here, in
+        the event loop that owns the indexes: decide() runs in a pool thread); the view only
+        for a job still at the gate."""
         _, ns, name = key
         body = self._fresh(key, self._one("dtj_bodies", (ns, name)))
         if body is None:
@@ -259,8 +265,6 @@ class Controller:
         owners = {uid, launcher["metadata"].get("uid") if launcher else None}
         conds = (body.get("status") or {}).get("conditions")
         created = conditions.is_true(conds, "Created")
-        # Built here, in the event loop that owns the indexes, because decide() runs in a pool
-        # thread; only a job still at the gate needs the namespace's view.
         view = None if conditions.is_true(conds, "Admitted") else self.namespace_view(ns)
         stage = _stage_ref(body)
         config_maps = {_is_progress(c): c for c in self._all("dtj_configmaps", ck)}
@@ -269,7 +273,7 @@ class Controller:
                           for g in self._all(ix, ck) if _controlled(g, uid)), None)
         flavors = {n: f for n in kueue.flavor_names(workload)
                    for f in self._all("resource_flavors", n)}
-        return jobsync.JobSnapshot(
+        snap = jobsync.JobSnapshot(
             body=body,
             pods=[p for p in self._all("dtj_pods", ck)
                   if any(_controlled(p, owner) for owner in owners if owner)],
@@ -280,27 +284,31 @@ class Controller:
             endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
-            admit=lambda job, prio: gate.decide(job, body, self.cfg, lambda: view, prio,
-                                                workload),
             classes=self.priority_classes(),
             workload=workload, flavors=flavors, pod_group=pod_group,
             problem=self.problems.pop(key, None),
             departed=[p for p in self.departed.get(ck, {}).values()
                       if any(_controlled(p, owner) for owner in owners if owner)])
+        return snap, view
 
     async def _reconcile_job(self, key: tuple) -> None:
-        snap = self.job_snapshot(key)
-        if snap is None:
+        found = self.job_snapshot(key)
+        if found is None:
             return
+        snap, view = found
         loop = asyncio.get_running_loop()
-        # decide() in the pool too: the gate may judge a whole namespace, and a Kueue-queued
-        # job's admission reads its Workload from the API
-        outcome, problem = await loop.run_in_executor(self.pool, self._decide_and_act, key, snap)
+        # decide() in the pool too: the gate may judge a whole namespace
+        outcome, problem = await loop.run_in_executor(self.pool, self._decide_and_act, key, snap,
+                                                      view)
+        if problem and problem.reason == "Conflict":  # its own watch event decides again
+            self.queue.add_after(key, 1.0)  # (a backstop, should that event be lost)
+            return
         if problem:  # decide again at once, knowing it
             self.problems[key] = problem
             self.queue.add(key)
             return
-        for name in gate.drain_admitted(key[1]):
+        metrics.queue_totals(key[1], self.gate.totals(key[1]))
+        for name in self.gate.drain_admitted(key[1]):
             self.enqueue_job(key[1], name)
         if outcome.requeue_after is not None:
             self.queue.add_after(key, outcome.requeue_after + DEADLINE_SLACK)
@@ -337,12 +345,17 @@ class Controller:
 
     # ---- acting (in a pool thread) ---------------------------------------------------------
 
-    def _decide_and_act(self, key: tuple, snap: jobsync.JobSnapshot):
+    def _decide_and_act(self, key: tuple, snap: jobsync.JobSnapshot,
+                        view: gate.NamespaceView | None):
         snap.kueue = kueue.manages(snap.body)
         snap.gang_scheduler = podgroup.scheduler(self.cfg)
         _confirm_class(snap)
         _confirm_flavors(snap)
-        outcome = jobsync.decide(snap, self.cfg, dt.datetime.now(dt.timezone.utc))
+        now = dt.datetime.now(dt.timezone.utc)
+        outcome = jobsync.decide(snap, self.cfg, now)
+        if outcome.asks is not None:  # at the native gate: judge the queue, decide again
+            snap.admission = self.gate.decide(outcome.asks, snap.body, self.cfg, view)
+            outcome = jobsync.decide(snap, self.cfg, now)
         return outcome, self._act(key, snap.body, outcome)
 
     def _decide_and_act_stage(self, key: tuple, snap: stagesync.StageSnapshot):
@@ -359,20 +372,18 @@ class Controller:
         return outcome, self._act(key, snap.body, outcome)
 
     def _act(self, key: tuple, body: dict, outcome) -> Problem | None:
+        # A job's admission is written BEFORE its children, on the version decide() read: the
+        # CRD freezes the gang's shape once the API server holds Admitted=True, so an edit that
+        # raced this decide makes the write fail (409, decided again on the new spec) instead
+        # of creating pods of a shape nobody admitted (docs/security.md, H1).
+        first = key[0] == JOB and _admits(body, outcome.status)
+        if first and self._write(key, body, outcome, precondition=True) is None:
+            return Problem("Conflict", "the job changed while it was being admitted")
         problems = self.applier.run(outcome.actions)
         if problems:
             return problems[0]
-        old = body.get("status") or {}
-        if outcome.status is not None:
-            new = outcome.status if key[0] == JOB else {**old, **outcome.status}  # a stage owns only its keys
-            changes = merge_patch(old, new)
-            if changes:
-                try:
-                    self.written[key] = apply.write_status(body, changes)
-                except ApiException as exc:
-                    if exc.status != 404:  # 404: deleted meanwhile; nothing left to say
-                        raise
-                    return None
+        if not first and self._write(key, body, outcome) is None:
+            return None  # deleted meanwhile: nothing left to say
         for type_, reason, message in outcome.events:
             apply.post_event(body, type_, reason, message)
         if outcome.delete_self:
@@ -381,6 +392,31 @@ class Controller:
             apply.kube.delete(body["apiVersion"], body["kind"], meta["name"], meta["namespace"],
                               uid=meta["uid"])
         return None
+
+    def _write(self, key: tuple, body: dict, outcome, precondition: bool = False) -> bool | None:
+        """Write the status keys that changed. None: the object is gone, or (with
+        `precondition`) changed since `body` was read."""
+        old = body.get("status") or {}
+        if outcome.status is None:
+            return True
+        new = outcome.status if key[0] == JOB else {**old, **outcome.status}  # a stage owns only its keys
+        changes = merge_patch(old, new)
+        if not changes:
+            return True
+        version = body["metadata"].get("resourceVersion") if precondition else None
+        try:
+            self.written[key] = apply.write_status(body, changes, resource_version=version)
+        except ApiException as exc:
+            if exc.status == 404 or exc.status == 409 and precondition:
+                return None
+            raise
+        return True
+
+
+def _admits(body: dict, status: dict | None) -> bool:
+    """Does this outcome admit the job (Admitted turns True)?"""
+    was = conditions.is_true((body.get("status") or {}).get("conditions"), "Admitted")
+    return not was and conditions.is_true((status or {}).get("conditions"), "Admitted")
 
 
 def merge_patch(old: dict, new: dict) -> dict:

@@ -1,28 +1,34 @@
-"""The admission gate between a job's reconcile and its first pod: it runs admission.plan() over
-every waiting job of a namespace at once, from the operator's watch caches, and keeps the decisions.
+"""The native admission queue between a job's reconcile and its first pod: it runs the pure
+admission.plan() over every waiting job of a namespace at once, from the operator's watch caches,
+and keeps the decisions. The controller owns one Gate (no module state) and asks it BEFORE
+jobsync.decide() runs: decide() says when a job reaches the gate (Outcome.asks), the controller
+asks the gate and decides again with the answer in the snapshot (JobSnapshot.admission), so
+decide() itself never calls out.
 
-    decision = gate.decide(job, body, cfg, view, prio)  # jobsync (through JobSnapshot.admit)
+    gate = Gate()                                 # one per controller
+    decision = gate.decide(job, body, cfg, view, prio)  # the controller, for jobsync
     names = gate.wake(namespace)                  # room may have appeared: re-judge these jobs
     names = gate.drain_admitted(namespace)        # jobs an evaluation admitted for others
+    totals = gate.totals(namespace)               # GPUs admitted/queued, for the metrics
 
-`view()` returns the namespace's NamespaceView (pods, quotas, jobs, nodes and the priority
-classes, from kopf indexes);
-it is called only when the queue must be judged again: a job asks for the first time, or
-`wake` marked the namespace dirty (a quota changed, a job ended or was deleted, a pod went away).
+`view` is the namespace's NamespaceView (pods, quotas, jobs, nodes and the priority classes,
+from kopf indexes), read in the event loop; the queue is judged again only when a job asks for
+the first time, or `wake` marked the namespace dirty (a quota changed, a job ended or was
+deleted, a pod went away).
 
 One lock per namespace: two jobs judged at the same moment would both see the same free room.
 A job admitted here counts as admitted (its outstanding demand is held) from that moment, even
 before its own status says so, so a second evaluation can never hand out the same room twice.
-Jobs that name a queue go to Kueue when Kueue is installed (kueue.py).
+Jobs that name a queue go to Kueue when Kueue is installed (kueue.py, judged inside decide()
+from the cached Workload: pure).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainop import admission, conditions, kueue, metrics, phases, priority
+from trainop import admission, conditions, kueue, phases, priority
 from trainop.admission import Decision
 from trainop.config import Config
 from trainop.render import common
@@ -58,15 +64,7 @@ class _Namespace:
     wakes: int = 0     # how often wake() said room may have appeared
     judged: int = -1   # the wakes the last evaluation's view had seen
     admitted_for_others: set[str] = field(default_factory=set)  # to wake (drain_admitted)
-
-
-_spaces: dict[str, _Namespace] = {}
-_spaces_lock = threading.Lock()
-
-
-def _space(namespace: str) -> _Namespace:
-    with _spaces_lock:  # one lock object per namespace, even when two threads ask at once
-        return _spaces.setdefault(namespace, _Namespace())
+    totals: dict = field(default_factory=dict)  # the last evaluation's GPU totals (metrics)
 
 
 def _is_admitted(space: _Namespace, body: dict) -> bool:
@@ -115,64 +113,75 @@ def _evaluate(namespace: str, space: _Namespace, cfg: Config, view: NamespaceVie
     space.asking &= names
     space.decisions = decisions
     space.judged = max(space.judged, space.wakes if view.wakes is None else view.wakes)
-    metrics.queue_totals(namespace, admission.gpu_totals(candidates, decisions))
+    space.totals = admission.gpu_totals(candidates, decisions)
 
 
-def decide(job: Job, body: dict, cfg: Config, view: Callable[[], NamespaceView],
-           prio: priority.Priority = priority.NONE, workload: dict | None = None) -> Decision:
-    """May this job's gang be created now? Called for a job that is not yet Admitted, with
-    the priority jobsync resolved (Kueue's Workload carries it; the native queue resolves
-    every job's own from the view). `workload`: its Kueue Workload as the cache holds it."""
-    if kueue.manages(body):
-        return kueue.decide(job, body, prio, workload)
-    ns_view = view()
-    if unlimited(ns_view.quotas, cfg):
-        # Nothing limits the namespace: each job is judged alone, on whether its pool can ever
-        # hold it (judging the whole namespace per new job would cost O(jobs^2) in a burst).
-        c = admission.candidate(job, body["metadata"], [], False, 0)
-        why = admission.unsatisfiable(c, [], ns_view.nodes)
-        if why:
-            return Decision(admission.UNSATISFIABLE, "Unsatisfiable", why)
-        return Decision(admission.ADMITTED, "QuotaReserved",
-                        f"the whole gang ({len(c.demand)} pods, {c.gpus} GPUs) fits: "
-                        f"no quota limits it")
-    space = _space(job.namespace)
-    with space.lock:
-        new = job.name not in space.asking
-        space.asking.add(job.name)
-        if not _is_admitted(space, body) and (
-                new or space.judged < space.wakes or job.name not in space.decisions):
-            _evaluate(job.namespace, space, cfg, ns_view)
-        space.admitted_for_others.discard(job.name)
-        if _is_admitted(space, body):  # admitted here, its status not written yet
-            return space.decisions.get(job.name) or ADMITTED_EARLIER
-        # Absent only if the job changed under us (suspended, edited): judge it next time.
-        return space.decisions.get(job.name) or Decision(
-            admission.QUEUED, "QuotaExceeded", "waiting for the namespace's queue to be judged")
+class Gate:
+    """Every namespace's queue state. Locking: `_lock` only guards the map of namespaces; each
+    namespace's own lock serialises its judging (decide() runs on the controller's pool
+    threads), so two namespaces are judged in parallel and one is never judged twice at once."""
 
+    def __init__(self) -> None:
+        self._spaces: dict[str, _Namespace] = {}
+        self._lock = threading.Lock()
 
-def wake(namespace: str) -> list[str]:
-    """Room may have appeared in `namespace`: the jobs to reconcile (their next decide()
-    judges the queue again), none if nobody waits."""
-    space = _spaces.get(namespace)
-    if space is None or not space.asking:
-        return []
-    with space.lock:
-        space.wakes += 1
-        return sorted(n for n in space.asking if n not in space.admitted)
+    def _space(self, namespace: str) -> _Namespace:
+        with self._lock:  # one lock object per namespace, even when two threads ask at once
+            return self._spaces.setdefault(namespace, _Namespace())
 
+    def decide(self, job: Job, body: dict, cfg: Config, view: NamespaceView) -> Decision:
+        """May this job's gang be created now? For a job not yet Admitted and not Kueue's
+        (jobsync asked: Outcome.asks); `job` is bound to its priority."""
+        if unlimited(view.quotas, cfg):
+            # Nothing limits the namespace: each job is judged alone, on whether its pool can
+            # ever hold it (judging the whole namespace per new job would cost O(jobs^2) in a
+            # burst).
+            c = admission.candidate(job, body["metadata"], [], False, 0)
+            why = admission.unsatisfiable(c, [], view.nodes)
+            if why:
+                return Decision(admission.UNSATISFIABLE, "Unsatisfiable", why)
+            return Decision(admission.ADMITTED, "QuotaReserved",
+                            f"the whole gang ({len(c.demand)} pods, {c.gpus} GPUs) fits: "
+                            f"no quota limits it")
+        space = self._space(job.namespace)
+        with space.lock:
+            new = job.name not in space.asking
+            space.asking.add(job.name)
+            if not _is_admitted(space, body) and (
+                    new or space.judged < space.wakes or job.name not in space.decisions):
+                _evaluate(job.namespace, space, cfg, view)
+            space.admitted_for_others.discard(job.name)
+            if _is_admitted(space, body):  # admitted here, its status not written yet
+                return space.decisions.get(job.name) or ADMITTED_EARLIER
+            # Absent only if the job changed under us (suspended, edited): judge it next time.
+            return space.decisions.get(job.name) or Decision(
+                admission.QUEUED, "QuotaExceeded", "waiting for the namespace's queue to be judged")
 
-def wakes(namespace: str) -> int:
-    """Read with a NamespaceView, in the same moment (see NamespaceView.wakes)."""
-    space = _spaces.get(namespace)
-    return space.wakes if space is not None else 0
+    def wake(self, namespace: str) -> list[str]:
+        """Room may have appeared in `namespace`: the jobs to reconcile (their next decide()
+        judges the queue again), none if nobody waits."""
+        space = self._spaces.get(namespace)
+        if space is None or not space.asking:
+            return []
+        with space.lock:
+            space.wakes += 1
+            return sorted(n for n in space.asking if n not in space.admitted)
 
+    def wakes(self, namespace: str) -> int:
+        """Read with a NamespaceView, in the same moment (see NamespaceView.wakes)."""
+        space = self._spaces.get(namespace)
+        return space.wakes if space is not None else 0
 
-def drain_admitted(namespace: str) -> list[str]:
-    """Jobs that another job's evaluation admitted: they must reconcile to start their gang."""
-    space = _spaces.get(namespace)
-    if space is None:
-        return []
-    with space.lock:
-        out, space.admitted_for_others = sorted(space.admitted_for_others), set()
-        return out
+    def drain_admitted(self, namespace: str) -> list[str]:
+        """Jobs that another job's evaluation admitted: they must reconcile to start their
+        gang."""
+        space = self._spaces.get(namespace)
+        if space is None:
+            return []
+        with space.lock:
+            out, space.admitted_for_others = sorted(space.admitted_for_others), set()
+            return out
+
+    def totals(self, namespace: str) -> dict:
+        space = self._spaces.get(namespace)
+        return dict(space.totals) if space is not None else {}

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime as dt
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainop import conditions, kueue, phases, podgroup, preflight, priority, progress, resume
@@ -41,7 +40,16 @@ from trainop.admission import Decision
 from trainop.config import Config
 from trainop.render import common, logship
 from trainop.render import dtj as render
-from trainop.spec import MANAGED_BY, FailureRule, Job, SpecError, capacity_error, managed_by, parse_cached
+from trainop.spec import (
+    MANAGED_BY,
+    FailureRule,
+    Job,
+    NoMatchingNodes,
+    SpecError,
+    capacity_error,
+    managed_by,
+    parse_cached,
+)
 
 TERMINAL = phases.TERMINAL
 # What the timer-based operator put on every job (kopf's, for its timer); nothing needs it now,
@@ -68,7 +76,9 @@ class JobSnapshot:
     endpoint_slices: list[dict] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
     stage: dict | None = None                             # the referenced DataStage
-    admit: Callable[[Job, priority.Priority], Decision] | None = None  # the gate (gate.py)
+    # The native queue's answer (gate.py), asked by the controller when a decide() of this
+    # snapshot returned Outcome.asks; None: not asked yet.
+    admission: Decision | None = None
     classes: priority.Classes = field(default_factory=priority.Classes)  # cluster-scoped
     kueue: bool = False        # Kueue admits this job (spec.queue and Kueue is installed)
     workload: dict | None = None  # its Kueue Workload (the watch cache's, controlled by the job)
@@ -400,6 +410,8 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
         st.data = {}
 
     ttl = ((body.get("spec") or {}).get("runPolicy") or {}).get("ttlSecondsAfterFinished")
+    if st.data.get("phase") in TERMINAL and plan.snap.kueue:
+        _kueue_finish(plan, st)
     if st.data.get("phase") in TERMINAL and st.data.get("cleanedUp") and ttl is None:
         return plan.out  # finished, cleaned, kept: nothing to look at (not even a parse)
 
@@ -458,15 +470,22 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
 
     if not st.is_true("Created"):  # an autoscaled pool is judged at maxNodes (spec.py)
         problem = capacity_error(job, plan.snap.nodes)
-        if problem and "no node matches" in str(problem):
+        if isinstance(problem, NoMatchingNodes):
             st.cond("Created", False, "NoMatchingNodes", str(problem))
             st.phase("Pending")
             return plan.wait(str(problem))
         if problem:
             _finish(st, "Failed", "Unsatisfiable", str(problem), now)
             return plan.out
+    if plan.snap.kueue:
+        stale = _kueue_workload_stale(plan, job, prio, st)
+        if stale is not None:
+            return stale
     if not st.is_true("Admitted"):  # the whole gang fits the quotas, or no child is made
-        decision = plan.snap.admit(job, prio)
+        decision = _admission(plan, job, prio)
+        if decision is None:  # the controller asks the native queue and decides again
+            plan.out.asks = job
+            return plan.out
         if decision.outcome == "Unsatisfiable":
             _finish(st, "Failed", "Unsatisfiable", decision.message, now)
             return plan.out
@@ -507,6 +526,39 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
     return _run_gang(plan, job, st, claim)
 
 
+def _admission(plan: _Plan, job: Job, prio: priority.Priority) -> Decision | None:
+    """Kueue's answer from the cached Workload (a missing one is created here, as an action),
+    or the native queue's, which the controller asked before this decide (None: not yet)."""
+    if not plan.snap.kueue:
+        return plan.snap.admission
+    if plan.snap.workload is None:
+        queue = (plan.body.get("spec") or {}).get("queue")
+        plan.out.actions.append(Create(kueue.render_workload(job, queue, prio), plan.body))
+    return kueue.decide(job, plan.body, plan.snap.workload)
+
+
+def _kueue_workload_stale(plan: _Plan, job: Job, prio: priority.Priority,
+                          st: _Status) -> Outcome | None:
+    """The shape is frozen from admission on (the CRD's rule); a job edited before its
+    admission was written, or while queued, must never run on the room Kueue reserved for its
+    old shape: its Workload is deleted before any pod exists, the job queues again, and the
+    next reconcile creates a Workload of its new shape (Kueue's ensureOneWorkload)."""
+    wl = plan.snap.workload
+    if wl is None or plan.snap.pods or plan.snap.launcher:
+        return None
+    if wl["metadata"].get("deletionTimestamp"):  # never admitted on a Workload going away
+        st.phase("Queued")
+        return plan.wait(f"waiting for Workload {wl['metadata']['name']} to be deleted")
+    why = kueue.mismatch(job, prio, wl)
+    if why is None:
+        return None
+    plan.out.actions += kueue.release_actions(wl)
+    if st.is_true("Admitted"):
+        st.cond("Admitted", False, "WorkloadMismatch", f"{why}; a new Workload queues")
+    st.phase("Queued")
+    return plan.wait(f"{why}: replacing the Workload")
+
+
 def _suspend(plan: _Plan, job: Job, st: _Status) -> Outcome:
     pods, launcher = plan.snap.pods, plan.snap.launcher
     if launcher and not launcher["metadata"].get("deletionTimestamp"):
@@ -523,7 +575,19 @@ def _suspend(plan: _Plan, job: Job, st: _Status) -> Outcome:
     plan.out.requeue_after = None  # no deadline runs while suspended
     if pods or launcher:
         return plan.wait("waiting for the suspended gang's pods to go")
+    if plan.snap.kueue:  # only now: a terminating pod still holds its GPUs
+        plan.out.actions += kueue.release_actions(plan.snap.workload)
     return plan.out
+
+
+def _kueue_finish(plan: _Plan, st: _Status) -> None:
+    """The ended job gives its Workload's quota back (Finished, finalizer dropped) once no pod
+    of it holds resources: a terminating pod, or a worker cleanPodPolicy keeps running, still
+    holds its GPUs, so Kueue must not hand them to another job yet."""
+    if any(p.get("status", {}).get("phase") not in TERMINAL for p in plan.snap.pods):
+        return
+    plan.out.actions += kueue.finish_actions(plan.snap.workload,
+                                             st.data.get("phase") == "Succeeded", st.stamp)
 
 
 def _kueue_admitted(st: _Status) -> bool:

@@ -14,18 +14,23 @@ reconciler.go) does for the kinds Kueue knows:
   its admission back, the gang stops and the job queues again (`stop_reason`); once its pods are
   gone, the quota reservation is released (`requeue_patch`: Requeued, QuotaReserved=False
   "Pending", no admission), so Kueue can admit it again later.
-- a finished job marks its Workload Finished and drops Kueue's finalizer (`finish`); a
-  suspended one deletes it (`release`).
+- a finished job marks its Workload Finished and drops Kueue's finalizer (`finish_actions`); a
+  suspended one deletes it (`release_actions`); both only once no pod of the job holds GPUs
+  any more (a terminating pod, or a worker kept by cleanPodPolicy None, still does).
+- the shape is frozen from admission: a job whose pods no longer match its Workload
+  (`mismatch`) gets a new Workload before any pod is created; an admitted one is never
+  stretched.
 
     kueue.manages(body)                      # spec.queue set and the Workload API served
     kueue.render_workload(job, queue, prio)  # pure: the Workload manifest
-    kueue.decide(job, body, prio, workload)  # Decision, from the cached Workload (made if missing)
+    kueue.decide(job, body, workload)        # pure: Decision from the cached Workload
+    kueue.mismatch(job, prio, workload)      # pure: the job no longer matches its Workload
     kueue.stop_reason(workload)              # pure: why an admitted job must stop, or None
     kueue.requeue_patch(workload, now)       # pure: give the evicted quota back, or None
     kueue.pods_ready_patch(workload, ready, now)  # pure: the PodsReady condition, or None
     kueue.place(job, workload, flavors)      # pure: the job with its admitted flavors
-    kueue.finish(namespace, job_name)        # the job Succeeded/Failed: release the quota
-    kueue.release(namespace, job_name)       # the job was suspended: give the quota back
+    kueue.finish_actions(wl, succeeded, now) # pure: the job ended and its pods are gone
+    kueue.release_actions(wl)                # pure: suspended and its pods are gone
 
 Admission and eviction are judged from the same watch cache of Workloads (handlers/indexes.py),
 so a later reconcile never sees an older Workload than the one that admitted the job.
@@ -37,7 +42,8 @@ import dataclasses
 
 from trainop import conditions, kube
 from trainop import priority as priorities
-from trainop.admission import ADMITTED, QUEUED, Decision, gang_pods
+from trainop.actions import Delete, DropFinalizer, PatchStatus, Ref
+from trainop.admission import ADMITTED, QUEUED, Decision, gang_pods, quantity
 from trainop.render import common
 from trainop.render import dtj as render
 from trainop.spec import FlavorPlacement, Job, SpecError
@@ -91,25 +97,56 @@ def admitted(wl: dict | None) -> bool:
         and not conditions.is_true(conds, "Evicted")
 
 
-def decide(job: Job, body: dict, prio: priorities.Priority = priorities.NONE,
-           workload: dict | None = None) -> Decision:
-    """`workload` is the job's Workload as the watch cache holds it; None: not seen yet, so it
-    is made (or found) through the API and judged only once the cache has it (its event wakes
-    the job), which keeps admission and eviction on one view of it."""
-    spec = body.get("spec") or {}
-    wl = workload if workload is not None else \
-        kube.ensure(render_workload(job, spec["queue"], prio), owner=body, update=False)
-    conds = _conds(wl)
-    if workload is not None and admitted(wl):
-        cq = ((wl.get("status") or {}).get("admission") or {}).get("clusterQueue", "?")
+def decide(job: Job, body: dict, workload: dict | None) -> Decision:
+    """Pure: admission from `workload`, the job's Workload as the watch cache holds it. None:
+    not seen yet; jobsync then creates it (a Create action) and the job is judged once the
+    cache has it (its event wakes the job), which keeps admission and eviction on one view."""
+    queue = (body.get("spec") or {}).get("queue")
+    name = workload_name(job.name)
+    if workload is None:
+        return Decision(QUEUED, "WaitingForKueue",
+                        f"Workload {name} created; it waits in LocalQueue {queue}")
+    conds = _conds(workload)
+    if admitted(workload):
+        cq = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue", "?")
         return Decision(ADMITTED, "KueueAdmitted",
-                        f"Workload {wl['metadata']['name']} admitted by ClusterQueue {cq}")
+                        f"Workload {name} admitted by ClusterQueue {cq}")
     why = conditions.get_condition(conds, "QuotaReserved") or {}
     if conditions.is_true(conds, "QuotaReserved"):  # evicted: the stopped gang gives it back
         why = conditions.get_condition(conds, "Evicted") or why
     return Decision(QUEUED, "WaitingForKueue",
-                    f"Workload {wl['metadata']['name']} waits in LocalQueue {spec['queue']}: "
+                    f"Workload {name} waits in LocalQueue {queue}: "
                     f"{why.get('message') or 'not admitted yet'}")
+
+
+def _shape(pod_sets: list[dict]) -> list:
+    """What Kueue reserved quota for: each pod set's name, count and every container's
+    requests and limits (Kueue's EquivalentToWorkload compares the same: counts and resources)."""
+    def amounts(resources: dict | None) -> dict:  # "1000m" and 1 are the same CPU
+        return {k: quantity(v) for k, v in (resources or {}).items()}
+
+    out = []
+    for ps in pod_sets or []:
+        spec = (ps.get("template") or {}).get("spec") or {}
+        out.append((ps.get("name"), ps.get("count"), [
+            (group, c.get("name"), amounts((c.get("resources") or {}).get("requests")),
+             amounts((c.get("resources") or {}).get("limits")))
+            for group in ("initContainers", "containers") for c in spec.get(group) or []]))
+    return out
+
+
+def mismatch(job: Job, prio: priorities.Priority, wl: dict) -> str | None:
+    """Why the job's pods no longer match what its Workload asked Kueue for (None: they match).
+    A job edited while queued must never run on the room Kueue admitted for its old shape:
+    jobsync deletes such a Workload before any pod exists and a new one queues (Kueue's
+    jobframework ensureOneWorkload does the same for the kinds it knows)."""
+    want = _shape(render_workload(job, "", prio)["spec"]["podSets"])
+    have = _shape((wl.get("spec") or {}).get("podSets"))
+    if want == have:
+        return None
+    counts = lambda shape: ", ".join(f"{n}×{c}" for n, c, _ in shape)  # noqa: E731
+    return (f"the job's pods ({counts(want)}) no longer match Workload "
+            f"{wl['metadata']['name']} ({counts(have)}, or their resources differ)")
 
 
 # ---- the admitted job's lifecycle (pure: decisions on the cached Workload) ----------------
@@ -243,39 +280,36 @@ def flavor_names(wl: dict | None) -> set[str]:
             for name in (a.get("flavors") or {}).values()}
 
 
-# ---- the job's ending (I/O, from handlers/admission.py) ------------------------------------
+# ---- the job's ending (pure: actions on the cached Workload) --------------------------------
 
-def finish(namespace: str, job_name: str, succeeded: bool) -> None:
-    """Mark the job's Workload Finished and drop Kueue's finalizer (jobframework's ending)."""
-    name = workload_name(job_name)
-    wl = kube.get(API_VERSION, "Workload", name, namespace)
+def finish_actions(wl: dict | None, succeeded: bool, now: str) -> list:
+    """The finished job's Workload: Finished, then Kueue's finalizer dropped (jobframework's
+    ending), one step per reconcile (each write changes its resourceVersion; the Workload's
+    event wakes the job for the next). jobsync asks only once no pod of the job holds its
+    resources any more."""
     if wl is None:
-        return
-    conds = (wl.get("status") or {}).get("conditions") or []
+        return []
+    conds = _conds(wl)
     if not conditions.is_true(conds, "Finished"):
-        done = conditions.set_condition(
-            conds, "Finished", True, "Succeeded" if succeeded else "Failed",
-            "the DistributedTrainingJob " + ("succeeded" if succeeded else "failed"))
-        kube.patch(API_VERSION, "Workload", name, namespace, {"status": {"conditions": done}},
-                   subresource="status")
-    _drop_finalizer(wl)
+        done = _set(wl, conds, "Finished", True, "Succeeded" if succeeded else "Failed",
+                    "the DistributedTrainingJob " + ("succeeded" if succeeded else "failed"), now)
+        return [PatchStatus(Ref.of(wl), _status_patch(wl, {"conditions": done}))]
+    return _drop_finalizer(wl)
 
 
-def release(namespace: str, job_name: str) -> None:
-    """The job was suspended: delete its Workload (its quota goes back to the ClusterQueue);
-    resuming creates a new one, which queues again."""
-    wl = kube.get(API_VERSION, "Workload", workload_name(job_name), namespace)
-    if wl is not None:
-        _drop_finalizer(wl)
-        kube.delete(API_VERSION, "Workload", wl["metadata"]["name"], namespace,
-                    uid=wl["metadata"]["uid"])
+def release_actions(wl: dict | None) -> list:
+    """The suspended job's Workload is deleted once its pods are gone (its quota goes back to
+    the ClusterQueue); resuming creates a new one, which queues again."""
+    if wl is None:
+        return []
+    return _drop_finalizer(wl) + [Delete(Ref.of(wl))]
 
 
-def _drop_finalizer(wl: dict) -> None:
+def _drop_finalizer(wl: dict) -> list:
     """Kueue keeps its finalizer on an admitted Workload until the job's controller (for a
     kind it knows) lets go; for ours, trainop does."""
-    if FINALIZER in (wl["metadata"].get("finalizers") or []):
-        rest = [f for f in wl["metadata"]["finalizers"] if f != FINALIZER]
-        kube.patch(API_VERSION, "Workload", wl["metadata"]["name"], wl["metadata"]["namespace"],
-                   {"metadata": {"finalizers": rest or None,
-                                 "resourceVersion": wl["metadata"]["resourceVersion"]}})
+    finalizers = tuple(wl["metadata"].get("finalizers") or ())
+    if FINALIZER not in finalizers:
+        return []
+    return [DropFinalizer(Ref.of(wl), finalizers, FINALIZER,
+                          wl["metadata"].get("resourceVersion", ""))]

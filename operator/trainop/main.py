@@ -13,7 +13,6 @@ import kopf
 
 from trainop import config, controller, kube
 from trainop.handlers import (
-    admission,  # noqa: F401  (Kueue Workloads of finished jobs)
     datastage,  # noqa: F401  (the DataStage's PV finalizer)
     indexes,  # noqa: F401  (watch caches + wake-up routing)
     metrics,  # noqa: F401  (watch events -> Prometheus gauges)

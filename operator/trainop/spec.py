@@ -29,6 +29,11 @@ class SpecError(ValueError):
         self.field = field
 
 
+class NoMatchingNodes(SpecError):
+    """No node matches the job's pool yet: the job waits (nodes may be added), where any other
+    capacity error fails it."""
+
+
 @dataclass(frozen=True)
 class Placement:
     node_selector: dict[str, str]
@@ -607,8 +612,8 @@ def capacity_error(job: Job, nodes: list[dict]) -> SpecError | None:
     field = "spec.nodePool.name" if pool.pool else "spec.nodePool.nodeSelector"
     matching = [n for n in nodes if _node_matches(n, pool.node_selector)]
     if not matching and not pool.autoscale:
-        return SpecError(field, f"no node matches {where}; check the selector or add nodes to "
-                                f"the pool")
+        return NoMatchingNodes(field, f"no node matches {where}; check the selector or add "
+                                      f"nodes to the pool")
     gpus = node_gpus(pool, matching)
     if gpus is not None and job.gpus_per_worker > gpus:
         return SpecError("spec.gpusPerWorker", f"{job.gpus_per_worker} {pool.gpu_resource} per "

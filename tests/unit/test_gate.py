@@ -12,11 +12,13 @@ CFG = config.from_dict({"limits": {"namespaceGpus": 8}})
 NODES = [n for pool in default_pools() for n in pool.nodes()]
 
 
+G = gate.Gate()
+
+
 @pytest.fixture(autouse=True)
 def fresh_gate():
-    gate._spaces.clear()
-    yield
-    gate._spaces.clear()
+    global G
+    G = gate.Gate()
 
 
 def body(name: str, created: str, status: dict | None = None) -> dict:
@@ -27,33 +29,32 @@ def body(name: str, created: str, status: dict | None = None) -> dict:
 
 
 class View:
-    """A namespace view that counts how often the gate asked for it."""
+    """The namespace's view as the controller reads it from its caches, anew per reconcile."""
 
     def __init__(self, jobs, pods=()):
-        self.jobs, self.pods, self.calls = jobs, list(pods), 0
+        self.jobs, self.pods = jobs, list(pods)
 
     def __call__(self) -> gate.NamespaceView:
-        self.calls += 1
         return gate.NamespaceView(pods=self.pods, quotas=[], jobs=self.jobs, nodes=NODES)
 
 
 def test_first_come_is_admitted_the_second_waits_and_is_woken_when_room_appears():
     a, b = body("a", "2026-01-01T00:00:00Z"), body("b", "2026-01-01T00:00:01Z")
     view = View([a, b])
-    assert gate.decide(parse(a, CFG), a, CFG, view).admitted
-    second = gate.decide(parse(b, CFG), b, CFG, view)
+    assert G.decide(parse(a, CFG), a, CFG, view()).admitted
+    second = G.decide(parse(b, CFG), b, CFG, view())
     assert not second.admitted and second.reason == "QuotaExceeded"
-    assert gate.wake("q") == ["b"]  # a finished or went: b's reconcile judges again
+    assert G.wake("q") == ["b"]  # a finished or went: b's reconcile judges again
     a["status"] = {"phase": "Succeeded"}
-    assert gate.decide(parse(b, CFG), b, CFG, view).admitted
+    assert G.decide(parse(b, CFG), b, CFG, view()).admitted
 
 
 def test_a_job_admitted_here_is_not_admitted_twice_before_its_status_says_so():
     a, b = body("a", "2026-01-01T00:00:00Z"), body("b", "2026-01-01T00:00:01Z")
     view = View([a, b])
-    gate.decide(parse(a, CFG), a, CFG, view)  # admitted; its status not written yet
-    gate.wake("q")  # anything that makes the queue be judged again
-    assert not gate.decide(parse(b, CFG), b, CFG, view).admitted
+    G.decide(parse(a, CFG), a, CFG, view())  # admitted; its status not written yet
+    G.wake("q")  # anything that makes the queue be judged again
+    assert not G.decide(parse(b, CFG), b, CFG, view()).admitted
 
 
 def test_a_waiting_job_does_not_judge_the_queue_again_until_woken(monkeypatch):
@@ -62,13 +63,13 @@ def test_a_waiting_job_does_not_judge_the_queue_again_until_woken(monkeypatch):
     judged = []
     evaluate = gate._evaluate
     monkeypatch.setattr(gate, "_evaluate", lambda *args: judged.append(1) or evaluate(*args))
-    gate.decide(parse(a, CFG), a, CFG, view)
-    gate.decide(parse(b, CFG), b, CFG, view)
+    G.decide(parse(a, CFG), a, CFG, view())
+    G.decide(parse(b, CFG), b, CFG, view())
     assert len(judged) == 2  # each asked for the first time
-    gate.decide(parse(b, CFG), b, CFG, view)  # a safety resync, a child event: no re-judging
+    G.decide(parse(b, CFG), b, CFG, view())  # a safety resync, a child event: no re-judging
     assert len(judged) == 2
-    gate.wake("q")
-    gate.decide(parse(b, CFG), b, CFG, view)
+    G.wake("q")
+    G.decide(parse(b, CFG), b, CFG, view())
     assert len(judged) == 3
 
 
@@ -77,26 +78,26 @@ def test_a_view_read_before_a_wake_does_not_mark_the_queue_judged():
     the next job must judge again with a view that has the room (this raced under load: the
     large job stayed queued with its quota free)."""
     a, b = body("a", "2026-01-01T00:00:00Z"), body("b", "2026-01-01T00:00:01Z")
-    gate.decide(parse(a, CFG), a, CFG, View([a, b]))  # a runs
-    assert not gate.decide(parse(b, CFG), b, CFG, View([a, b])).admitted
-    stale = gate.NamespaceView(pods=[], quotas=[], jobs=[a, b], nodes=NODES, wakes=gate.wakes("q"))
+    G.decide(parse(a, CFG), a, CFG, View([a, b])())  # a runs
+    assert not G.decide(parse(b, CFG), b, CFG, View([a, b])()).admitted
+    stale = gate.NamespaceView(pods=[], quotas=[], jobs=[a, b], nodes=NODES, wakes=G.wakes("q"))
     a["status"] = {"phase": "Succeeded"}
-    assert gate.wake("q") == ["b"]
+    assert G.wake("q") == ["b"]
     a_running = {**a, "status": {}}  # what the stale view still holds
     stale.jobs = [a_running, b]
-    assert not gate.decide(parse(b, CFG), b, CFG, lambda: stale).admitted
-    fresh = gate.NamespaceView(pods=[], quotas=[], jobs=[a, b], nodes=NODES, wakes=gate.wakes("q"))
-    assert gate.decide(parse(b, CFG), b, CFG, lambda: fresh).admitted
+    assert not G.decide(parse(b, CFG), b, CFG, stale).admitted
+    fresh = gate.NamespaceView(pods=[], quotas=[], jobs=[a, b], nodes=NODES, wakes=G.wakes("q"))
+    assert G.decide(parse(b, CFG), b, CFG, fresh).admitted
 
 
 def test_a_namespace_nothing_limits_judges_each_job_alone(monkeypatch):
     free = config.from_dict(None)  # no namespaceGpus cap, and the view has no quota
     monkeypatch.setattr(gate, "_evaluate", lambda *args: pytest.fail("judged the namespace"))
     a = body("a", "2026-01-01T00:00:00Z")
-    assert gate.decide(parse(a, free), a, free, View([a])).admitted
+    assert G.decide(parse(a, free), a, free, View([a])()).admitted
     huge = {**body("h", "2026-01-01T00:00:00Z"), "spec": {"workers": 5, "gpusPerWorker": 8,
                                                            "nodePool": {"name": "gpu"}}}
-    no = gate.decide(parse(huge, free), huge, free, View([huge]))
+    no = G.decide(parse(huge, free), huge, free, View([huge])())
     assert no.outcome == "Unsatisfiable" and "node pool 'gpu' has 16 in all" in no.message
 
 
@@ -105,10 +106,10 @@ def test_jobs_another_evaluation_admitted_are_handed_out_once():
              {"conditions": conditions.set_condition([], "Admitted", False, "QuotaExceeded", "m")})
     b = body("b", "2026-01-01T00:00:01Z")
     view = View([a, b])
-    gate.decide(parse(b, CFG), b, CFG, view)  # b asks first; a (queued earlier) is judged too
-    assert gate.drain_admitted("q") == ["a"]
-    assert gate.drain_admitted("q") == []
+    G.decide(parse(b, CFG), b, CFG, view())  # b asks first; a (queued earlier) is judged too
+    assert G.drain_admitted("q") == ["a"]
+    assert G.drain_admitted("q") == []
 
 
 def test_wake_without_waiting_jobs_wakes_nobody():
-    assert gate.wake("nobody-asked") == []
+    assert G.wake("nobody-asked") == []

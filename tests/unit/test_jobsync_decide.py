@@ -123,9 +123,10 @@ def mounting(worker: dict, claim: str = "imagenet-data") -> dict:
     return worker
 
 
-def snap(b: dict, admit: Decision = FITS, **kw) -> JobSnapshot:
+def snap(b: dict, admit: Decision | None = FITS, **kw) -> JobSnapshot:
+    """`admit`: the native queue's answer, as the controller asks it before decide()."""
     kw.setdefault("nodes", NODES)
-    return JobSnapshot(body=b, admit=lambda job, prio: admit, **kw)
+    return JobSnapshot(body=b, admission=admit, **kw)
 
 
 def summary(actions: list) -> list[str]:
@@ -140,6 +141,8 @@ def summary(actions: list) -> list[str]:
             out.append("create ssh Secret")
         elif isinstance(a, Delete):
             out.append(f"delete {a.ref.kind} {a.ref.name}")
+        elif isinstance(a, DropFinalizer):
+            out.append(f"drop finalizer {a.ref.kind} {a.ref.name}")
     return out
 
 

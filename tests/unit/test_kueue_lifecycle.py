@@ -27,7 +27,6 @@ from tests.unit.test_jobsync_decide import (
 )
 from trainop import conditions, kueue
 from trainop.actions import PatchStatus
-from trainop.admission import ADMITTED, QUEUED, Decision
 from trainop.jobsync import decide
 from trainop.render import dtj as render
 from trainop.spec import SpecError, parse
@@ -39,7 +38,9 @@ FLAVOR = {"metadata": {"name": "a100"}, "spec": {
 CPU_FLAVOR = {"metadata": {"name": "cpu"}, "spec": {}}
 
 
-def workload(*conds: tuple, admission: bool = True) -> dict:
+def workload(*conds: tuple, admission: bool = True, job: dict | None = None) -> dict:
+    """The job's Workload as Kueue keeps it: the pod sets the operator created it with (of
+    `job`, default the test's body), in the state `conds` say."""
     status: dict = {"conditions": []}
     for type_, status_, reason, *message in conds:
         status["conditions"] = conditions.set_condition(
@@ -53,6 +54,7 @@ def workload(*conds: tuple, admission: bool = True) -> dict:
             "metadata": {"name": "dtj-j", "namespace": "ns", "uid": "uid-wl",
                          "resourceVersion": "42", "generation": 1,
                          "ownerReferences": [{"controller": True, "uid": UID}]},
+            "spec": kueue.render_workload(parse(job or body(queue="team"), CFG), "team")["spec"],
             "status": status}
 
 
@@ -148,16 +150,10 @@ KUEUE_RUNNING = {**RUNNING, "conditions": cond(
 FLAVORS = {"a100": FLAVOR, "cpu": CPU_FLAVOR}
 
 
-def kueue_snap(status: dict, wl: dict | None, admit: Decision | None = None, **kw):
-    def never(job, prio):
-        raise AssertionError("an admitted job does not ask the gate")
-    s = snap(body(copy.deepcopy(status), queue="team"), kueue=True, workload=wl,
-             flavors=FLAVORS, **shared(), **kw)
-    if admit is not None:
-        s.admit = lambda job, prio: admit
-    else:
-        s.admit = never
-    return s
+def kueue_snap(status: dict, wl: dict | None, **kw):
+    """A Kueue job's snapshot: admission comes from `wl` (kueue.decide), never the native gate."""
+    return snap(body(copy.deepcopy(status), queue="team"), admit=None, kueue=True, workload=wl,
+                flavors=FLAVORS, **shared(), **kw)
 
 
 def test_an_evicted_gang_stops_queues_and_is_not_a_restart():
@@ -182,8 +178,7 @@ def test_an_evicted_gang_stops_queues_and_is_not_a_restart():
     assert going.waiting == "waiting for the evicted gang's pods to go"
 
     # gone: the quota is given back, and the job waits at the gate for Kueue
-    queued = Decision(QUEUED, "WaitingForKueue", "Workload dtj-j waits in LocalQueue team: x")
-    gone = decide(kueue_snap(st, wl, admit=queued), CFG, NOW)
+    gone = decide(kueue_snap(st, wl), CFG, NOW)
     patch = [a for a in gone.actions if isinstance(a, PatchStatus)]
     assert len(patch) == 1 and patch[0].ref.name == "dtj-j"
     assert patch[0].patch == kueue.requeue_patch(wl, "2026-05-01T12:00:00Z")
@@ -192,8 +187,7 @@ def test_an_evicted_gang_stops_queues_and_is_not_a_restart():
 
     # admitted again: the same attempt starts anew on its flavor
     again = workload(*ADMITTED_WL)
-    back = decide(kueue_snap(gone.status, again, admit=Decision(ADMITTED, "KueueAdmitted", "ok")),
-                  CFG, NOW)
+    back = decide(kueue_snap(gone.status, again), CFG, NOW)
     assert reasons(back.status)["Evicted"] == ("False", "Readmitted")
     made = [a.obj for a in back.actions if getattr(a, "obj", {}).get("kind") == "Pod"]
     assert [p["metadata"]["labels"]["trainop.io/attempt"] for p in made] == ["0", "0"]
@@ -226,17 +220,16 @@ def test_a_job_managed_by_another_controller_gets_no_decision():
 
 def test_a_flavor_problem_fails_or_waits_before_the_start_and_never_stops_a_running_gang():
     wl = workload(*ADMITTED_WL)
-    admit = Decision(ADMITTED, "KueueAdmitted", "ok")
     new = {"conditions": cond(("Created", True, "ChildrenCreated"))}
     conflict = {"a100": {"metadata": {"name": "a100"},
                          "spec": {"nodeLabels": {"kubernetes.azure.com/agentpool": "ibgpu"}}},
                 "cpu": CPU_FLAVOR}
-    s = kueue_snap(new, wl, admit=admit)
+    s = kueue_snap(new, wl)
     s.flavors = conflict
     out = decide(s, CFG, NOW)
     assert out.status["phase"] == "Failed" and reasons(out.status)["Failed"] == \
         ("True", "FlavorConflict") and not summary(out.actions)
-    s = kueue_snap(new, wl, admit=admit)
+    s = kueue_snap(new, wl)
     s.flavors = {"cpu": CPU_FLAVOR}
     out = decide(s, CFG, NOW)
     assert reasons(out.status)["Created"] == ("False", "WaitingForResourceFlavor")
@@ -250,7 +243,7 @@ def test_a_flavor_contradicting_the_pod_template_fails_the_job_naming_the_templa
     """A nodeSelector from spec.podTemplate is the job's own too: a flavor that contradicts it
     fails the job at admission (FlavorConflict) instead of failing every render."""
     status = {"conditions": cond(("Created", True, "ChildrenCreated"))}
-    s = kueue_snap(status, workload(*ADMITTED_WL), admit=Decision(ADMITTED, "KueueAdmitted", "ok"))
+    s = kueue_snap(status, workload(*ADMITTED_WL))
     s.body["spec"]["podTemplate"] = {"worker": {"spec": {"nodeSelector": {"gpu.sku": "h100"}}}}
     out = decide(s, CFG, NOW)
     assert out.status["phase"] == "Failed" and reasons(out.status)["Failed"] == \
@@ -258,3 +251,78 @@ def test_a_flavor_contradicting_the_pod_template_fails_the_job_naming_the_templa
     failed = conditions.get_condition(out.status["conditions"], "Failed")
     assert "spec.podTemplate.worker.spec.nodeSelector" in failed["message"]
     assert "gpu.sku=a100" in failed["message"] and "gpu.sku=h100" in failed["message"]
+
+
+# ---- the Workload's lifecycle as actions of decide() (no API call inside it) ----------------
+
+def test_a_job_without_a_workload_creates_one_and_makes_no_pod():
+    out = decide(kueue_snap({}, None), CFG, NOW)
+    assert summary(out.actions) == ["create Workload dtj-j"]
+    [made] = [a.obj for a in out.actions]
+    assert made == kueue.render_workload(parse(body(queue="team"), CFG), "team")
+    assert out.status["phase"] == "Queued" and reasons(out.status)["Admitted"] == \
+        ("False", "WaitingForKueue")
+
+
+def test_a_queued_job_edited_after_its_workload_was_made_never_runs_on_the_old_admission():
+    """Issue 22 H1: the Workload asked for 2 × 4 GPUs and Kueue admitted it; the job was edited
+    to 16 × 8 meanwhile. No pod may be made: the Workload is replaced (finalizer dropped, then
+    deleted) and the job queues again, for its new shape."""
+    wl = workload(*ADMITTED_WL)  # made for body(queue="team"): 2 workers × 4 GPUs
+    wl["metadata"]["finalizers"] = [kueue.FINALIZER]
+    grown = body(None, generation=2, queue="team", workers=16, gpusPerWorker=8,
+                 nodePool={"name": "ibgpu"})
+    s = kueue_snap({}, wl)
+    s.body = grown
+    out = decide(s, CFG, NOW)
+    assert summary(out.actions) == ["drop finalizer Workload dtj-j", "delete Workload dtj-j"]
+    assert out.status["phase"] == "Queued" and "Created" not in reasons(out.status)
+    assert "workers×16" in out.waiting and "workers×2" in out.waiting
+    # the old Workload is going: still nothing, whatever Kueue says of it
+    wl["metadata"]["deletionTimestamp"] = T0
+    going = decide(kueue_snap({}, wl), CFG, NOW)
+    assert going.actions == [] and going.waiting == "waiting for Workload dtj-j to be deleted"
+    # gone: a Workload of the new shape queues
+    s = kueue_snap({}, None)
+    s.body = grown
+    new = decide(s, CFG, NOW)
+    [made] = [a.obj for a in new.actions]
+    assert [(p["name"], p["count"]) for p in made["spec"]["podSets"]] == [("workers", 16), ("launcher", 1)]
+    assert made["spec"]["podSets"][0]["template"]["spec"]["containers"][0]["resources"][
+        "limits"]["nvidia.com/gpu"] in ("8", 8)
+
+
+def test_an_admitted_workload_of_the_same_shape_is_kept():
+    out = decide(kueue_snap({}, workload(*ADMITTED_WL)), CFG, NOW)
+    assert reasons(out.status)["Admitted"] == ("True", "KueueAdmitted")
+    assert any(a.obj["kind"] == "Pod" for a in out.actions if hasattr(a, "obj"))
+
+
+def test_a_finished_job_gives_its_quota_back_only_when_no_pod_holds_gpus():
+    """Issue 22 M10: with cleanPodPolicy None a worker keeps running after the job succeeded;
+    the Workload stays (its GPUs are still held) until no pod of the job is active."""
+    wl = workload(*ADMITTED_WL)
+    wl["metadata"]["finalizers"] = [kueue.FINALIZER]
+    done = {**KUEUE_RUNNING, "phase": "Succeeded", "completionTime": T0, "cleanedUp": True,
+            "conditions": KUEUE_RUNNING["conditions"] + cond(("Succeeded", True, "m"))}
+    running_worker = workers()[:1]
+    held = decide(kueue_snap(done, wl, pods=running_worker), CFG, NOW)
+    assert not [a for a in held.actions if "Workload" in str(getattr(a, "ref", ""))]
+    free = decide(kueue_snap(done, wl), CFG, NOW)
+    [patch] = free.actions
+    assert isinstance(patch, PatchStatus) and reasons(patch.patch["status"])["Finished"] == \
+        ("True", "Succeeded")
+    wl["status"]["conditions"] = patch.patch["status"]["conditions"]
+    assert summary(decide(kueue_snap(done, wl), CFG, NOW).actions) == \
+        ["drop finalizer Workload dtj-j"]
+
+
+def test_a_suspended_job_releases_its_workload_only_once_its_pods_are_gone():
+    wl = workload(*ADMITTED_WL)
+    s = kueue_snap(KUEUE_RUNNING, wl, pods=workers(deleting=True))
+    s.body["spec"]["runPolicy"] = {"suspend": True}
+    going = decide(s, CFG, NOW)
+    assert going.actions == [] and going.waiting == "waiting for the suspended gang's pods to go"
+    s = kueue_snap(going.status, wl)
+    s.body["spec"]["runPolicy"] = {"suspend": True}
+    assert summary(decide(s, CFG, NOW).actions) == ["delete Workload dtj-j"]

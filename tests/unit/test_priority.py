@@ -14,7 +14,7 @@ from tests.unit.test_jobsync_decide import NOW, RUNNING, body, launcher, reasons
 from trainop import conditions, config, gate, jobsync, kueue, priority
 from trainop.actions import Create
 from trainop.devcluster.pools import default_pools
-from trainop.priority import Classes, Priority
+from trainop.priority import Classes
 from trainop.render import dtj as render
 from trainop.spec import SpecError, parse
 
@@ -161,11 +161,13 @@ def test_kueue_workload_carries_the_class_reference_and_its_value(name, ref, pod
 
 # ---- the native queue's order -------------------------------------------------------------
 
+G = gate.Gate()
+
+
 @pytest.fixture
 def fresh_gate():
-    gate._spaces.clear()
-    yield
-    gate._spaces.clear()
+    global G
+    G = gate.Gate()
 
 
 def view(jobs, classes=CLASSES):
@@ -184,8 +186,8 @@ def test_the_queue_takes_the_higher_class_first_whatever_the_arrival(fresh_gate)
     early = job_body("early", "2026-01-01T00:00:00Z", queued(), priorityClassName="low")
     late = job_body("late", "2026-01-01T00:01:00Z", queued(), priorityClassName="high")
     jobs = [early, late]
-    assert not gate.decide(parse(early, NS_CAP), early, NS_CAP, view(jobs)).admitted
-    assert gate.decide(parse(late, NS_CAP), late, NS_CAP, view(jobs)).admitted
+    assert not G.decide(parse(early, NS_CAP), early, NS_CAP, view(jobs)()).admitted
+    assert G.decide(parse(late, NS_CAP), late, NS_CAP, view(jobs)()).admitted
 
 
 def test_without_classes_the_queue_is_first_come(fresh_gate):
@@ -193,8 +195,8 @@ def test_without_classes_the_queue_is_first_come(fresh_gate):
     late = job_body("late", "2026-01-01T00:01:00Z", queued(), priorityClassName="high")
     jobs = [early, late]
     flat = Classes.of([pc("low", 1), pc("high", 1)])
-    assert gate.decide(parse(early, NS_CAP), early, NS_CAP, view(jobs, flat)).admitted
-    assert not gate.decide(parse(late, NS_CAP), late, NS_CAP, view(jobs, flat)).admitted
+    assert G.decide(parse(early, NS_CAP), early, NS_CAP, view(jobs, flat)()).admitted
+    assert not G.decide(parse(late, NS_CAP), late, NS_CAP, view(jobs, flat)()).admitted
 
 
 def test_a_job_naming_no_class_is_ordered_by_the_cluster_default(fresh_gate):
@@ -202,16 +204,16 @@ def test_a_job_naming_no_class_is_ordered_by_the_cluster_default(fresh_gate):
     late = job_body("late", "2026-01-01T00:01:00Z", queued(), priorityClassName="low")  # 10
     jobs = [early, late]
     classes = Classes.of([pc("normal", 100, default=True), pc("low", 10)])
-    assert gate.decide(parse(late, NS_CAP), late, NS_CAP, view(jobs, classes)).reason == \
+    assert G.decide(parse(late, NS_CAP), late, NS_CAP, view(jobs, classes)()).reason == \
         "QuotaExceeded"
-    assert gate.decide(parse(early, NS_CAP), early, NS_CAP, view(jobs, classes)).admitted
+    assert G.decide(parse(early, NS_CAP), early, NS_CAP, view(jobs, classes)()).admitted
 
 
 def test_an_admitted_job_whose_class_was_deleted_still_holds_its_room(fresh_gate):
     held = job_body("held", "2026-01-01T00:00:00Z", priorityClassName="gone", status={
         "conditions": conditions.set_condition([], "Admitted", True, "QuotaReserved", "m")})
     new = job_body("new", "2026-01-01T00:01:00Z")
-    decision = gate.decide(parse(new, NS_CAP), new, NS_CAP, view([held, new]))
+    decision = G.decide(parse(new, NS_CAP), new, NS_CAP, view([held, new])())
     assert not decision.admitted and "0 of 8 free" in decision.message
 
 
@@ -233,12 +235,12 @@ def test_a_class_above_the_cap_fails_the_job_and_creates_nothing():
 
 
 def test_a_known_class_reaches_the_gate_and_the_pods():
-    seen = []
-    s = snap(body(priorityClassName="high"), classes=CLASSES)
-    s.admit = lambda job, prio: seen.append(prio) or jobsync.Decision(
-        "Admitted", "QuotaReserved", "fits")
+    s = snap(body(priorityClassName="high"), admit=None, classes=CLASSES)
+    asked = jobsync.decide(s, CFG, NOW)
+    # the controller asks its gate with the job bound to its class (the quota scope it hits)
+    assert asked.asks.pod_priority_class == "high" and asked.actions == []
+    s.admission = jobsync.Decision("Admitted", "QuotaReserved", "fits")
     out = jobsync.decide(s, CFG, NOW)
-    assert seen == [Priority(500, CLASSES.pod["high"])]
     pods = [a.obj for a in out.actions if isinstance(a, Create) and a.obj["kind"] == "Pod"]
     assert len(pods) == 2 and all(p["spec"]["priorityClassName"] == "high" for p in pods)
 
