@@ -105,7 +105,7 @@ def decide(job: Job, body: dict, workload: dict | None) -> Decision:
     name = workload_name(job.name)
     if workload is None:
         return Decision(QUEUED, "WaitingForKueue",
-                        f"Workload {name} created; it waits in LocalQueue {queue}")
+                        f"Workload {name} waits in LocalQueue {queue}: being created")
     conds = _conds(workload)
     if admitted(workload):
         cq = ((workload.get("status") or {}).get("admission") or {}).get("clusterQueue", "?")

@@ -18,6 +18,7 @@ from trainop.devcluster import kueue as kueue_dev
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
+GROUP, VERSION, PLURAL = "trainop.io", "v1alpha1", "distributedtrainingjobs"
 
 
 @pytest.fixture(scope="module")
@@ -269,3 +270,114 @@ def test_a_flavor_that_contradicts_the_node_pool_is_never_admitted(
     assert (cond["status"], cond["reason"]) == ("False", "WaitingForKueue")
     assert f"flavor {ibgpu_flavor_queue} doesn't match node affinity" in cond["message"]
     assert api.status("wrong-pool")["phase"] == "Queued" and not api.pods("wrong-pool")
+
+
+# ---- the gang's shape is what was admitted (issue 22 H1, M10) -------------------------------
+# A queued job that grows after its Workload was made never gets pods for the new shape on the
+# old reservation; an admitted job cannot be grown at all (the CRD's rule, enforced by the API
+# server); a finished job's quota goes back to Kueue only when no pod of it holds GPUs.
+
+@pytest.fixture
+def held_queue(cluster, namespace, api, kueue):
+    """A ClusterQueue with 4 GPUs that admits nothing until `release()` (stopPolicy Hold)."""
+    gen = flavor_queue(api.custom, namespace, f"cq-{namespace}", 4)
+    name = next(gen)
+    api.custom.patch_cluster_custom_object(*KUEUE, "clusterqueues", name,
+                                           {"spec": {"stopPolicy": "Hold"}})
+
+    def release():
+        api.custom.patch_cluster_custom_object(*KUEUE, "clusterqueues", name,
+                                               {"spec": {"stopPolicy": "None"}})
+    yield release
+    next(gen, None)
+
+
+def grow(api: Api, name: str, **spec) -> None:
+    api.custom.patch_namespaced_custom_object(GROUP, VERSION, api.ns, PLURAL, name, {"spec": spec})
+
+
+def pod_sets(wl: dict) -> list[tuple[str, int]]:
+    return [(p["name"], p["count"]) for p in wl["spec"]["podSets"]]
+
+
+def test_a_queued_job_grown_after_its_workload_was_made_never_runs_on_the_old_reservation(
+        cluster, namespace, api, held_queue, operator_factory):
+    """The attack of H1: a Workload for 1 worker × 4 GPUs exists, the job is edited to 4 × 4,
+    then the queue admits. No worker pod may exist for the new shape: the Workload is replaced
+    by one of 4 workers, which 4 GPUs of quota cannot admit, and the job stays Queued."""
+    operator_factory(config=FAST)
+    watch = PodWatch(api)
+    try:
+        cluster.apply(manifest("g", queue="team", workers=1), namespace)
+        first = workload(api, "g")
+        assert pod_sets(first) == [("workers", 1), ("launcher", 1)]
+        api.wait_phase("g", "Queued")
+        grow(api, "g", workers=4)  # allowed: nothing is admitted yet
+        replaced = wait_until(lambda: next((w for w in api.custom.list_namespaced_custom_object(
+            *KUEUE, namespace, "workloads")["items"] if w["metadata"]["uid"] != first["metadata"]["uid"]
+            and not w["metadata"].get("deletionTimestamp")), None), timeout=60,
+            what="a new Workload for the grown job")
+        assert pod_sets(replaced) == [("workers", 4), ("launcher", 1)]
+        held_queue()  # the queue admits what fits: 16 GPUs do not fit 4
+        cond = wait_until(lambda: (api.condition("g", "Admitted") or {}).get("message", "").find(
+            "couldn't assign flavors") >= 0 and api.condition("g", "Admitted"), timeout=60,
+            what="Kueue's reason for not admitting the grown job")
+        assert cond["status"] == "False" and api.status("g")["phase"] == "Queued"
+        assert not watch.pods_of("g")
+    finally:
+        watch.stop()
+
+
+def test_an_admitted_job_cannot_be_grown(cluster, namespace, api, held_queue, operator_factory):
+    """From admission on, the API server itself refuses a change of the gang's shape (the CRD's
+    rule): workers, GPUs, resources, pool and pod template are what the quota was reserved for."""
+    operator_factory(config=FAST)
+    held_queue()
+    cluster.apply(manifest("a", queue="team", workers=1), namespace)
+    wait_until(lambda: (api.condition("a", "Admitted") or {}).get("status") == "True", timeout=60,
+               what="job a admitted")
+    for change in ({"workers": 4}, {"gpusPerWorker": 1},
+                   {"resources": {"requests": {"cpu": "30"}}},
+                   {"podTemplate": {"worker": {"spec": {"containers": [
+                       {"name": "extra", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 8}}}]}}}}):
+        with pytest.raises(ApiException) as refused:
+            grow(api, "a", **change)
+        assert refused.value.status == 422, change
+        assert "cannot change once the job is admitted" in refused.value.body, change
+    assert api.job("a")["spec"]["workers"] == 1
+    grow(api, "a", runPolicy={"activeDeadlineSeconds": 3600})  # not the shape: allowed
+
+
+def test_a_native_admitted_job_cannot_be_grown(cluster, namespace, api, operator_factory):
+    operator_factory(config=FAST)
+    cluster.apply(manifest("n", workers=1), namespace)
+    wait_until(lambda: (api.condition("n", "Admitted") or {}).get("status") == "True", timeout=60,
+               what="job n admitted")
+    with pytest.raises(ApiException) as refused:
+        grow(api, "n", workers=16, gpusPerWorker=8)
+    assert refused.value.status == 422 and "cannot change once the job is admitted" in \
+        refused.value.body
+
+
+def test_a_finished_jobs_quota_goes_back_only_when_its_pods_let_go_of_the_gpus(
+        cluster, namespace, api, held_queue, operator_factory):
+    """Issue 22 M10: with cleanPodPolicy None the workers outlive the job; while they run they
+    hold 4 GPUs, so the Workload stays unfinished and the next job waits for them."""
+    operator_factory(config=FAST)
+    held_queue()
+    cluster.apply(manifest("a", queue="team", workers=1,
+                           runPolicy={"cleanPodPolicy": "None"}), namespace)
+    cluster.end_pod(namespace, api.wait_running("a").metadata.name, 0)
+    api.wait_phase("a", "Succeeded")
+    cluster.apply(manifest("b", queue="team", workers=1), namespace)
+    api.wait_phase("b", "Queued")
+    [worker] = [p for p in api.pods("a", role="worker") if p.status.phase == "Running"]
+    wl = api.custom.get_namespaced_custom_object(*KUEUE, namespace, "workloads", "dtj-a")
+    assert "Finished" not in {c["type"] for c in wl["status"]["conditions"]
+                              if c["status"] == "True"}
+    assert not api.pods("b")
+    cluster.end_pod(namespace, worker.metadata.name, 0)  # the last pod lets go of its GPUs
+    api.wait_running("b")
+    wl = api.custom.get_namespaced_custom_object(*KUEUE, namespace, "workloads", "dtj-a")
+    assert {c["type"]: c["status"] for c in wl["status"]["conditions"]}["Finished"] == "True"
+    assert "kueue.x-k8s.io/resource-in-use" not in (wl["metadata"].get("finalizers") or [])
