@@ -1,5 +1,5 @@
 """The preflight fabric check in real pods (render/fabric.py, trainop_trainer/preflight.py,
-jobsync._fabric): every worker's `preflight` init container runs the all-reduce under torchrun,
+jobsync.fabric._fabric): every worker's `preflight` init container runs the all-reduce under torchrun,
 rendezvous on worker 0 through the job's Service before any worker is Ready, Gloo on the CPU
 (no GPU, no HCA here), and worker 0's kubelet puts the result into the pod's status as the
 container's termination message, which the operator reads from its pod watch.

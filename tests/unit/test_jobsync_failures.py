@@ -28,7 +28,7 @@ from tests.unit.test_jobsync_decide import (
 )
 from trainop import admission, conditions, config, jobsync
 from trainop.devcluster.pools import default_pools
-from trainop.jobsync import JobSnapshot, decide
+from trainop.jobsync import JobSnapshot, decide, model
 from trainop.spec import SpecError, capacity_error, parse
 
 GPU = config.GPU_TOLERATION
@@ -370,8 +370,8 @@ def test_old_int_restarts_migrate_on_the_fly_and_keep_the_attempt():
 def test_restart_gang_takes_any_cause_counted_or_not():
     """The one restart path other checks call (preflight: an unhealthy node, not counted)."""
     s = snap(running(), pods=workers(2), launcher=launcher(), **shared())
-    plan = jobsync._Plan(s, CFG, NOW)
-    st = jobsync._Status(s.body["status"], 1, NOW)
+    plan = model._Plan(s, CFG, NOW)
+    st = model._Status(s.body["status"], 1, NOW)
     job = parse(s.body, CFG)
     failure = jobsync.Failure("j-worker-0", "worker", None, "UnhealthyNode", node="n7")
     jobsync.restart_gang(plan, job, st, failure, counted=False)

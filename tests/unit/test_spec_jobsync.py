@@ -2,7 +2,8 @@
 become Events. (The reconcile itself runs against the real API server in tests/cluster.)"""
 
 from trainop import conditions
-from trainop.jobsync import Failure, _events, pod_failure
+from trainop.jobsync import Failure, pod_failure
+from trainop.jobsync.model import _events
 
 
 def pod(phase, terminated=None, reason=None):
