@@ -35,6 +35,7 @@ from kubernetes.utils.quantity import parse_quantity
 
 from trainop import phases
 from trainop.config import Config, ConfigError
+from trainop.memo import Memos
 from trainop.render import dtj as render
 from trainop.spec import Job
 
@@ -227,23 +228,14 @@ def ledgers(namespace: str, quotas: list[dict], pods: list[dict], cfg: Config,
 
 # ---- a job's demand ----------------------------------------------------------------------
 
-# Rendering a gang is the costly part of judging a queue, and every evaluation of a namespace
-# judges all its jobs: remember it per parsed Job (spec.parse_cached returns the same object for
-# one generation of one job). The entry holds the Job, so its id is not reused while cached.
-_GANGS: dict[int, tuple[Job, list[dict]]] = {}
-_GANGS_MAX = 4096
-
-
-def gang_pods(job: Job) -> list[dict]:
-    """The pods the gang will have: every worker and, for MPI, the launcher Job's pod."""
-    hit = _GANGS.get(id(job))
-    if hit is not None and hit[0] is job:
-        return hit[1]
-    pods = _render_gang(job)
-    if len(_GANGS) >= _GANGS_MAX:
-        _GANGS.pop(next(iter(_GANGS)))
-    _GANGS[id(job)] = (job, pods)
-    return pods
+def gang_pods(job: Job, memo: Memos | None = None) -> list[dict]:
+    """The pods the gang will have: every worker and, for MPI, the launcher Job's pod.
+    Rendering a gang is the costly part of judging a queue, and every evaluation of a namespace
+    judges all its jobs: the controller's `memo` keeps it per parsed Job (spec.parse_cached
+    returns the same object for one generation of one job)."""
+    if memo is None:
+        return _render_gang(job)
+    return memo.gangs.get(job, "gang", lambda: _render_gang(job))
 
 
 def _render_gang(job: Job) -> list[dict]:
@@ -254,7 +246,7 @@ def _render_gang(job: Job) -> list[dict]:
     return pods
 
 
-def outstanding(job: Job, live: list[dict]) -> list[dict]:
+def outstanding(job: Job, live: list[dict], memo: Memos | None = None) -> list[dict]:
     """The gang's pods not yet counted in quota usage: rendered pods whose live twin (same
     name, or the launcher's pod) is missing or finished. A deleted pod still counts until it
     is gone, so a restarting gang's old pods and its new ones are never both admitted."""
@@ -263,7 +255,7 @@ def outstanding(job: Job, live: list[dict]) -> list[dict]:
         (p["metadata"].get("labels") or {}).get(render.common.LABEL_ROLE) == render.LAUNCHER
         for p in live if counts_in_quota(p))
     out = []
-    for pod in gang_pods(job):
+    for pod in gang_pods(job, memo):
         name = pod["metadata"].get("name")
         if (name in counted) if name else launcher_counted:
             continue
@@ -272,11 +264,11 @@ def outstanding(job: Job, live: list[dict]) -> list[dict]:
 
 
 def candidate(job: Job, meta: dict, live: list[dict], admitted: bool = False,
-              priority: int = 0) -> Candidate:
+              priority: int = 0, memo: Memos | None = None) -> Candidate:
     return Candidate(
         key=job.name, priority=priority,
-        created=meta.get("creationTimestamp") or "", demand=gang_pods(job),
-        outstanding=outstanding(job, live), gpus=job.total_gpus,
+        created=meta.get("creationTimestamp") or "", demand=gang_pods(job, memo),
+        outstanding=outstanding(job, live, memo), gpus=job.total_gpus,
         gpus_resource=job.placement.gpu_resource, pool=job.placement.pool or "",
         pool_selector=dict(job.placement.node_selector), admitted=admitted,
         max_nodes=job.placement.autoscale.max_nodes if job.placement.autoscale else None,

@@ -39,6 +39,7 @@ from trainop import (
 )
 from trainop.actions import Problem
 from trainop.config import Config
+from trainop.memo import Memos
 from trainop.render import common
 from trainop.render import logship as render_logship
 from trainop.workqueue import WorkQueue
@@ -74,7 +75,8 @@ class Controller:
         self.said: dict[tuple, tuple] = {}     # key -> (phase, waiting) last logged
         self.departed: dict[tuple, dict] = {}  # (ns, job) -> pod name -> last state (deleted)
         self.tasks: list[asyncio.Task] = []
-        self.gate = gate.Gate()  # the native admission queue, asked before decide (gate.py)
+        self.memo = Memos()  # what decide() may remember between reconciles (memo.py)
+        self.gate = gate.Gate(self.memo)  # the native admission queue, asked before decide
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -286,7 +288,7 @@ class Controller:
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
             classes=self.priority_classes(),
             workload=workload, flavors=flavors, pod_group=pod_group,
-            problem=self.problems.pop(key, None),
+            problem=self.problems.pop(key, None), memo=self.memo,
             departed=[p for p in self.departed.get(ck, {}).values()
                       if any(_controlled(p, owner) for owner in owners if owner)])
         return snap, view

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from trainop import admission, conditions, kueue, phases, priority
 from trainop.admission import Decision
 from trainop.config import Config
+from trainop.memo import Memos
 from trainop.render import common
 from trainop.spec import MANAGED_BY, Job, SpecError, managed_by, parse_cached
 
@@ -80,7 +81,8 @@ def _asks(space: _Namespace, body: dict) -> bool:
         cond is not None and cond.get("reason") == "QuotaExceeded")
 
 
-def _evaluate(namespace: str, space: _Namespace, cfg: Config, view: NamespaceView) -> None:
+def _evaluate(namespace: str, space: _Namespace, cfg: Config, view: NamespaceView,
+              memo: Memos | None = None) -> None:
     """Re-judge every waiting job of the namespace (lock held)."""
     live = admission.by_job(view.pods, common.LABEL_JOB)
     candidates, gpu_resources, names = [], set(), set()
@@ -94,14 +96,14 @@ def _evaluate(namespace: str, space: _Namespace, cfg: Config, view: NamespaceVie
             continue  # not at the gate yet (e.g. still waiting for its data)
         try:
             # bound to its class: the pods' priorityClassName decides PriorityClass-scoped quotas
-            job, prio = priority.for_job(parse_cached(body, cfg), view.classes, cfg, kueue=False,
-                                         strict=not admitted)
+            job, prio = priority.for_job(parse_cached(body, cfg, memo), view.classes, cfg,
+                                         kueue=False, strict=not admitted, memo=memo)
         except SpecError:
             continue  # jobsync fails it with the reason
         names.add(job.name)
         gpu_resources.add(job.placement.gpu_resource)
         candidates.append(admission.candidate(job, meta, live.get(job.name, []), admitted,
-                                              prio.value))
+                                              prio.value, memo))
     ledgers = admission.ledgers(namespace, view.quotas, view.pods, cfg, gpu_resources)
     decisions = admission.plan(candidates, ledgers, view.nodes)
     for body in view.jobs:
@@ -121,7 +123,8 @@ class Gate:
     namespace's own lock serialises its judging (decide() runs on the controller's pool
     threads), so two namespaces are judged in parallel and one is never judged twice at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, memo: Memos | None = None) -> None:
+        self.memo = memo  # the controller's (memo.py): parsed specs, rendered gangs
         self._spaces: dict[str, _Namespace] = {}
         self._lock = threading.Lock()
 
@@ -136,7 +139,7 @@ class Gate:
             # Nothing limits the namespace: each job is judged alone, on whether its pool can
             # ever hold it (judging the whole namespace per new job would cost O(jobs^2) in a
             # burst).
-            c = admission.candidate(job, body["metadata"], [], False, 0)
+            c = admission.candidate(job, body["metadata"], [], False, 0, self.memo)
             why = admission.unsatisfiable(c, [], view.nodes)
             if why:
                 return Decision(admission.UNSATISFIABLE, "Unsatisfiable", why)
@@ -149,7 +152,7 @@ class Gate:
             space.asking.add(job.name)
             if not _is_admitted(space, body) and (
                     new or space.judged < space.wakes or job.name not in space.decisions):
-                _evaluate(job.namespace, space, cfg, view)
+                _evaluate(job.namespace, space, cfg, view, self.memo)
             space.admitted_for_others.discard(job.name)
             if _is_admitted(space, body):  # admitted here, its status not written yet
                 return space.decisions.get(job.name) or ADMITTED_EARLIER

@@ -44,6 +44,7 @@ from trainop import conditions, kube
 from trainop import priority as priorities
 from trainop.actions import Delete, DropFinalizer, PatchStatus, Ref
 from trainop.admission import ADMITTED, QUEUED, Decision, gang_pods, quantity
+from trainop.memo import Memos
 from trainop.render import common
 from trainop.render import dtj as render
 from trainop.spec import FlavorPlacement, Job, SpecError
@@ -64,11 +65,11 @@ def workload_name(job_name: str) -> str:
     return f"dtj-{job_name}"
 
 
-def render_workload(job: Job, queue: str,
-                    prio: priorities.Priority = priorities.NONE) -> dict:
+def render_workload(job: Job, queue: str, prio: priorities.Priority = priorities.NONE,
+                    memo: Memos | None = None) -> dict:
     """One podSet for the workers (count = workers) and one for the MPI launcher; `job` is
     bound to `prio` (priority.bind), so a PriorityClass is also on the pod templates."""
-    pods = gang_pods(job)
+    pods = gang_pods(job, memo)
     sets = [(render.WORKER_POD_SET, job.workers, pods[0])]
     if job.launcher == "mpi":
         sets.append((render.LAUNCHER_POD_SET, 1, pods[-1]))
@@ -135,12 +136,13 @@ def _shape(pod_sets: list[dict]) -> list:
     return out
 
 
-def mismatch(job: Job, prio: priorities.Priority, wl: dict) -> str | None:
+def mismatch(job: Job, prio: priorities.Priority, wl: dict,
+             memo: Memos | None = None) -> str | None:
     """Why the job's pods no longer match what its Workload asked Kueue for (None: they match).
     A job edited while queued must never run on the room Kueue admitted for its old shape:
     jobsync deletes such a Workload before any pod exists and a new one queues (Kueue's
     jobframework ensureOneWorkload does the same for the kinds it knows)."""
-    want = _shape(render_workload(job, "", prio)["spec"]["podSets"])
+    want = _shape(render_workload(job, "", prio, memo)["spec"]["podSets"])
     have = _shape((wl.get("spec") or {}).get("podSets"))
     if want == have:
         return None

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 
 from trainop import admission, kube
 from trainop.config import Config
+from trainop.memo import Memos
 from trainop.render import dtj
 from trainop.render import podgroup as render
 from trainop.spec import Job
@@ -23,7 +23,6 @@ from trainop.spec import Job
 log = logging.getLogger(__name__)
 DEFAULT_SCHEDULER_NAMES = {render.PLUGINS: "scheduler-plugins-scheduler", render.VOLCANO: "volcano"}
 
-_lock = threading.Lock()
 _told: set[str] = set()  # the kinds whose missing API was logged once
 
 
@@ -42,26 +41,14 @@ def scheduler(cfg: Config) -> str | None:
     return kind if kind and served(kind) else None
 
 
-# Bound jobs by the identity of the parsed (and priority-bound) Job, as priority.bind keeps
-# them: the same object on every reconcile keeps admission's per-Job caches hitting.
-_BOUND: dict[tuple[int, str], tuple[Job, Job]] = {}
-_BOUND_MAX = 4096
-
-
-def bind(job: Job, kind: str | None, cfg: Config) -> Job:
-    """`job` whose pods `kind` places (None: unchanged)."""
+def bind(job: Job, kind: str | None, cfg: Config, memo: Memos | None = None) -> Job:
+    """`job` whose pods `kind` places (None: unchanged); one object per (Job, kind) with the
+    controller's `memo`, as priority.bind keeps them."""
     if kind is None:
         return job
-    hit = _BOUND.get((id(job), kind))
-    if hit is not None and hit[0] is job:
-        return hit[1]
-    bound = dataclasses.replace(job, gang_scheduler=kind, gang_scheduler_name=(
+    make = lambda: dataclasses.replace(job, gang_scheduler=kind, gang_scheduler_name=(  # noqa: E731
         cfg.gang_scheduler_name or DEFAULT_SCHEDULER_NAMES[kind]))
-    with _lock:
-        if len(_BOUND) >= _BOUND_MAX:
-            _BOUND.pop(next(iter(_BOUND)))
-        _BOUND[(id(job), kind)] = (job, bound)
-    return bound
+    return make() if memo is None else memo.bound.get(job, ("gang", kind), make)
 
 
 def render_for(job: Job) -> dict | None:

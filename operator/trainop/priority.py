@@ -26,6 +26,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from trainop.config import Config
+from trainop.memo import Memos
 from trainop.spec import Job, SpecError
 
 FIELD = "spec.priorityClassName"
@@ -126,29 +127,18 @@ def _choices(classes: Classes, cfg: Config, kueue: bool) -> str:
     return f"use one of {names}{more}, or leave it unset for the cluster's default"
 
 
-# bind() returns one object per (parsed Job, class), so admission.gang_pods' cache, keyed by
-# the Job's identity, keeps hitting when a namespace's queue is judged again and again.
-_BOUND: dict[tuple[int, str | None], tuple[Job, Job]] = {}
-_BOUND_MAX = 4096
-
-
-def bind(job: Job, prio: Priority) -> Job:
-    """`job` whose pods carry `prio`'s PriorityClass."""
+def bind(job: Job, prio: Priority, memo: Memos | None = None) -> Job:
+    """`job` whose pods carry `prio`'s PriorityClass. With the controller's `memo`, one object
+    per (parsed Job, class), so the per-Job memos (admission.gang_pods) keep hitting when a
+    namespace's queue is judged again and again."""
     if job.pod_priority_class == prio.pod_class:
         return job
-    key = (id(job), prio.pod_class)
-    hit = _BOUND.get(key)
-    if hit is not None and hit[0] is job:
-        return hit[1]
-    bound = dataclasses.replace(job, pod_priority_class=prio.pod_class)
-    if len(_BOUND) >= _BOUND_MAX:
-        _BOUND.pop(next(iter(_BOUND)))
-    _BOUND[key] = (job, bound)
-    return bound
+    make = lambda: dataclasses.replace(job, pod_priority_class=prio.pod_class)  # noqa: E731
+    return make() if memo is None else memo.bound.get(job, ("class", prio.pod_class), make)
 
 
 def for_job(job: Job, classes: Classes, cfg: Config, kueue: bool,
-            strict: bool = True) -> tuple[Job, Priority]:
+            strict: bool = True, memo: Memos | None = None) -> tuple[Job, Priority]:
     """The job bound to its priority. `strict=False` is for a job already admitted: a class
     deleted or capped since must not stop it; its new pods get the cluster's default."""
     try:
@@ -157,4 +147,4 @@ def for_job(job: Job, classes: Classes, cfg: Config, kueue: bool,
         if strict:
             raise
         prio = NONE
-    return bind(job, prio), prio
+    return bind(job, prio, memo), prio

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from trainop import blob, crds
 from trainop.config import Autoscale, Config, Fabric, NodePool, PodTemplateAllow
+from trainop.memo import Memos
 
 KIND = "DistributedTrainingJob"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"  # the kubelet's well-known label
@@ -579,23 +580,18 @@ def _topology_file(spec: dict, cfg: Config) -> str | None:
 # Parsing validates against the CRD's schema (milliseconds): a reconcile that runs on every watch
 # event of a child parses each spec once. Keyed by the spec's text (uid and generation would
 # do for objects from the API server, not for hand-made bodies in tests and `trainop local`).
-_PARSED: dict[str, tuple[Config, Job]] = {}
-_PARSED_MAX = 4096
 
 
-def parse_cached(body: dict, cfg: Config) -> Job:
-    """parse(), remembered per spec and configuration; SpecError is not cached."""
+def parse_cached(body: dict, cfg: Config, memo: Memos | None = None) -> Job:
+    """parse(), remembered in the controller's `memo` per spec and configuration (the same Job
+    object for one generation of one job, which keeps the per-Job memos hitting); SpecError is
+    not cached. Without a memo: parse()."""
+    if memo is None:
+        return parse(body, cfg)
     meta = body.get("metadata") or {}
     key = json.dumps([meta.get("name"), meta.get("namespace"), body.get("apiVersion"),
                       body.get("spec")], sort_keys=True, default=str)
-    hit = _PARSED.get(key)
-    if hit is not None and hit[0] is cfg:
-        return hit[1]
-    job = parse(body, cfg)
-    if len(_PARSED) >= _PARSED_MAX:
-        _PARSED.pop(next(iter(_PARSED)))  # oldest first: dicts keep insertion order
-    _PARSED[key] = (cfg, job)
-    return job
+    return memo.parsed.get(cfg, key, lambda: parse(body, cfg))
 
 
 def _node_matches(node: dict, selector: dict[str, str]) -> bool:

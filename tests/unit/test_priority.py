@@ -11,9 +11,10 @@ import logging
 import pytest
 
 from tests.unit.test_jobsync_decide import NOW, RUNNING, body, launcher, reasons, snap, summary, workers
-from trainop import conditions, config, gate, jobsync, kueue, priority
+from trainop import admission, conditions, config, gate, jobsync, kueue, priority
 from trainop.actions import Create
 from trainop.devcluster.pools import default_pools
+from trainop.memo import Memos
 from trainop.priority import Classes
 from trainop.render import dtj as render
 from trainop.spec import SpecError, parse
@@ -137,12 +138,18 @@ def test_every_pod_of_the_gang_carries_the_priority_class():
     assert "priorityClassName" not in render.render_worker(unset, 0, 0)["spec"]
 
 
-def test_bind_returns_one_object_per_job_and_class():
-    """admission.gang_pods caches by the Job's identity: judging a queue again reuses it."""
+def test_bind_returns_one_object_per_job_and_class_with_the_controllers_memo():
+    """admission.gang_pods is remembered by the Job's identity: judging a queue again reuses
+    it, as long as bind hands out the same object (the controller's memo, memo.py)."""
     job = parse(job_body(priorityClassName="high"), CFG)
-    first, _ = priority.for_job(job, CLASSES, CFG, False)
-    again, _ = priority.for_job(job, CLASSES, CFG, False)
+    memo = Memos()
+    first, _ = priority.for_job(job, CLASSES, CFG, False, memo=memo)
+    again, _ = priority.for_job(job, CLASSES, CFG, False, memo=memo)
     assert first is again and first.pod_priority_class == "high"
+    assert admission.gang_pods(first, memo) is admission.gang_pods(again, memo)
+    # without a memo nothing is remembered (pure callers, tests): equal, not the same
+    alone, _ = priority.for_job(job, CLASSES, CFG, False)
+    assert alone == first and alone is not first
 
 
 @pytest.mark.parametrize("name, ref, pod_class", [

@@ -64,7 +64,7 @@ def _take_checkpoint(snap: JobSnapshot, cfg: Config, st: _Status) -> None:
     location) into `status.checkpoint`, which the next attempt resumes from (resume.plan). A
     refused report leaves the known one in place and says why (a Warning, once per reason)."""
     try:
-        job = parse_cached(snap.body, cfg)
+        job = parse_cached(snap.body, cfg, snap.memo)
     except SpecError:
         return
     if job.checkpoint is None:

@@ -115,17 +115,18 @@ def _parse(plan: _Plan, st: _Status) -> tuple[Job, priority.Priority] | Outcome:
     if st.data.get("phase") in TERMINAL and st.data.get("cleanedUp") and ttl is None:
         return plan.out  # finished, cleaned, kept: nothing to look at (not even a parse)
     try:
-        job = parse_cached(body, cfg)
+        job = parse_cached(body, cfg, plan.snap.memo)
         # The class is judged until the job is admitted; after that, one deleted or capped
         # since stops nothing.
         job, prio = priority.for_job(job, plan.snap.classes, cfg, plan.snap.kueue, strict=(
-            st.data.get("phase") not in TERMINAL and not st.is_true("Admitted")))
+            st.data.get("phase") not in TERMINAL and not st.is_true("Admitted")),
+            memo=plan.snap.memo)
     except SpecError as exc:
         if st.data.get("phase") not in TERMINAL:
             _finish(st, "Failed", "InvalidSpec", str(exc), plan.now)
         return plan.out
     job = _fallen_back(job, st)
-    return podgroup.bind(job, plan.snap.gang_scheduler, cfg), prio
+    return podgroup.bind(job, plan.snap.gang_scheduler, cfg, plan.snap.memo), prio
 
 
 def _terminal(plan: _Plan, rp, st: _Status) -> Outcome:

@@ -14,6 +14,7 @@ from trainop import conditions, phases, priority
 from trainop.actions import Outcome, Problem, delete
 from trainop.admission import Decision
 from trainop.config import Config
+from trainop.memo import Memos
 
 TERMINAL = phases.TERMINAL
 
@@ -50,6 +51,7 @@ class JobSnapshot:
     flavors: dict[str, dict] = field(default_factory=dict)  # the admitted ResourceFlavors by name
     gang_scheduler: str | None = None  # served gang scheduler of the configuration (podgroup.py)
     pod_group: dict | None = None  # its PodGroup, where that scheduler's API is served
+    memo: Memos | None = None  # the controller's memos (memo.py); None: nothing remembered
     problem: Problem | None = None                        # what the last apply met (apply.py)
     # The last state of the job's pods deleted since this process started (the DELETED watch
     # event's object): why a vanished worker went (DisruptionTarget, its node). Empty after an

@@ -42,7 +42,8 @@ def _admission(plan: _Plan, job: Job, prio: priority.Priority) -> Decision | Non
         return plan.snap.admission
     if plan.snap.workload is None:
         queue = (plan.body.get("spec") or {}).get("queue")
-        plan.out.actions.append(Create(kueue.render_workload(job, queue, prio), plan.body))
+        plan.out.actions.append(Create(kueue.render_workload(job, queue, prio, plan.snap.memo),
+                                       plan.body))
     return kueue.decide(job, plan.body, plan.snap.workload)
 
 
@@ -58,7 +59,7 @@ def _kueue_workload_stale(plan: _Plan, job: Job, prio: priority.Priority,
     if wl["metadata"].get("deletionTimestamp"):  # never admitted on a Workload going away
         st.phase("Queued")
         return plan.wait(f"waiting for Workload {wl['metadata']['name']} to be deleted")
-    why = kueue.mismatch(job, prio, wl)
+    why = kueue.mismatch(job, prio, wl, plan.snap.memo)
     if why is None:
         return None
     plan.out.actions += kueue.release_actions(wl)
