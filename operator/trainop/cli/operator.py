@@ -20,7 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("--config", metavar="FILE",
                    help="operator configuration YAML (default: $TRAINOP_CONFIG, else the built-in one)")
     p.add_argument("--peering", metavar="NAME",
-                   help="kopf peering object: replicas with the same name never act together")
+                   help="kopf peering object: kopf pauses the handlers of every replica of that name "
+                        "but the highest-priority one (trainop's own work queue does not honour the "
+                        "pause yet: run one replica)")
     p.add_argument("--standalone", action="store_true",
                    help="no peering at all (a single replica, e.g. tests and local runs)")
     p.add_argument("--liveness", metavar="URL",
