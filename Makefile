@@ -5,7 +5,7 @@
 
 PYTEST ?= .venv/bin/pytest
 
-demo:  ## set up PyTorch + Horovod only, then run the main job locally (ResNet-50, 2 workers, synthetic data)
+demo:  ## set up PyTorch + Horovod only, then run the main example locally, reduced (ResNet-18 for its ResNet-50, 2 Horovod ranks, synthetic data)
 	scripts/bootstrap.sh demo
 	.venv/bin/trainop run examples/pytorch-horovod-synthetic.yaml --local
 

@@ -3,11 +3,13 @@ listing is a baseline), reconcile timing and error counting. Real prometheus_cli
 
 from __future__ import annotations
 
+import re
 import secrets
 
 import prometheus_client as prom
 import pytest
 
+from tests.helm.helm import CHART
 from trainop import metrics
 
 
@@ -64,3 +66,25 @@ def test_reconcile_times_and_counts_errors():
         raise ConnectionError("api down")
     assert sample("trainop_reconcile_duration_seconds_count", kind=kind) == 2
     assert sample("trainop_reconcile_errors_total", kind=kind, error="ConnectionError") == 1
+
+
+def test_the_chart_readme_names_every_metric_with_its_labels(ns):
+    """charts/trainop/README.md's list is what the registry really exports (a counter under its
+    exposed name, `_total`), so a metric added to metrics.py must be added there too."""
+    readme = (CHART / "README.md").read_text()
+    # a sample of every family, so that each shows its labels
+    for kind in (metrics.JOB_KIND, metrics.STAGE_KIND):
+        metrics.observe(kind, body(ns, kind, phase="Running"))
+        metrics.observe(kind, body(ns, kind, phase="Succeeded", attempt=1, bytesCopied=1))
+        with pytest.raises(ValueError), metrics.reconcile(kind):
+            raise ValueError("counted")
+    metrics.queue_totals(ns, {"queuedJobs": 1, "queuedGpus": 8, "admittedGpus": 8})
+    for family in prom.REGISTRY.collect():
+        if not family.name.startswith("trainop_"):
+            continue
+        exposed = family.name + ("_total" if family.type == "counter" else "")
+        labels = sorted({k for s in family.samples for k in s.labels if k != "le"})
+        shown = re.search(rf"`{exposed}(\{{([a-z_,]*)\}})?`", readme)
+        assert shown, f"{exposed} is missing from charts/trainop/README.md"
+        assert sorted(filter(None, (shown.group(2) or "").split(","))) == labels, \
+            f"charts/trainop/README.md: {exposed} has the labels {{{','.join(labels)}}}"

@@ -7,6 +7,12 @@ import argparse
 import importlib
 import sys
 
+# What `trainop --help` says (the docstring above is for developers).
+DESCRIPTION = ("Run distributed training on Kubernetes: DistributedTrainingJobs (a gang of workers "
+               "started by mpirun or torchrun) and DataStages (Blob Storage copied onto NFS), on a "
+               "cluster or, with `trainop run JOB.yaml --local`, on this machine. "
+               "`trainop VERB --help` says more about each verb.")
+
 # Modules that add verbs, in the order `trainop --help` lists them.
 VERB_MODULES = [
     "trainop.cli.local",
@@ -20,7 +26,7 @@ VERB_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trainop", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="trainop", description=DESCRIPTION)
     subparsers = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     for name in VERB_MODULES:
         importlib.import_module(name).register(subparsers)

@@ -13,21 +13,27 @@ def register(subparsers) -> None:
         description=__doc__,
     )
     verbs = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-    up = verbs.add_parser("up", help="start it (builds the binaries on first use) and write a kubeconfig")
+    up = _action(verbs, "up", "start the local control plane (building its binaries on first use) "
+                 "and write a kubeconfig")
     up.add_argument("--pools", default="", metavar="system=N,gpu=N,ibgpu=N",
                     help="node counts per pool (default system=2,gpu=4,ibgpu=4)")
     up.add_argument("--real-nodes", default="", metavar="N | POOL=N,...",
                     help="make pools real: their nodes are kubelets on containerd that run pods (on the CPU), "
                          "e.g. 1 (gpu=1) or system=1,gpu=1; needs root")
     up.add_argument("--no-crds", action="store_true", help="do not install trainop's CRDs")
-    verbs.add_parser("down", help="stop it and throw its state away")
-    verbs.add_parser("status", help="show which components run and where the kubeconfig is")
-    verbs.add_parser("build", help="only build (or find cached) the control plane and real-node binaries")
-    images = verbs.add_parser("images", help="build (or find cached) the project's container images from "
-                              "its Dockerfiles, without Docker Hub; optionally load them into a containerd")
+    _action(verbs, "down", "stop the local control plane and throw its state away")
+    _action(verbs, "status", "show which of its components run and where the kubeconfig is")
+    _action(verbs, "build", "only build (or find cached) the control plane and real-node binaries")
+    images = _action(verbs, "images", "build (or find cached) the project's container images from "
+                     "its Dockerfiles, without Docker Hub; optionally load them into a containerd")
     images.add_argument("--only", nargs="+", metavar="NAME", help="these images (default: every default one)")
     images.add_argument("--containerd", metavar="ADDRESS", help="then import them into this containerd socket")
     parser.set_defaults(func=run)
+
+
+def _action(verbs, name: str, text: str):
+    """An action whose `--help` says what `trainop devcluster --help` lists beside it."""
+    return verbs.add_parser(name, help=text, description=f"trainop devcluster {name}: {text}.")
 
 
 def _cluster(pools_text: str = "", real_text: str = ""):

@@ -42,28 +42,48 @@ def _connection_flags(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("submit", help="create the jobs (and DataStages) of a manifest file on the cluster",
-                              description=__doc__)
+    p = subparsers.add_parser(
+        "submit", help="create the jobs (and DataStages) of a manifest file on the cluster",
+        description="Create the DistributedTrainingJobs and DataStages of a YAML file on the cluster. "
+                    "The file is checked against the CRDs' own schemas first, then the API server "
+                    "validates every document (a server-side dry run, so CEL rules count too) before "
+                    "any is created: a file is created whole or not at all.")
     p.add_argument("manifest", metavar="FILE", help="YAML with DistributedTrainingJob / DataStage documents")
     _connection_flags(p)
     p.set_defaults(func=submit)
 
-    p = subparsers.add_parser("get", help="list training jobs, or show one")
-    p.add_argument("names", nargs="*", metavar="NAME")
+    p = subparsers.add_parser(
+        "get", help="list training jobs, or show one",
+        description="List training jobs (every job of the namespace, or the named ones): phase, ready "
+                    "workers, GPUs, restarts (counted, and +Nd disruptions not counted), images/sec, "
+                    "progress (percent of steps done) and the time left until the ETA, from "
+                    "status.progress. -w then prints a row whenever a job changes (a watch, as "
+                    "`kubectl get -w`).")
+    p.add_argument("names", nargs="*", metavar="NAME", help="jobs to show (default: every job)")
     p.add_argument("-A", "--all-namespaces", action="store_true", help="jobs of every namespace")
-    p.add_argument("-o", "--output", choices=("table", "wide", "yaml", "json"), default="table")
+    p.add_argument("-o", "--output", choices=("table", "wide", "yaml", "json"), default="table",
+                   help="wide adds framework, launcher, node pool and the last failure; yaml and json "
+                        "print the objects")
     p.add_argument("-w", "--watch", action="store_true",
                    help="after the table, print a row whenever a job changes (a watch; Ctrl-C stops)")
     _connection_flags(p)
     p.set_defaults(func=get)
 
-    p = subparsers.add_parser("describe", help="a job's spec, status, conditions, pods and events")
-    p.add_argument("name", metavar="NAME")
+    p = subparsers.add_parser(
+        "describe", help="a job's spec, status, conditions, pods and events",
+        description="Show one training job: a summary of its spec, its status, the attempt and restart "
+                    "history, progress and ETA, a chart of images/sec over the last reports (from the "
+                    "job's progress ConfigMap <job>-progress, key history, written by the log "
+                    "shipper), its conditions, its pods and their nodes, and its events.")
+    p.add_argument("name", metavar="NAME", help="the job")
     _connection_flags(p)
     p.set_defaults(func=describe)
 
-    p = subparsers.add_parser("delete", help="delete training jobs (their pods and other children go with them)")
-    p.add_argument("names", nargs="+", metavar="NAME")
+    p = subparsers.add_parser(
+        "delete", help="delete training jobs (their pods and other children go with them)",
+        description="Delete training jobs in the foreground (their pods and other children are deleted "
+                    "first) and wait until they are gone.")
+    p.add_argument("names", nargs="+", metavar="NAME", help="jobs to delete")
     p.add_argument("--no-wait", dest="wait", action="store_false", help="return without waiting until they are gone")
     p.add_argument("--timeout", type=float, default=120, metavar="SECONDS", help="how long to wait (default 120)")
     p.add_argument("--ignore-not-found", action="store_true", help="a missing job is not an error")

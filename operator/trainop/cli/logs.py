@@ -3,6 +3,8 @@ live pod while it exists, from Blob Storage (where the log sidecar archived it) 
 
 The bytes are the same either way: the training container tees its stdout+stderr, unchanged,
 both to its own stream (what the API serves) and to the file the sidecar appends to the blob.
+A job whose output is a claim (spec.output.pvc) has its logs on the claim, under
+logs/<job>/<attempt>/: mount it to read them once the pod is gone.
 """
 
 from __future__ import annotations

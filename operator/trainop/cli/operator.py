@@ -1,4 +1,6 @@
-"""`trainop operator`: run the operator (kopf with the entry module trainop.main)."""
+"""`trainop operator`: run the operator against the cluster of the kubeconfig (in a pod: its
+ServiceAccount), as the chart's Deployment and the tests do: kopf with the entry module
+trainop.main, which imports every handler."""
 
 from __future__ import annotations
 
@@ -16,9 +18,11 @@ def register(subparsers) -> None:
     scope.add_argument("-A", "--all-namespaces", action="store_true",
                        help="watch every namespace (the default when no -n is given)")
     p.add_argument("--config", metavar="FILE",
-                   help="operator configuration YAML (default: $TRAINOP_CONFIG)")
+                   help="operator configuration YAML (default: $TRAINOP_CONFIG, else the built-in one)")
     p.add_argument("--peering", metavar="NAME",
-                   help="kopf peering object: replicas with the same name never act together")
+                   help="kopf peering object: kopf pauses the handlers of every replica of that name "
+                        "but the highest-priority one (trainop's own work queue does not honour the "
+                        "pause yet: run one replica)")
     p.add_argument("--standalone", action="store_true",
                    help="no peering at all (a single replica, e.g. tests and local runs)")
     p.add_argument("--liveness", metavar="URL",
@@ -31,7 +35,7 @@ def register(subparsers) -> None:
                    help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics")
     p.add_argument("--log-format", choices=["full", "json", "plain"], default="full",
                    help="json: one object per line, with the resource each line is about")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging (kopf's verbose mode)")
     p.set_defaults(func=run)
 
 
