@@ -27,6 +27,8 @@ resources the head of the queue does not need: it never delays the head.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -236,6 +238,42 @@ def gang_pods(job: Job, memo: Memos | None = None) -> list[dict]:
     if memo is None:
         return _render_gang(job)
     return memo.gangs.get(job, "gang", lambda: _render_gang(job))
+
+
+def pod_sets(job: Job, memo: Memos | None = None) -> list[dict]:
+    """The gang as Kueue's pod sets: the workers (count = workers, as worker 0 renders) and,
+    for MPI, the launcher (1)."""
+    pods = gang_pods(job, memo)
+    sets = [(render.WORKER_POD_SET, job.workers, pods[0])]
+    if job.launcher == "mpi":
+        sets.append((render.LAUNCHER_POD_SET, 1, pods[-1]))
+    return [{"name": name, "count": count,
+             "template": {"metadata": {"labels": dict(pod["metadata"].get("labels") or {})},
+                          "spec": pod["spec"]}}
+            for name, count, pod in sets]
+
+
+def shape(sets: list[dict] | None) -> list:
+    """What a reservation is made for: each pod set's name and count and every container's
+    requests and limits, quantities normalised ("1000m" is 1 CPU); Kueue's
+    EquivalentToWorkload compares the same."""
+    def amounts(resources: dict | None) -> dict:
+        return {k: quantity(v) for k, v in (resources or {}).items()}
+
+    out = []
+    for ps in sets or []:
+        spec = (ps.get("template") or {}).get("spec") or {}
+        out.append((ps.get("name"), ps.get("count"), [
+            (group, c.get("name"), amounts((c.get("resources") or {}).get("requests")),
+             amounts((c.get("resources") or {}).get("limits")))
+            for group in ("initContainers", "containers") for c in spec.get(group) or []]))
+    return out
+
+
+def shape_digest(job: Job, memo: Memos | None = None) -> str:
+    """status.admittedShape: the admitted shape, short (a job stopped when it changes)."""
+    text = json.dumps(shape(pod_sets(job, memo)), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _render_gang(job: Job) -> list[dict]:

@@ -221,16 +221,11 @@ def _taint_node(action: TaintNode) -> None:
                 action.taint["key"], action.taint.get("value", ""), action.taint["effect"])
 
 
-def write_status(body: dict, changes: dict, subresource: str = "status",
-                 resource_version: str | None = None) -> dict:
-    """JSON merge patch of the changed status keys (None removes a key); with
-    `resource_version`, only onto that version of the object (else 409 Conflict)."""
+def write_status(body: dict, changes: dict, subresource: str = "status") -> dict:
+    """JSON merge patch of the changed status keys (None removes a key)."""
     meta = body["metadata"]
-    patch: dict = {"status": changes}
-    if resource_version:
-        patch["metadata"] = {"resourceVersion": resource_version}
     return kube.patch(body["apiVersion"], body["kind"], meta["name"], meta["namespace"],
-                      patch, subresource=subresource)
+                      {"status": changes}, subresource=subresource)
 
 
 def post_event(body: dict, type_: str, reason: str, message: str,

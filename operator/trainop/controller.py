@@ -302,9 +302,6 @@ class Controller:
         # decide() in the pool too: the gate may judge a whole namespace
         outcome, problem = await loop.run_in_executor(self.pool, self._decide_and_act, key, snap,
                                                       view)
-        if problem and problem.reason == "Conflict":  # its own watch event decides again
-            self.queue.add_after(key, 1.0)  # (a backstop, should that event be lost)
-            return
         if problem:  # decide again at once, knowing it
             self.problems[key] = problem
             self.queue.add(key)
@@ -374,18 +371,20 @@ class Controller:
         return outcome, self._act(key, snap.body, outcome)
 
     def _act(self, key: tuple, body: dict, outcome) -> Problem | None:
-        # A job's admission is written BEFORE its children, on the version decide() read: the
-        # CRD freezes the gang's shape once the API server holds Admitted=True, so an edit that
-        # raced this decide makes the write fail (409, decided again on the new spec) instead
-        # of creating pods of a shape nobody admitted (docs/security.md, H1).
-        first = key[0] == JOB and _admits(body, outcome.status)
-        if first and self._write(key, body, outcome, precondition=True) is None:
-            return Problem("Conflict", "the job changed while it was being admitted")
         problems = self.applier.run(outcome.actions)
         if problems:
             return problems[0]
-        if not first and self._write(key, body, outcome) is None:
-            return None  # deleted meanwhile: nothing left to say
+        old = body.get("status") or {}
+        if outcome.status is not None:
+            new = outcome.status if key[0] == JOB else {**old, **outcome.status}  # a stage owns only its keys
+            changes = merge_patch(old, new)
+            if changes:
+                try:
+                    self.written[key] = apply.write_status(body, changes)
+                except ApiException as exc:
+                    if exc.status != 404:  # 404: deleted meanwhile; nothing left to say
+                        raise
+                    return None
         for type_, reason, message in outcome.events:
             apply.post_event(body, type_, reason, message)
         if outcome.delete_self:
@@ -394,31 +393,6 @@ class Controller:
             apply.kube.delete(body["apiVersion"], body["kind"], meta["name"], meta["namespace"],
                               uid=meta["uid"])
         return None
-
-    def _write(self, key: tuple, body: dict, outcome, precondition: bool = False) -> bool | None:
-        """Write the status keys that changed. None: the object is gone, or (with
-        `precondition`) changed since `body` was read."""
-        old = body.get("status") or {}
-        if outcome.status is None:
-            return True
-        new = outcome.status if key[0] == JOB else {**old, **outcome.status}  # a stage owns only its keys
-        changes = merge_patch(old, new)
-        if not changes:
-            return True
-        version = body["metadata"].get("resourceVersion") if precondition else None
-        try:
-            self.written[key] = apply.write_status(body, changes, resource_version=version)
-        except ApiException as exc:
-            if exc.status == 404 or exc.status == 409 and precondition:
-                return None
-            raise
-        return True
-
-
-def _admits(body: dict, status: dict | None) -> bool:
-    """Does this outcome admit the job (Admitted turns True)?"""
-    was = conditions.is_true((body.get("status") or {}).get("conditions"), "Admitted")
-    return not was and conditions.is_true((status or {}).get("conditions"), "Admitted")
 
 
 def merge_patch(old: dict, new: dict) -> dict:

@@ -43,10 +43,9 @@ import dataclasses
 from trainop import conditions, kube
 from trainop import priority as priorities
 from trainop.actions import Delete, DropFinalizer, PatchStatus, Ref
-from trainop.admission import ADMITTED, QUEUED, Decision, gang_pods, quantity
+from trainop.admission import ADMITTED, QUEUED, Decision, pod_sets, shape
 from trainop.memo import Memos
 from trainop.render import common
-from trainop.render import dtj as render
 from trainop.spec import FlavorPlacement, Job, SpecError
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -69,15 +68,7 @@ def render_workload(job: Job, queue: str, prio: priorities.Priority = priorities
                     memo: Memos | None = None) -> dict:
     """One podSet for the workers (count = workers) and one for the MPI launcher; `job` is
     bound to `prio` (priority.bind), so a PriorityClass is also on the pod templates."""
-    pods = gang_pods(job, memo)
-    sets = [(render.WORKER_POD_SET, job.workers, pods[0])]
-    if job.launcher == "mpi":
-        sets.append((render.LAUNCHER_POD_SET, 1, pods[-1]))
-    spec: dict = {"queueName": queue, "podSets": [
-        {"name": name, "count": count,
-         "template": {"metadata": {"labels": dict(pod["metadata"].get("labels") or {})},
-                      "spec": pod["spec"]}}
-        for name, count, pod in sets]}
+    spec: dict = {"queueName": queue, "podSets": pod_sets(job, memo)}
     if prio.ref is not None:
         spec["priorityClassRef"] = prio.ref
     spec["priority"] = prio.value
@@ -120,30 +111,14 @@ def decide(job: Job, body: dict, workload: dict | None) -> Decision:
                     f"{why.get('message') or 'not admitted yet'}")
 
 
-def _shape(pod_sets: list[dict]) -> list:
-    """What Kueue reserved quota for: each pod set's name, count and every container's
-    requests and limits (Kueue's EquivalentToWorkload compares the same: counts and resources)."""
-    def amounts(resources: dict | None) -> dict:  # "1000m" and 1 are the same CPU
-        return {k: quantity(v) for k, v in (resources or {}).items()}
-
-    out = []
-    for ps in pod_sets or []:
-        spec = (ps.get("template") or {}).get("spec") or {}
-        out.append((ps.get("name"), ps.get("count"), [
-            (group, c.get("name"), amounts((c.get("resources") or {}).get("requests")),
-             amounts((c.get("resources") or {}).get("limits")))
-            for group in ("initContainers", "containers") for c in spec.get(group) or []]))
-    return out
-
-
 def mismatch(job: Job, prio: priorities.Priority, wl: dict,
              memo: Memos | None = None) -> str | None:
     """Why the job's pods no longer match what its Workload asked Kueue for (None: they match).
     A job edited while queued must never run on the room Kueue admitted for its old shape:
     jobsync deletes such a Workload before any pod exists and a new one queues (Kueue's
     jobframework ensureOneWorkload does the same for the kinds it knows)."""
-    want = _shape(render_workload(job, "", prio, memo)["spec"]["podSets"])
-    have = _shape((wl.get("spec") or {}).get("podSets"))
+    want = shape(render_workload(job, "", prio, memo)["spec"]["podSets"])
+    have = shape((wl.get("spec") or {}).get("podSets"))
     if want == have:
         return None
     counts = lambda shape: ", ".join(f"{n}×{c}" for n, c, _ in shape)  # noqa: E731

@@ -330,22 +330,43 @@ def test_a_queued_job_grown_after_its_workload_was_made_never_runs_on_the_old_re
 
 def test_an_admitted_job_cannot_be_grown(cluster, namespace, api, held_queue, operator_factory):
     """From admission on, the API server itself refuses a change of the gang's shape (the CRD's
-    rule): workers, GPUs, resources, pool and pod template are what the quota was reserved for."""
+    rule): workers, GPUs, resources, pool. A podTemplate edit (its rule would cost too much to
+    compare) stops the gang and queues it again: a sidecar asking for 200 CPUs never runs on
+    the reservation made for the job without it."""
     operator_factory(config=FAST)
     held_queue()
-    cluster.apply(manifest("a", queue="team", workers=1), namespace)
-    wait_until(lambda: (api.condition("a", "Admitted") or {}).get("status") == "True", timeout=60,
-               what="job a admitted")
-    for change in ({"workers": 4}, {"gpusPerWorker": 1},
-                   {"resources": {"requests": {"cpu": "30"}}},
-                   {"podTemplate": {"worker": {"spec": {"containers": [
-                       {"name": "extra", "image": "x", "resources": {"limits": {"nvidia.com/gpu": 8}}}]}}}}):
-        with pytest.raises(ApiException) as refused:
-            grow(api, "a", **change)
-        assert refused.value.status == 422, change
-        assert "cannot change once the job is admitted" in refused.value.body, change
-    assert api.job("a")["spec"]["workers"] == 1
-    grow(api, "a", runPolicy={"activeDeadlineSeconds": 3600})  # not the shape: allowed
+    watch = PodWatch(api)
+    try:
+        cluster.apply(manifest("a", queue="team", workers=1), namespace)
+        api.wait_running("a")
+        first = workload(api, "a")
+        for change in ({"workers": 4}, {"gpusPerWorker": 1},
+                       {"resources": {"requests": {"cpu": "30"}}},
+                       {"nodePool": {"name": "ibgpu"}}):
+            with pytest.raises(ApiException) as refused:
+                grow(api, "a", **change)
+            assert refused.value.status == 422, change
+            assert "cannot change once the job is admitted" in refused.value.body, change
+        assert api.job("a")["spec"]["workers"] == 1
+        grow(api, "a", runPolicy={"activeDeadlineSeconds": 3600})  # not the shape: allowed
+        grow(api, "a", podTemplate={"worker": {"spec": {"containers": [
+            {"name": "extra", "image": "trainop/trainer-pytorch:0.1.0",
+             "resources": {"requests": {"cpu": "200"}}}]}}})
+        cond = wait_until(lambda: (api.condition("a", "Admitted") or {}).get("status") == "False"
+                          and api.condition("a", "Admitted"), timeout=60, what="a queued again")
+        assert cond["reason"] in ("ShapeChanged", "WorkloadMismatch", "WaitingForKueue")
+        wait_until(lambda: not api.pods("a"), timeout=60, what="a's old gang gone")
+        replaced = wait_until(lambda: next((w for w in api.custom.list_namespaced_custom_object(
+            *KUEUE, namespace, "workloads")["items"] if w["metadata"]["uid"] != first["metadata"]["uid"]
+            and not w["metadata"].get("deletionTimestamp")), None), timeout=60,
+            what="a Workload of the new shape")
+        workers = replaced["spec"]["podSets"][0]["template"]["spec"]["containers"]
+        assert "extra" in [c["name"] for c in workers]
+        api.wait_phase("a", "Queued")
+        assert not api.pods("a")  # and none came back: 200 CPUs do not fit the queue
+        assert len(watch.pods_of("a")) == 2  # the first gang's worker and launcher pod only
+    finally:
+        watch.stop()
 
 
 def test_a_native_admitted_job_cannot_be_grown(cluster, namespace, api, operator_factory):

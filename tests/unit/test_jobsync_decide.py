@@ -9,11 +9,12 @@ import datetime as dt
 
 import pytest
 
-from trainop import conditions, config
+from trainop import admission, conditions, config
 from trainop.actions import Apply, Create, CreateSSHSecret, Delete, DropFinalizer, Problem, Ref
 from trainop.admission import ADMITTED, QUEUED, UNSATISFIABLE, Decision
 from trainop.devcluster.pools import default_pools
 from trainop.jobsync import JobSnapshot, decide
+from trainop.spec import parse
 
 CFG = config.from_dict(None)
 NODES = [n for pool in default_pools() for n in pool.nodes()]  # gpu: 4x4 GPUs, ibgpu: 4x8
@@ -562,3 +563,26 @@ def test_a_gang_scheduler_gets_the_pod_group_before_any_pod():
     worker = next(a.obj for a in actions if isinstance(a, Create) and a.obj["kind"] == "Pod")
     assert worker["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
     assert "apply PodGroup j" not in summary(decide(snap(body()), cfg, NOW).actions)  # API not served
+
+
+def test_an_admitted_job_whose_pod_template_grew_is_stopped_and_queued_again():
+    """Issue 22 H1 for what the CRD's rule cannot compare: a podTemplate edited after admission
+    (a sidecar asking for 64 CPUs) never runs on the reservation made for the old shape."""
+    admitted_shape = admission.shape_digest(parse(body(), CFG))
+    running = {**copy.deepcopy(RUNNING), "admittedShape": admitted_shape}
+    same = decide(snap(body(copy.deepcopy(running)), pods=workers(), launcher=launcher()), CFG, NOW)
+    assert same.status["phase"] == "Running" and same.status["admittedShape"] == admitted_shape
+    grown = body(copy.deepcopy(running), generation=2, podTemplate={"worker": {"spec": {
+        "containers": [{"name": "extra", "image": "x", "resources": {"requests": {"cpu": "64"}}}]}}})
+    out = decide(snap(grown, pods=workers(), launcher=launcher()), CFG, NOW)
+    assert summary(out.actions) == ["delete Job j-launcher", "delete Pod j-worker-0",
+                                    "delete Pod j-worker-1"]
+    assert out.status["phase"] == "Queued" and "stopping the gang" in out.waiting
+    gone = decide(snap(body(out.status, generation=2, podTemplate=grown["spec"]["podTemplate"]),
+                       admit=None), CFG, NOW)
+    assert reasons(gone.status)["Admitted"] == ("False", "ShapeChanged")
+    assert "admittedShape" not in gone.status and gone.actions == []
+    # the next pass asks the queue for the new shape
+    again = decide(snap(body(gone.status, generation=2, podTemplate=grown["spec"]["podTemplate"]),
+                        admit=None), CFG, NOW)
+    assert again.asks is not None and again.asks.pod_template == grown["spec"]["podTemplate"]

@@ -5,7 +5,7 @@ actions, eviction as stop-and-requeue, the admitted flavors' placement, suspensi
 
 from __future__ import annotations
 
-from trainop import conditions, kueue, priority
+from trainop import admission, conditions, kueue, priority
 from trainop.actions import Create, Outcome, PatchStatus, Ref
 from trainop.admission import Decision
 from trainop.jobsync.model import TERMINAL, _delete_pods, _finish, _Plan, _pod_ready, _Status, _ts
@@ -15,9 +15,10 @@ from trainop.spec import Job, SpecError
 
 
 def _admit(plan: _Plan, job: Job, prio: priority.Priority, st: _Status) -> Outcome | None:
-    """The whole gang fits the quotas (native queue or Kueue), or no child is made."""
+    """The whole gang fits the quotas (native queue or Kueue), or no child is made; an admitted
+    job keeps the shape it was admitted with (status.admittedShape)."""
     if st.is_true("Admitted"):
-        return None
+        return _shape_kept(plan, job, st)
     decision = _admission(plan, job, prio)
     if decision is None:  # the controller asks the native queue and decides again
         plan.out.asks = job
@@ -32,7 +33,37 @@ def _admit(plan: _Plan, job: Job, prio: priority.Priority, st: _Status) -> Outco
     if not decision.admitted:
         st.phase("Queued")
         return plan.wait(decision.message)
+    st.data["admittedShape"] = admission.shape_digest(job, plan.snap.memo)
     return None
+
+
+def _shape_kept(plan: _Plan, job: Job, st: _Status) -> Outcome | None:
+    """A reservation holds for the shape it was made for. The CRD freezes the shape's fields
+    from admission on; what its rule cannot afford to compare (a podTemplate's containers and
+    their resources) is compared here: a job whose pods would differ from what was admitted is
+    stopped and queues again, as Kueue's jobframework stops a job that no longer matches its
+    Workload, so a reservation for 1 GPU never runs 16 (issue 22 H1)."""
+    digest = admission.shape_digest(job, plan.snap.memo)
+    known = st.data.setdefault("admittedShape", digest)  # (jobs admitted before it existed)
+    if known == digest:
+        return None
+    pods, launcher = plan.snap.pods, plan.snap.launcher
+    if launcher and not launcher["metadata"].get("deletionTimestamp"):
+        plan.delete(launcher)
+    _delete_pods(plan, pods)
+    why = "the gang's shape changed since it was admitted (spec.podTemplate's containers or " \
+          "resources)"
+    if pods or launcher:
+        st.phase("Queued")
+        return plan.wait(f"{why}: stopping the gang to queue it again")
+    st.cond("Admitted", False, "ShapeChanged", f"{why}; it queues again with its new shape")
+    for type_ in ("Running", "WorkersReady"):
+        if conditions.get_condition(st.data.get("conditions"), type_):
+            st.cond(type_, False, "ShapeChanged", "stopped: queued again")
+    st.data.pop("admittedShape")
+    st.data.pop("startTime", None)
+    st.phase("Queued")
+    return plan.wait(f"{why}: queued again")
 
 
 def _admission(plan: _Plan, job: Job, prio: priority.Priority) -> Decision | None:
