@@ -18,6 +18,7 @@ import kubernetes.client as k8s
 import pytest
 import yaml
 
+from tests.fixtures.cluster import cli_config
 from tests.fixtures.waiting import wait_until
 from trainop import blob, kube
 from trainop.render import logship
@@ -179,7 +180,8 @@ def test_metrics_reach_the_status_and_logs_outlive_the_pods(cluster, namespace, 
     second = b"".join(b"rank 0 step %d loss %.3f\n" % (i, 7 - i / 100) for i in range(1000, 2000)) + b"done"
     text = first + second
     (shipper.run_dir / "train.log").write_bytes(first)
-    trainop = [sys.executable, "-m", "trainop", "logs", "arch", "-n", namespace, "--kubeconfig", str(cluster.kubeconfig)]
+    trainop = [sys.executable, "-m", "trainop", "logs", "arch", "-n", namespace, "--kubeconfig", str(cluster.kubeconfig),
+               "--config", str(cli_config(tmp_path / "cli-config.yaml"))]
     followed, follow_err = tmp_path / "followed.log", tmp_path / "followed.err"
     with open(followed, "wb") as out, open(follow_err, "wb") as err:
         follower = subprocess.Popen([*trainop, "-f"], stdout=out, stderr=err)

@@ -21,6 +21,7 @@ import pytest
 
 from tests.cluster.test_logs import launcher_pod, setup_job, token_kubeconfig
 from tests.fixtures.azurite import free_port
+from tests.fixtures.cluster import cli_config
 from tests.fixtures.waiting import wait_until
 from trainop import kube, logship, progress
 from trainop.render import logship as render
@@ -152,7 +153,7 @@ def test_trainer_event_files_are_shipped_and_served_by_tensorboard(cluster, name
     port = free_port()
     log = tmp_path / "tensorboard.log"
     cmd = [sys.executable, "-m", "trainop", "tensorboard", "tb", "-n", namespace, "--kubeconfig",
-           str(cluster.kubeconfig), "--port", str(port)]
+           str(cluster.kubeconfig), "--port", str(port), "--config", str(cli_config(tmp_path / "cli-config.yaml"))]
     with open(log, "w") as f:
         served = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/data"

@@ -143,6 +143,22 @@ def test_account_url_with_a_sas_is_refused():
     assert "sig=abc" not in str(err.value)
 
 
+@pytest.mark.parametrize("url", ["https://acct.blob.core.windows.net:abc", "https://acct.blob.core.windows.net:99999",
+                                 "https://acct.blob.core.windows.net:-1", "http://[::1/devstoreaccount1"])
+def test_account_url_with_a_malformed_port_is_a_spec_error_naming_the_field(url):
+    """Issue 22 L1: urlsplit raises ValueError only when the port is read, which once happened
+    in every reconcile and in the admission gate (for every job of the namespace)."""
+    with pytest.raises(spec.SpecError) as err:
+        spec.parse_output({"blob": {"accountURL": url + "?sv=1&sig=abc", "container": "c"}}, None)
+    assert err.value.field == "spec.output.blob.accountURL"
+    assert "is not a valid URL" in str(err.value) and "sig=abc" not in str(err.value)
+    with pytest.raises(spec.SpecError) as err:
+        spec.parse_stage({"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": {"name": "s", "namespace": "n"},
+                          "spec": {"source": {"blob": {"accountURL": url, "container": "c"}},
+                                   "destination": {"provision": {"size": "1Gi"}}}})
+    assert err.value.field == "spec.source.blob.accountURL"
+
+
 def test_rbac_allows_only_this_jobs_progress_config_map():
     objs = logship.rbac(job(blob_output(SAS)), {})
     labels = {"trainop.io/job-name": "j1"}
