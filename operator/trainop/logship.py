@@ -488,7 +488,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--account-url", help="Blob endpoint, e.g. https://acct.blob.core.windows.net (not used with a connection string)")
     p.add_argument("--container", help="Blob container; without it the sidecar only reports (--progress): "
                                         "a job whose output is a claim")
-    p.add_argument("--dest", help="blob folder of this run: <prefix>/<job>/<attempt>")
+    p.add_argument("--dest", help="blob folder of this run: <prefix>/<namespace>/<job>-<uid8>/<attempt>")
     p.add_argument("--file", action="append", default=[], metavar="PATH=BLOB",
                    help="append PATH to the Append Blob <dest>/BLOB (repeatable)")
     p.add_argument("--output-dir", type=Path, help="uploaded to <dest>/output/ when the sidecar stops")

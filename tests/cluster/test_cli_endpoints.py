@@ -29,6 +29,7 @@ import yaml
 from tests.cli.test_tensorboard import assert_no_projector
 from tests.fixtures.azurite import free_port
 from tests.fixtures.waiting import wait_until
+from trainop.cli.logs import job_folder
 
 pytestmark = [pytest.mark.cluster, pytest.mark.azurite]
 
@@ -116,13 +117,14 @@ def test_the_cli_sends_no_credential_to_a_host_the_job_names(cluster, namespace,
     container = azurite.new_container()
     sas = azurite.container_sas(container.container_name, permission="rl")
     cluster.kubectl("create", "secret", "generic", SECRET, "-n", namespace, f"--from-literal=sas={sas}")
-    container.get_blob_client("runs/legit/0/legit-launcher-x1.log").upload_blob(HOSTILE_LOG)
     # The admin's configuration allows exactly Azurite's endpoint (port included); the listener
     # is on the same loopback address, another port.
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"blob": {"allowedAccountURLs": [azurite.http_url]}}))
     cluster.apply(dtj("legit", azurite.http_url, container.container_name), namespace)
     cluster.apply(dtj("evil", listener.url, container.container_name), namespace)
+    folder = job_folder(cluster.get("dtj", "legit", "-n", namespace))
+    container.get_blob_client(f"{folder}/0/legit-launcher-x1.log").upload_blob(HOSTILE_LOG)
 
     # The attack: both verbs, with and without a configuration. Refused before any request.
     refusal = ("spec.output.blob.accountURL: http://127.0.0.1 is not an allowed Blob endpoint; use "
@@ -165,9 +167,10 @@ def test_tensorboard_fetches_only_event_files_and_reads_no_local_file(cluster, n
     out = tmp_path / "run"
     write_events(out)
     secret_file, projector = projector_attack(tmp_path)
+    tb = f"{job_folder(cluster.get('dtj', 'legit', '-n', namespace))}/0/output/tensorboard"
     for f in (out / "tensorboard").iterdir():
-        container.get_blob_client(f"runs/legit/0/output/tensorboard/{f.name}").upload_blob(f.read_bytes())
-    container.get_blob_client("runs/legit/0/output/tensorboard/projector_config.pbtxt").upload_blob(projector)
+        container.get_blob_client(f"{tb}/{f.name}").upload_blob(f.read_bytes())
+    container.get_blob_client(f"{tb}/projector_config.pbtxt").upload_blob(projector)
     port = free_port()
     log = tmp_path / "tensorboard.log"
     with open(log, "w") as f:

@@ -185,6 +185,13 @@ def archive_client(job: dict, allowed: tuple[str, ...] = ()):
     return service.get_container_client(spec["container"]), secret
 
 
+def job_folder(job: dict) -> str:
+    """The job's blob folder (render/logship.job_path) from its stored object."""
+    meta = job["metadata"]
+    return logship.job_path(job["spec"]["output"]["blob"].get("prefix", ""), meta["namespace"], meta["name"],
+                            meta.get("uid"))
+
+
 def _find_blob(container, folder: str, name: str, role: str, index: int | None) -> str | None:
     if role == "worker":
         return f"{folder}/{name}-worker-{index}.log"
@@ -201,7 +208,7 @@ def _stream_blob(job: dict, role: str, index: int | None, attempt: int, follow: 
 
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     spec = job["spec"]["output"]["blob"]
-    folder = logship.run_path(spec.get("prefix", ""), name, attempt)
+    folder = logship.run_path(job_folder(job), attempt)
     container, secret = archive_client(job, allowed)
     where = f"{spec['container']}/{folder}/"
     try:

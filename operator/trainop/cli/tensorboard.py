@@ -3,7 +3,7 @@
 The trainer writes them into its output folder (`<output>/tensorboard/`), which the log shipper
 uploads to Blob Storage with the rest of the output once training reported its end:
 
-- a job with `spec.output.blob`: every attempt's files (`<prefix>/<job>/<attempt>/output/
+- a job with `spec.output.blob`: every attempt's files (`<prefix>/<namespace>/<job>-<uid8>/<attempt>/output/
   tensorboard/`) are downloaded into a temporary folder, one TensorBoard run per attempt
   (`attempt-0`, `attempt-1`, ...; `--attempt N` for one), and served until Ctrl-C; only the
   event files (events.out.tfevents.*): the job wrote everything else there too, and the
@@ -28,7 +28,6 @@ from pathlib import Path
 
 from trainop import API_VERSION, blob, kube, paths
 from trainop.cli import logs
-from trainop.render import logship
 
 KIND = "DistributedTrainingJob"
 FOLDER = "tensorboard"  # the trainer's event folder inside its --output-dir (trainop_trainer/events.py)
@@ -127,7 +126,7 @@ def download(job: dict, attempt: int | None, dest: Path, allowed: tuple[str, ...
                                    f"`trainop tensorboard --dir <mount>/{FOLDER}`")
         raise TensorBoardError(f"{name} has no spec.output: its event files stayed in its pods")
     spec = out["blob"]
-    job_folder = logship.run_path(spec.get("prefix", ""), name, 0).rsplit("/", 1)[0]
+    job_folder = logs.job_folder(job)
     container, secret = logs.archive_client(job, allowed)
     count = 0
     try:
