@@ -244,14 +244,16 @@ def test_the_fetched_copy_is_where_the_trainer_accepts_it():
 
 
 def test_a_job_recreated_under_its_name_gets_its_own_folders_not_the_cached_ones():
-    """parse_cached is keyed by the spec's text: without the uid in the key, a job re-created
-    with the same name and spec got the first one's checkpoint root and blob folder."""
+    """parse_cached is keyed by the spec's text and the uid: a job re-created with the same name
+    and spec must not get the first one's checkpoint root and blob folder from the memo."""
+    from trainop.memo import Memos
     from trainop.render import logship
 
+    memo = Memos()
     first, again = body(output=BLOB), body(output=BLOB)
     again["metadata"]["uid"] = "0badc0de-2"
-    a, b = spec.parse_cached(first, CFG), spec.parse_cached(again, CFG)
+    a, b = spec.parse_cached(first, CFG, memo), spec.parse_cached(again, CFG, memo)
     assert logship.job_folder(a) == FOLDER and logship.job_folder(b) == "ns/j-0badc0de"
     claim = [body(checkpoint=VOLUME), body(checkpoint=VOLUME)]
     claim[1]["metadata"]["uid"] = "0badc0de-2"
-    assert [spec.parse_cached(c, CFG).checkpoint.root for c in claim] == [ROOT, "/checkpoints/j-0badc0de"]
+    assert [spec.parse_cached(c, CFG, memo).checkpoint.root for c in claim] == [ROOT, "/checkpoints/j-0badc0de"]
