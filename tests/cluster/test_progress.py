@@ -148,9 +148,9 @@ def test_trainer_event_files_are_shipped_and_served_by_tensorboard(cluster, name
 
     # The shipper's own upload, as at the end of two attempts (a restart), under the job's folder.
     _, container = setup_job(cluster, namespace, azurite, "tb")
-    folder = job_folder(cluster.get("dtj", "tb", "-n", namespace))
+    job_dir = job_folder(cluster.get("dtj", "tb", "-n", namespace))  # runs/<namespace>/tb-<uid8>
     for attempt in (0, 1):
-        assert logship.upload_dir(container, out, f"{folder}/{attempt}/output") >= 3
+        assert logship.upload_dir(container, out, f"{job_dir}/{attempt}/output") >= 3
 
     port = free_port()
     log = tmp_path / "tensorboard.log"
@@ -183,5 +183,5 @@ def test_trainer_event_files_are_shipped_and_served_by_tensorboard(cluster, name
     missing = subprocess.run([*cmd, "--attempt", "2"], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1
     assert missing.stderr.strip().endswith(
-        "no event files of attempt 2 under " + container.container_name + f"/{folder}/<attempt>/output/tensorboard/ "
+        "no event files of attempt 2 under " + container.container_name + f"/{job_dir}/<attempt>/output/tensorboard/ "
         "yet: they are uploaded with the output once training ends (trainop get tb shows its progress)")

@@ -163,10 +163,13 @@ def archive_client(job: dict, allowed: tuple[str, ...] = ()):
     field = "spec.output.blob.accountURL"
     try:
         url = blob.check_endpoint_allowed(spec.get("accountURL"), field, allowed)
-        auth = blob.parse_auth(spec.get("auth"), "spec.output.blob.auth")
     except blob.BlobConfigError as exc:
         raise LogsError(f"{exc}; no credential was sent (the CLI reads the allowed endpoints from "
                         f"--config or $TRAINOP_CONFIG)") from None
+    try:
+        auth = blob.parse_auth(spec.get("auth"), "spec.output.blob.auth")
+    except blob.BlobConfigError as exc:
+        raise LogsError(str(exc)) from None
     if auth.method == "WorkloadIdentity":
         from azure.identity import DefaultAzureCredential
         from azure.storage.blob import BlobServiceClient
