@@ -110,7 +110,13 @@ def check_account_url(url: str | None, field: str) -> str:
     would end up in manifests and logs; it belongs in a SAS Secret."""
     if not url:
         raise BlobConfigError(f"{field}: required, e.g. https://<account>.blob.core.windows.net")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- a malformed or out-of-range port raises only when read
+    except ValueError as exc:
+        # Here, not later in a reconcile or the admission gate, where it would fail every pass.
+        raise BlobConfigError(f"{field}: {_strip_query(url)!r} is not a valid URL ({exc}); use "
+                              f"https://<account>.blob.core.windows.net[:port]") from None
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise BlobConfigError(f"{field}: {_strip_query(url)!r} is not an http(s) URL; use https://<account>.blob.core.windows.net")
     if parts.query or parts.fragment:
@@ -120,10 +126,15 @@ def check_account_url(url: str | None, field: str) -> str:
     return url.rstrip("/")
 
 
-def check_endpoint_allowed(url: str, field: str, extra: tuple[str, ...] = ()) -> None:
-    """Refuse an account URL (already shape-checked) outside Azure Storage and the admin's list."""
+def check_endpoint_allowed(url: str | None, field: str, extra: tuple[str, ...] = ()) -> str:
+    """THE check before a credential goes to an account URL, for everyone who sends one: the
+    operator (a job's output, a DataStage's source) and the CLI (`trainop logs`/`tensorboard`,
+    which send the user's own token or a Secret the job names). The URL's shape
+    (check_account_url), then: Azure Storage, or an endpoint in the admin's list (`extra`,
+    blob.allowedAccountURLs). Returns the URL without a trailing slash."""
+    url = check_account_url(url, field)
     if endpoint_allowed(url, extra):
-        return
+        return url
     host = urlsplit(url).hostname or ""
     raise BlobConfigError(
         f"{field}: {urlsplit(url).scheme}://{host} is not an allowed Blob endpoint; use "

@@ -25,10 +25,12 @@ owns it and at which blob offset that pod's file begins (`base`); a new pod take
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -58,6 +60,41 @@ SOURCE_META = "trainopsource"  # an uploaded output file's "<size>:<mtime_ns>"
 LINK = "symlink"  # upload_dir's `seen` value for a link it skipped
 
 
+class Refused(OSError):
+    """A file job code may have swapped for something else (a link, a fifo, a file elsewhere):
+    not read."""
+
+
+def open_regular(path: Path, inside: str):
+    """`path` opened for reading, but only a regular file whose real path lies under `inside`.
+
+    Job code shares the folders the sidecar reads (the log's emptyDir, /output) and may replace
+    a file by a link to what only the sidecar can read (/proc/self/environ with the storage
+    credential, the projected API or workload-identity token), which would then be shipped into
+    the job's own blob. So: O_NOFOLLOW refuses a link as the file itself; the real path of the
+    opened descriptor refuses a parent folder replaced by a link (`inside` is resolved by the
+    caller from what it trusts, e.g. before job code ran); fstat refuses a fifo or a device
+    (O_NONBLOCK: opening a fifo does not hang). Every check is made on the descriptor that is
+    then read, so a swap after the checks changes nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused(f"{path}: a symbolic link (links are never followed)") from None
+        raise
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        if not real.startswith(inside.rstrip("/") + "/"):
+            raise Refused(f"{path}: resolves to {real}, outside {inside} (a folder replaced by a link)")
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Refused(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class AppendShipper:
     """Appends what is new in `path` to the Append Blob behind `client` (a BlobClient)."""
 
@@ -65,6 +102,10 @@ class AppendShipper:
         self.client = client
         self.path = Path(path)
         self.pod_uid = pod_uid
+        # Resolved now: the sidecar starts before the training container (a native sidecar), so
+        # no job code has touched the folder yet (open_regular).
+        self.inside = os.path.realpath(self.path.parent)
+        self.refused: str | None = None  # the last refusal, said once
         self.base: int | None = None  # blob offset of this file's byte 0; None until resumed
         self.shipped = 0  # bytes of the file the blob holds
         self.blocks = 0  # the blob's committed block count
@@ -118,9 +159,14 @@ class AppendShipper:
         if self.base is None:
             self.resume()
         try:
-            f = open(self.path, "rb")
+            f = open_regular(self.path, self.inside)
         except FileNotFoundError:
             return 0  # the training container has not written anything yet
+        except Refused as exc:
+            if str(exc) != self.refused:
+                log.warning("not shipping %s", exc)
+                self.refused = str(exc)
+            return 0
         appended = 0
         with f:
             while True:
@@ -148,11 +194,11 @@ def last_reports(path: Path) -> list[dict[str, Any]]:
     contract's keys (reads only the tail); NaN and infinities (Python's json writes them as bare
     NaN, Infinity) become strings, so a report stays valid JSON."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, os.path.realpath(Path(path).parent)) as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(max(0, size - METRICS_TAIL))
             tail = f.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, Refused):
         return []
     reports = []
     for line in tail.split(b"\n")[:-1]:  # the part after the last newline is incomplete
@@ -257,15 +303,8 @@ def upload_dir(container, src: Path, dest: str, seen: dict[str, str] | None = No
 
 
 def _open_inside(path: Path, src: Path):
-    """`path` opened for reading, refusing a link swapped in since the walk: O_NOFOLLOW for the
-    file itself, and the opened file's real path must still lie under `src` (a parent folder
-    replaced by a link)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    real = os.path.realpath(f"/proc/self/fd/{fd}")
-    if not real.startswith(os.path.realpath(src) + os.sep):
-        os.close(fd)
-        raise OSError(f"{path}: resolves to {real}, outside {src}; not uploaded")
-    return os.fdopen(fd, "rb")
+    """`path` opened for reading, refusing a link swapped in since the walk (open_regular)."""
+    return open_regular(path, os.path.realpath(src))
 
 
 def _walk(src: Path) -> list[tuple[Path, bool]]:
@@ -283,6 +322,7 @@ def _walk(src: Path) -> list[tuple[Path, bool]]:
 
 
 CHECKPOINT_MARKER = "COMPLETE"  # the trainer's (trainop_trainer/checkpoint.py): written last
+MAX_MARKER = 64 * 1024  # more than any COMPLETE the trainer writes
 
 
 def complete_checkpoints(directory: Path) -> list[tuple[int, Path]]:
@@ -327,8 +367,9 @@ class CheckpointReporter:
                 container.get_blob_client(f"{where}/{CHECKPOINT_MARKER}").upload_blob(f, overwrite=True)
             log.info("uploaded checkpoint step %d to %s/", step, where)
         try:
-            stamp = json.loads((folder / CHECKPOINT_MARKER).read_text()).get("time")
-        except ValueError:
+            with _open_inside(folder / CHECKPOINT_MARKER, folder) as f:
+                stamp = json.loads(f.read(MAX_MARKER)).get("time")
+        except (ValueError, AttributeError, Refused):
             stamp = None
         report = {"step": step, "path": where}
         if isinstance(stamp, str):
@@ -447,7 +488,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--account-url", help="Blob endpoint, e.g. https://acct.blob.core.windows.net (not used with a connection string)")
     p.add_argument("--container", help="Blob container; without it the sidecar only reports (--progress): "
                                         "a job whose output is a claim")
-    p.add_argument("--dest", help="blob folder of this run: <prefix>/<job>/<attempt>")
+    p.add_argument("--dest", help="blob folder of this run: <prefix>/<namespace>/<job>-<uid8>/<attempt>")
     p.add_argument("--file", action="append", default=[], metavar="PATH=BLOB",
                    help="append PATH to the Append Blob <dest>/BLOB (repeatable)")
     p.add_argument("--output-dir", type=Path, help="uploaded to <dest>/output/ when the sidecar stops")

@@ -6,7 +6,7 @@ How the operator learns of a checkpoint: worker 0's log shipper sees the trainer
 `checkpoint` of the job's progress ConfigMap with `{"step", "time", "path"}`. That ConfigMap is
 written by job code's neighbour (docs/security.md, "What job code can do"), so the report is
 untrusted: `accept()` takes it only when its path lies in this job's own checkpoint location
-(the job's blob folder `<prefix>/<job>/<attempt>/output/checkpoints/attempt-<attempt>/step-<k>`,
+(the job's blob folder `<prefix>/<namespace>/<job>-<uid8>/<attempt>/output/checkpoints/attempt-<attempt>/step-<k>`,
 or `<root>/attempt-<n>/step-<k>` on the checkpoint claim) and its step is the folder's; the
 worst a forged report can do is make this job resume from another of its own checkpoints.
 
@@ -45,8 +45,9 @@ def _shape(job: Job) -> re.Pattern | None:
         return None
     if ck.on_claim:
         return re.compile(re.escape(ck.root) + rf"/attempt-(?P<a>{_NUM})/step-(?P<k>{_NUM})")
-    out = job.output
-    base = re.escape("/".join(p for p in (out.prefix.strip("/"), job.name) if p))
+    from trainop.render.logship import job_folder  # render/logship imports this module
+
+    base = re.escape(job_folder(job))
     return re.compile(base + rf"/(?P<a>{_NUM})/output/checkpoints/attempt-(?P=a)/step-(?P<k>{_NUM})")
 
 

@@ -188,6 +188,11 @@ class Checkpoint:
 CHECKPOINT_VOLUME_MOUNT = "/checkpoints"
 
 
+def own_name(name: str, uid: str | None) -> str:
+    """`<name>-<uid8>`: the folder of this job alone, not of an earlier or later one of its name."""
+    return name + (f"-{uid[:8]}" if uid else "")
+
+
 def _checkpoint(spec: dict, name: str, uid: str | None) -> Checkpoint | None:
     ck = spec.get("checkpoint") or {}
     claim = (ck.get("volume") or {}).get("claimName")
@@ -203,9 +208,9 @@ def _checkpoint(spec: dict, name: str, uid: str | None) -> Checkpoint | None:
         raise SpecError("spec.checkpoint.enabled", "checkpoints need a place that outlives the pods; "
                         "set spec.checkpoint.volume.claimName or spec.output")
     # On a claim, the job's uid is in the folder's name: a later job of the same name on the
-    # same claim never resumes from this one's checkpoints. Blob output needs none: its folder
-    # is shipped per attempt and the operator names the exact checkpoint (resume.py).
-    own = name + (f"-{uid[:8]}" if uid else "")
+    # same claim never resumes from this one's checkpoints (Blob output: the job's folder,
+    # render/logship.job_path, is named the same way).
+    own = own_name(name, uid)
     if claim:
         return Checkpoint(ck["everySteps"], f"{CHECKPOINT_VOLUME_MOUNT}/{own}", claim, on_claim=True)
     if "pvc" in output:
@@ -217,6 +222,7 @@ def _checkpoint(spec: dict, name: str, uid: str | None) -> Checkpoint | None:
 class Job:
     name: str
     namespace: str
+    uid: str | None  # metadata.uid (None only for a body never stored: renderer tests, local runs)
     framework: str
     launcher: str  # mpi | torchrun
     image: str
@@ -505,7 +511,7 @@ def parse(body: dict, cfg: Config) -> Job:
     user = spec["securityContext"]
     placement = _placement(spec, cfg)
     job = Job(
-        name=meta["name"], namespace=meta.get("namespace", "default"),
+        name=meta["name"], namespace=meta.get("namespace", "default"), uid=meta.get("uid"),
         framework=spec["framework"], launcher=spec["launcher"], image=image,
         image_pull_policy=spec.get("imagePullPolicy"),
         command=tuple(spec["command"]) if spec.get("command") else None,
@@ -579,7 +585,8 @@ def _topology_file(spec: dict, cfg: Config) -> str | None:
 
 # Parsing validates against the CRD's schema (milliseconds): a reconcile that runs on every watch
 # event of a child parses each spec once. Keyed by the spec's text (uid and generation would
-# do for objects from the API server, not for hand-made bodies in tests and `trainop local`).
+# do for objects from the API server, not for hand-made bodies in tests and `trainop local`),
+# and the uid: a job re-created under its name must not get the old one's folders.
 
 
 def parse_cached(body: dict, cfg: Config, memo: Memos | None = None) -> Job:
@@ -589,7 +596,7 @@ def parse_cached(body: dict, cfg: Config, memo: Memos | None = None) -> Job:
     if memo is None:
         return parse(body, cfg)
     meta = body.get("metadata") or {}
-    key = json.dumps([meta.get("name"), meta.get("namespace"), body.get("apiVersion"),
+    key = json.dumps([meta.get("name"), meta.get("namespace"), meta.get("uid"), body.get("apiVersion"),
                       body.get("spec")], sort_keys=True, default=str)
     return memo.parsed.get(cfg, key, lambda: parse(body, cfg))
 

@@ -373,3 +373,45 @@ def test_appends_are_paced_to_last_within_the_block_limit(azurite, container, tm
     resumed = logship.AppendShipper(container.get_blob_client("runs/job-a/0/pod.log"), log, "uid-1")
     resumed.resume()
     assert resumed.blocks == 2
+
+
+def test_a_log_swapped_for_a_link_or_a_fifo_ships_nothing_of_the_sidecars(azurite, container, tmp_path):
+    """Issue 22 M2, the attack: job code shares the log's folder with the sidecar and replaces
+    the log by a link to the sidecar's own /proc/self/environ (its storage credential is there),
+    by a link to a file standing for its projected token, by a fifo (which would block the
+    sidecar), and replaces a log's parent folder by a link to a folder elsewhere. The real
+    shipper against Azurite: it ships the log up to the swap, says once what it refused, and no
+    byte of the environ or the token lands in any blob."""
+    run = tmp_path / "run"
+    (run / "sub").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    token = outside / "token"
+    token.write_bytes(b"projected-token-secret\n" * 100)
+    (outside / "worker.log").write_bytes(b"outside-file-secret\n" * 100)
+    log, worker, third = run / "train.log", run / "sub" / "worker.log", run / "third.log"
+    for path in (log, worker, third):
+        path.write_bytes(b"step 1\n")
+    sidecar = Sidecar(azurite, container.container_name, tmp_path,
+                      {"pod.log": log, "worker.log": worker, "third.log": third})
+    for name in ("pod.log", "worker.log", "third.log"):
+        wait_until(lambda name=name: blob_bytes(container, f"runs/job-a/0/{name}") == b"step 1\n", timeout=30,
+                   what=f"{name} shipped before the swap")
+    log.unlink()
+    log.symlink_to("/proc/self/environ")
+    (run / "sub").rename(run / "sub-was")
+    (run / "sub").symlink_to(outside, target_is_directory=True)
+    third.unlink()
+    os.mkfifo(third)
+    for refusal in (f"not shipping {log}: a symbolic link", f"not shipping {worker}: resolves to {outside}/worker.log",
+                    f"not shipping {third}: not a regular file"):
+        wait_until(lambda refusal=refusal: refusal in sidecar.output(), timeout=30, what=refusal)
+    log.unlink()
+    log.symlink_to(token)  # read by the drain, if at all
+    assert sidecar.stop() == 0, sidecar.output()
+    stored = b"".join(blob_bytes(container, b.name) for b in container.list_blobs())
+    assert stored == b"step 1\n" * 3
+    output = sidecar.output()
+    assert output.count(f"not shipping {third}") == 1  # said once, not every pass
+    for secret in (azurite.account_key, "projected-token-secret", "outside-file-secret"):
+        assert secret.encode() not in stored and secret not in output

@@ -18,8 +18,10 @@ import kubernetes.client as k8s
 import pytest
 import yaml
 
+from tests.fixtures.cluster import cli_config
 from tests.fixtures.waiting import wait_until
 from trainop import blob, kube
+from trainop.cli.logs import job_folder
 from trainop.render import logship
 
 pytestmark = [pytest.mark.cluster, pytest.mark.azurite]
@@ -135,7 +137,9 @@ def test_launcher_pod_has_the_sidecar_the_shared_volume_and_the_identity(cluster
     assert not can("get", "pods")
     assert not can("get", "secrets")
     status = cluster.get("dtj", "ship", "-n", namespace)["status"]
-    base = f"{azurite.http_url}/{_container_of(cluster, namespace)}/runs/ship/0/"
+    folder = job_folder(cluster.get("dtj", "ship", "-n", namespace))  # runs/<namespace>/ship-<uid8>
+    assert folder.startswith(f"runs/{namespace}/ship-")
+    base = f"{azurite.http_url}/{_container_of(cluster, namespace)}/{folder}/0/"
     assert (status["logsURL"], status["outputURL"]) == (base, base + "output/")
     assert sas not in json.dumps(pod) and sas not in json.dumps(status)
 
@@ -179,7 +183,8 @@ def test_metrics_reach_the_status_and_logs_outlive_the_pods(cluster, namespace, 
     second = b"".join(b"rank 0 step %d loss %.3f\n" % (i, 7 - i / 100) for i in range(1000, 2000)) + b"done"
     text = first + second
     (shipper.run_dir / "train.log").write_bytes(first)
-    trainop = [sys.executable, "-m", "trainop", "logs", "arch", "-n", namespace, "--kubeconfig", str(cluster.kubeconfig)]
+    trainop = [sys.executable, "-m", "trainop", "logs", "arch", "-n", namespace, "--kubeconfig", str(cluster.kubeconfig),
+               "--config", str(cli_config(tmp_path / "cli-config.yaml"))]
     followed, follow_err = tmp_path / "followed.log", tmp_path / "followed.err"
     with open(followed, "wb") as out, open(follow_err, "wb") as err:
         follower = subprocess.Popen([*trainop, "-f"], stdout=out, stderr=err)
@@ -206,7 +211,8 @@ def test_metrics_reach_the_status_and_logs_outlive_the_pods(cluster, namespace, 
     shown = subprocess.run(trainop, capture_output=True, timeout=60)
     assert shown.returncode == 0, shown.stderr.decode()
     assert shown.stdout == text
-    assert container.get_blob_client("runs/arch/0/output/metrics.jsonl").download_blob().readall() == metrics.read_bytes()
+    folder = job_folder(cluster.get("dtj", "arch", "-n", namespace))
+    assert container.get_blob_client(f"{folder}/0/output/metrics.jsonl").download_blob().readall() == metrics.read_bytes()
     missing = subprocess.run([*trainop, "--attempt", "3"], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1
     assert missing.stderr.startswith("trainop logs: no live pod and no archived log for launcher of attempt 3")

@@ -21,8 +21,10 @@ import pytest
 
 from tests.cluster.test_logs import launcher_pod, setup_job, token_kubeconfig
 from tests.fixtures.azurite import free_port
+from tests.fixtures.cluster import cli_config
 from tests.fixtures.waiting import wait_until
 from trainop import kube, logship, progress
+from trainop.cli.logs import job_folder
 from trainop.render import logship as render
 
 pytestmark = [pytest.mark.cluster, pytest.mark.azurite]
@@ -146,13 +148,14 @@ def test_trainer_event_files_are_shipped_and_served_by_tensorboard(cluster, name
 
     # The shipper's own upload, as at the end of two attempts (a restart), under the job's folder.
     _, container = setup_job(cluster, namespace, azurite, "tb")
+    job_dir = job_folder(cluster.get("dtj", "tb", "-n", namespace))  # runs/<namespace>/tb-<uid8>
     for attempt in (0, 1):
-        assert logship.upload_dir(container, out, f"runs/tb/{attempt}/output") >= 3
+        assert logship.upload_dir(container, out, f"{job_dir}/{attempt}/output") >= 3
 
     port = free_port()
     log = tmp_path / "tensorboard.log"
     cmd = [sys.executable, "-m", "trainop", "tensorboard", "tb", "-n", namespace, "--kubeconfig",
-           str(cluster.kubeconfig), "--port", str(port)]
+           str(cluster.kubeconfig), "--port", str(port), "--config", str(cli_config(tmp_path / "cli-config.yaml"))]
     with open(log, "w") as f:
         served = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/data"
@@ -180,5 +183,5 @@ def test_trainer_event_files_are_shipped_and_served_by_tensorboard(cluster, name
     missing = subprocess.run([*cmd, "--attempt", "2"], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 1
     assert missing.stderr.strip().endswith(
-        "no event files of attempt 2 under " + container.container_name + "/runs/tb/<attempt>/output/tensorboard/ "
+        "no event files of attempt 2 under " + container.container_name + f"/{job_dir}/<attempt>/output/tensorboard/ "
         "yet: they are uploaded with the output once training ends (trainop get tb shows its progress)")

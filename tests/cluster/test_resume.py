@@ -13,6 +13,7 @@ import pytest
 from tests.cluster.test_logs import launcher_pod, setup_job, token_kubeconfig
 from tests.fixtures.waiting import wait_until
 from trainop import kube
+from trainop.cli.logs import job_folder
 
 pytestmark = [pytest.mark.cluster, pytest.mark.azurite]
 
@@ -48,7 +49,8 @@ def test_reported_checkpoint_is_checked_shown_and_resumed_from(cluster, namespac
     assert [e["type"] for e in events if e["reason"] == "CheckpointRejected"] == ["Warning"]
 
     # its own: shown
-    own = f"runs/{name}/0/output/checkpoints/attempt-0/step-40"
+    folder = job_folder(cluster.get("dtj", name, "-n", namespace))  # runs/<namespace>/<name>-<uid8>
+    own = f"{folder}/0/output/checkpoints/attempt-0/step-40"
     report(40, own)
     shown = wait_until(lambda: status().get("checkpoint"), timeout=60, what="status.checkpoint")
     assert shown == {"step": 40, "attempt": 0, "time": "2026-11-26T10:00:00Z", "path": own,

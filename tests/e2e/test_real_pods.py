@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.fixtures.cluster import cli_config
 from tests.fixtures.waiting import wait_until
 from trainop import config, spec
 from trainop.render import dtj as render_dtj
@@ -65,7 +66,7 @@ def with_blob_output(manifest: dict, cluster, namespace: str, azurite) -> None:
                                            "prefix": "runs", "auth": {"sasSecretRef": {"name": "storage", "key": "sas"}}}}
 
 
-def test_horovod_over_ssh_on_real_pods(real_cluster, real_namespace, real_operator, pod_azurite):
+def test_horovod_over_ssh_on_real_pods(real_cluster, real_namespace, real_operator, pod_azurite, tmp_path):
     """(a) The PyTorch + Horovod example: workers run sshd, the launcher's mpirun reaches them over
     ssh by their DNS names, every rank ends with identical parameters, the job Succeeds, the log
     sidecar ships the log, status.metrics is filled, and `trainop logs` works after the pods go."""
@@ -91,7 +92,9 @@ def test_horovod_over_ssh_on_real_pods(real_cluster, real_namespace, real_operat
     # The log outlives the pods: delete the job's pods, then read it from Blob Storage.
     real_cluster.kubectl("delete", "pods", "-n", ns, "-l", "trainop.io/job-name=hvd", "--wait=true")
     shown = subprocess.run([sys.executable, "-m", "trainop", "logs", "hvd", "-n", ns,
-                            "--kubeconfig", str(real_cluster.kubeconfig)], capture_output=True, text=True, timeout=120)
+                            "--kubeconfig", str(real_cluster.kubeconfig),
+                            "--config", str(cli_config(tmp_path / "cli-config.yaml"))],
+                           capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert digests(shown.stdout) == ranks
     assert status["phase"] == "Succeeded"

@@ -12,6 +12,7 @@ import pytest
 
 from tests.e2e.test_real_pods import RUN_TIMEOUT, reduced, wait_phase, with_blob_output
 from tests.fixtures.waiting import wait_until
+from trainop.cli.logs import job_folder
 
 pytestmark = [pytest.mark.real, pytest.mark.azurite]
 
@@ -31,7 +32,9 @@ def test_killed_worker_restarts_the_gang_from_the_last_checkpoint(real_cluster, 
     first = wait_until(lambda: dtj_status().get("checkpoint"), timeout=RUN_TIMEOUT, interval=1,
                        what="status.checkpoint of the first attempt")
     assert first["attempt"] == 0 and first["step"] % 10 == 0 and first["step"] < 100
-    assert first["path"] == f"runs/{name}/0/output/checkpoints/attempt-0/step-{first['step']}"
+    folder = job_folder(real_cluster.get("dtj", name, "-n", ns))
+    assert folder.startswith(f"runs/{ns}/{name}-")  # <namespace>/<name>-<uid8> (issue 22 M3)
+    assert first["path"] == f"{folder}/0/output/checkpoints/attempt-0/step-{first['step']}"
     assert first["url"].startswith(pod_azurite.http_url)
     worker = real_cluster.get("pod", f"{name}-worker-1", "-n", ns)
     container_id = next(c["containerID"] for c in worker["status"]["containerStatuses"] if c["name"] == "worker")
@@ -43,7 +46,8 @@ def test_killed_worker_restarts_the_gang_from_the_last_checkpoint(real_cluster, 
     assert status["lastFailure"]["pod"] == f"{name}-worker-1"
     # attempt 1 fetched the checkpoint and its ranks started at its step
     fetch = real_cluster.logs(ns, f"{name}-worker-0", "-c", "fetch-checkpoint")
-    resumed_at = re.search(r"fetched \d+ file\(s\) of runs/resume/0/output/checkpoints/attempt-0/step-(\d+)", fetch)
+    resumed_at = re.search(rf"fetched \d+ file\(s\) of {re.escape(folder)}/0/output/checkpoints/attempt-0/step-(\d+)",
+                           fetch)
     assert resumed_at, fetch
     step = int(resumed_at[1])
     assert first["step"] <= step < 100

@@ -4,8 +4,10 @@ one, and a save on SIGTERM that every rank agrees on (2 real ranks under torchru
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -211,3 +213,79 @@ def test_tensorflow_on_an_image_folder_resumed_mid_epoch_ends_bitwise_equal(tmp_
     assert f"resuming from {saved} at step 8" in resumed
     digests = [re.findall(r"parameter sha256 ([0-9a-f]{64})", text) for text in (plain, resumed)]
     assert len(digests[0]) == 1 and digests[0] == digests[1], digests
+
+
+class RunsCode:
+    """A pickle that runs code when loaded (what `__reduce__` allows): writes `marker`."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('code ran')",)
+
+
+@pytest.mark.trainer
+def test_a_checkpoint_that_runs_code_on_load_is_refused_and_runs_nothing(tmp_path):
+    """Issue 22 M3, the attack: another job that can write the checkpoint folder (a shared claim,
+    a Blob container) leaves a complete step folder whose state.pt runs code on load. The real
+    trainer resuming from `latest` refuses it, naming the file, and the code never runs."""
+    import torch
+
+    marker, ck = tmp_path / "marker", tmp_path / "ck"
+    evil = {"step": 4, "epoch": 1, "worldSize": 1, "model": RunsCode(marker)}
+    saved = checkpoint.write_atomic(ck / "attempt-0", 4, {"state.pt": evil}, {"worldSize": 1}, save=torch.save)
+    run = subprocess.run([sys.executable, "-m", "trainop_trainer", "--framework", "pytorch", "--backend", "native",
+                          *TINY, "--output-dir", str(tmp_path / "out"), "--checkpoint-dir", str(ck / "attempt-1"),
+                          "--resume-from", "latest"], env=base_env(), capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert f"trainop_trainer: error: {saved / 'state.pt'}: refused, it holds more than tensors and plain data" \
+        in run.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.trainer
+def test_the_saved_state_loads_with_weights_only_and_restores_every_rng(tmp_path):
+    """What torch_save writes is tensors and plain data: torch.load(weights_only=True) takes it,
+    and the RNG states it restores draw what the saved ones drew."""
+    import random
+
+    import numpy as np
+    import torch
+
+    net = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    saved = checkpoint.torch_save(tmp_path / "attempt-0", 1, 0, 1, net, optimizer, [checkpoint.torch_rng_state()])
+    draws = (torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)])
+    state = checkpoint.torch_load(saved, 1)
+    checkpoint.set_torch_rng_state(state["rng"][0])
+    assert (torch.rand(3).tolist(), np.random.rand(3).tolist(), [random.random() for _ in range(3)]) == draws
+    assert torch.equal(state["model"]["weight"], net.state_dict()["weight"])
+    assert torch.equal(state["optimizer"]["state"][0]["momentum_buffer"],
+                       optimizer.state_dict()["state"][0]["momentum_buffer"])
+
+
+def test_only_the_jobs_own_checkpoints_are_resumed_from(tmp_path):
+    """Issue 22 M3: with a checkpoint folder set, --resume-from must name a folder under the
+    checkpoint root or the operator's fetched copy, links resolved; `latest` follows no link."""
+    root, other = tmp_path / "claim" / "job-1234abcd", tmp_path / "claim" / "other-job"
+    foreign = checkpoint.write_atomic(other / "attempt-0", 9, {"state.pt": b"x"}, {}, save=put)
+    own = checkpoint.write_atomic(root / "attempt-0", 4, {"state.pt": b"x"}, {}, save=put)
+    here = root / "attempt-1"
+    assert checkpoint.resolve(str(own), here) == own
+    fetched = tmp_path / "fetched"
+    copy = checkpoint.write_atomic(fetched, 4, {"state.pt": b"x"}, {}, save=put)
+    assert checkpoint.resolve(str(copy), here, fetched=str(fetched)) == copy
+    for path in (foreign, root / ".." / "other-job" / "attempt-0" / "step-9"):
+        with pytest.raises(checkpoint.CheckpointError, match="not one of this job's own checkpoints"):
+            checkpoint.resolve(str(path), here)
+    (root / "attempt-0" / "step-99").symlink_to(foreign, target_is_directory=True)
+    with pytest.raises(checkpoint.CheckpointError, match=f"resolves to {foreign}"):
+        checkpoint.resolve(str(root / "attempt-0" / "step-99"), here)
+    (root / "attempt-7").symlink_to(other / "attempt-0", target_is_directory=True)
+    assert checkpoint.latest(root) == own  # neither step-99 nor attempt-7 (links) counts
+    assert checkpoint.resolve(str(foreign), None) == foreign  # no checkpoint folder: a local run's own choice
+    assert os.path.realpath(checkpoint.FETCHED) == checkpoint.FETCHED

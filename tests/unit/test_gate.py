@@ -113,3 +113,15 @@ def test_jobs_another_evaluation_admitted_are_handed_out_once():
 
 def test_wake_without_waiting_jobs_wakes_nobody():
     assert G.wake("nobody-asked") == []
+
+
+def test_a_job_edited_to_a_malformed_account_url_does_not_stop_the_namespaces_queue():
+    """Issue 22 L1: an admitted job's spec is parsed each time the queue is judged; a ValueError
+    from its accountURL's port once broke admission for every job of the namespace."""
+    a, b = body("a", "2026-01-01T00:00:00Z"), body("b", "2026-01-01T00:00:01Z")
+    view = View([a, b])
+    assert G.decide(parse(a, CFG), a, CFG, view()).admitted
+    a["spec"]["output"] = {"blob": {"accountURL": "https://acct.blob.core.windows.net:abc", "container": "logs",
+                                    "auth": {"sasSecretRef": {"name": "s", "key": "k"}}}}
+    G.wake("q")
+    assert G.decide(parse(b, CFG), b, CFG, view()).admitted  # a is judged by jobsync (InvalidSpec)

@@ -295,6 +295,10 @@ CASES = [
      snap(body(output={"blob": {"accountURL": "https://collector.example.com/acct", "container": "c",
                                 "auth": {"sasSecretRef": {"name": "s", "key": "k"}}}})),
      [], "Failed", {"Failed": ("True", "InvalidSpec")}, ["InvalidSpec"]),
+    ("a malformed port in the output accountURL: Failed naming the field (issue 22 L1), not an exception",
+     snap(body(output={"blob": {"accountURL": "https://acct.blob.core.windows.net:abc", "container": "logs",
+                                "auth": {"sasSecretRef": {"name": "s", "key": "k"}}}})),
+     [], "Failed", {"Failed": ("True", "InvalidSpec")}, ["InvalidSpec"]),
     ("no node in its pool: Pending until a node appears",
      snap(body(nodePool={"nodeSelector": {"pool": "none"}})),
      [], "Pending", {"Created": ("False", "NoMatchingNodes")}, ["NoMatchingNodes"]),
@@ -586,3 +590,14 @@ def test_an_admitted_job_whose_pod_template_grew_is_stopped_and_queued_again():
     again = decide(snap(body(gone.status, generation=2, podTemplate=grown["spec"]["podTemplate"]),
                         admit=None), CFG, NOW)
     assert again.asks is not None and again.asks.pod_template == grown["spec"]["podTemplate"]
+
+
+def test_a_malformed_port_fails_the_job_once_and_the_next_reconcile_is_quiet():
+    """Issue 22 L1: the ValueError once escaped decide(), so every retry failed again."""
+    bad = body(output={"blob": {"accountURL": "https://acct.blob.core.windows.net:99999", "container": "logs",
+                                "auth": {"sasSecretRef": {"name": "s", "key": "k"}}}})
+    first = decide(snap(bad), CFG, NOW)
+    failed = conditions.get_condition(first.status["conditions"], "Failed")
+    assert failed["message"].startswith("spec.output.blob.accountURL: ")
+    again = decide(snap(body(copy.deepcopy(first.status), output=bad["spec"]["output"])), CFG, NOW)
+    assert again.actions == [] and again.events == [] and again.requeue_after is None

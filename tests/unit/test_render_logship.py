@@ -44,7 +44,7 @@ def test_launcher_gets_native_sidecar_shared_volume_and_tee():
         "image": "trainop/operator:0.1.0",
         "restartPolicy": "Always",
         "command": ["python", "-m", "trainop.logship"],
-        "args": ["--account-url", ACCOUNT, "--container", "results", "--dest", "runs/j1/2",
+        "args": ["--account-url", ACCOUNT, "--container", "results", "--dest", "runs/team-a/j1/2",
                  "--file", "/var/trainop/train.log=$(POD_NAME).log", "--interval", "2", "--drain-timeout", "300"],
         "env": FIELD_ENV + [
             {"name": "TRAINOP_BLOB_AUTH_METHOD", "value": "SASToken"},
@@ -143,6 +143,22 @@ def test_account_url_with_a_sas_is_refused():
     assert "sig=abc" not in str(err.value)
 
 
+@pytest.mark.parametrize("url", ["https://acct.blob.core.windows.net:abc", "https://acct.blob.core.windows.net:99999",
+                                 "https://acct.blob.core.windows.net:-1", "http://[::1/devstoreaccount1"])
+def test_account_url_with_a_malformed_port_is_a_spec_error_naming_the_field(url):
+    """Issue 22 L1: urlsplit raises ValueError only when the port is read, which once happened
+    in every reconcile and in the admission gate (for every job of the namespace)."""
+    with pytest.raises(spec.SpecError) as err:
+        spec.parse_output({"blob": {"accountURL": url + "?sv=1&sig=abc", "container": "c"}}, None)
+    assert err.value.field == "spec.output.blob.accountURL"
+    assert "is not a valid URL" in str(err.value) and "sig=abc" not in str(err.value)
+    with pytest.raises(spec.SpecError) as err:
+        spec.parse_stage({"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": {"name": "s", "namespace": "n"},
+                          "spec": {"source": {"blob": {"accountURL": url, "container": "c"}},
+                                   "destination": {"provision": {"size": "1Gi"}}}})
+    assert err.value.field == "spec.source.blob.accountURL"
+
+
 def test_rbac_allows_only_this_jobs_progress_config_map():
     objs = logship.rbac(job(blob_output(SAS)), {})
     labels = {"trainop.io/job-name": "j1"}
@@ -195,9 +211,16 @@ def test_progress_metrics_without_a_config_map():
 
 def test_status_urls():
     assert logship.status_urls(job(blob_output(SAS)), 3, {}) == {
-        "logsURL": f"{ACCOUNT}/results/runs/j1/3/", "outputURL": f"{ACCOUNT}/results/runs/j1/3/output/"}
+        "logsURL": f"{ACCOUNT}/results/runs/team-a/j1/3/", "outputURL": f"{ACCOUNT}/results/runs/team-a/j1/3/output/"}
     assert logship.status_urls(job(blob_output(SAS, prefix="")), 0, {}) == {
-        "logsURL": f"{ACCOUNT}/results/j1/0/", "outputURL": f"{ACCOUNT}/results/j1/0/output/"}
+        "logsURL": f"{ACCOUNT}/results/team-a/j1/0/", "outputURL": f"{ACCOUNT}/results/team-a/j1/0/output/"}
+    # issue 22 M3: a stored job's folder carries its namespace and uid: a job of its name in
+    # another namespace, or an earlier one here, writing the same container has another folder
+    stored = spec.parse({"metadata": {"name": "j1", "namespace": "team-a", "uid": "0123abcd-ffff"},
+                         "spec": {"workers": 2, "gpusPerWorker": 1, "output": blob_output(SAS)}}, config.from_dict(None))
+    assert logship.status_urls(stored, 1, {})["logsURL"] == f"{ACCOUNT}/results/runs/team-a/j1-0123abcd/1/"
+    assert logship.pod_parts(stored, "launcher", None, 1, ["mpirun"], {}).init_containers[0]["args"][5] == \
+        "runs/team-a/j1-0123abcd/1"
     assert logship.status_urls(job({"pvc": {"claimName": "results"}}), 1, {}) == {
         "logsURL": "pvc://results/logs/j1/1/", "outputURL": "pvc://results/"}
 

@@ -42,7 +42,8 @@ def report(cm_progress: dict, **value) -> dict:
 EMPTY = progress("{}")
 VOLUME = {"volume": {"claimName": "ckpts"}}
 ROOT = f"/checkpoints/j-{UID[:8]}"
-BLOB_PATH = "j/1/output/checkpoints/attempt-1/step-500"  # BLOB has no prefix
+FOLDER = f"ns/j-{UID[:8]}"  # the job's blob folder: BLOB has no prefix; namespace, name-uid8
+BLOB_PATH = f"{FOLDER}/1/output/checkpoints/attempt-1/step-500"
 
 
 # ---- when checkpointing is on -----------------------------------------------------------------
@@ -76,12 +77,16 @@ def test_checkpointing_that_cannot_work_is_refused_naming_the_field(spec_, words
 # ---- which reports are accepted -----------------------------------------------------------------
 @pytest.mark.parametrize("value,accepted", [
     ({"step": 500, "time": "2026-11-26T10:00:00Z", "path": BLOB_PATH}, True),
-    ({"step": 500, "path": "j/3/output/checkpoints/attempt-3/step-500"}, True),
+    ({"step": 500, "path": f"{FOLDER}/3/output/checkpoints/attempt-3/step-500"}, True),
     ({"step": 499, "path": BLOB_PATH}, False),  # the step is not the folder's
     ({"step": 500, "path": "other/1/output/checkpoints/attempt-1/step-500"}, False),  # another job
-    ({"step": 500, "path": "j/1/output/checkpoints/attempt-2/step-500"}, False),  # attempts differ
-    ({"step": 500, "path": "j/1/output/checkpoints/attempt-1/step-500/../../../../x"}, False),
-    ({"step": 500, "path": "j/1/output/checkpoints/attempt-1/step-500/"}, False),
+    ({"step": 500, "path": f"{FOLDER}/1/output/checkpoints/attempt-2/step-500"}, False),  # attempts differ
+    ({"step": 500, "path": f"{FOLDER}/1/output/checkpoints/attempt-1/step-500/../../../../x"}, False),
+    ({"step": 500, "path": f"{FOLDER}/1/output/checkpoints/attempt-1/step-500/"}, False),
+    # issue 22 M3: only this job's own folder, <namespace>/<name>-<uid8>
+    ({"step": 500, "path": "j/1/output/checkpoints/attempt-1/step-500"}, False),  # the old, shared layout
+    ({"step": 500, "path": f"other-ns/j-{UID[:8]}/1/output/checkpoints/attempt-1/step-500"}, False),  # namesake
+    ({"step": 500, "path": "ns/j-0badc0de/1/output/checkpoints/attempt-1/step-500"}, False),  # an earlier j
     ({"step": "500", "path": BLOB_PATH}, False),
     ({"step": True, "path": BLOB_PATH}, False),
 ])
@@ -180,14 +185,14 @@ def test_checkpoint_volume_is_mounted_on_every_worker():
 
 # ---- jobsync: report -> status.checkpoint -> the next attempt ----------------------------------
 def test_a_reported_checkpoint_lands_in_status_and_the_restarted_gang_resumes_from_it():
-    cm = report(EMPTY, step=500, time="2026-11-26T10:00:00Z", path="j/0/output/checkpoints/attempt-0/step-500")
+    cm = report(EMPTY, step=500, time="2026-11-26T10:00:00Z", path=f"{FOLDER}/0/output/checkpoints/attempt-0/step-500")
     running = snap(body(copy.deepcopy(RUNNING), output=BLOB), pods=workers(), launcher=launcher(),
                    **shared(), progress=cm)
     out = decide(running, CFG, NOW)
     assert out.status["checkpoint"] == {
         "step": 500, "attempt": 0, "time": "2026-11-26T10:00:00Z",
-        "path": "j/0/output/checkpoints/attempt-0/step-500",
-        "url": "https://a.blob.core.windows.net/results/j/0/output/checkpoints/attempt-0/step-500/"}
+        "path": f"{FOLDER}/0/output/checkpoints/attempt-0/step-500",
+        "url": f"https://a.blob.core.windows.net/results/{FOLDER}/0/output/checkpoints/attempt-0/step-500/"}
     assert out.events == []
     # the gang restarted: attempt 1's pods resume from it
     restarting = copy.deepcopy(RESTARTING) | {"checkpoint": out.status["checkpoint"]}
@@ -199,11 +204,11 @@ def test_a_reported_checkpoint_lands_in_status_and_the_restarted_gang_resumes_fr
         env = env_of(p["spec"]["containers"][0])
         assert env["TRAINOP_RESUME_FROM"] == "/var/trainop/resume/step-500"
         assert env["TRAINOP_CHECKPOINT_DIR"] == "/output/checkpoints/attempt-1"
-    assert pods[0]["spec"]["initContainers"][1]["args"][-3] == "j/0/output/checkpoints/attempt-0/step-500"
+    assert pods[0]["spec"]["initContainers"][1]["args"][-3] == f"{FOLDER}/0/output/checkpoints/attempt-0/step-500"
 
 
 def test_a_foreign_checkpoint_is_ignored_with_one_warning_and_the_known_one_kept():
-    known = {"step": 5, "attempt": 0, "path": "j/0/output/checkpoints/attempt-0/step-5"}
+    known = {"step": 5, "attempt": 0, "path": f"{FOLDER}/0/output/checkpoints/attempt-0/step-5"}
     status = copy.deepcopy(RUNNING) | {"checkpoint": known}
     cm = report(EMPTY, step=9, path="victim/0/output/checkpoints/attempt-0/step-9")
     out = decide(snap(body(status, output=BLOB), pods=workers(), launcher=launcher(), **shared(),
@@ -218,7 +223,7 @@ def test_a_foreign_checkpoint_is_ignored_with_one_warning_and_the_known_one_kept
 
 def test_resuming_a_suspended_job_resumes_from_its_checkpoint_in_the_same_attempt_folder():
     from tests.unit.test_jobsync_decide import cond
-    known = {"step": 30, "attempt": 0, "path": "j/0/output/checkpoints/attempt-0/step-30"}
+    known = {"step": 30, "attempt": 0, "path": f"{FOLDER}/0/output/checkpoints/attempt-0/step-30"}
     suspended = {"phase": "Suspended", "restarts": 0, "checkpoint": known,
                  "conditions": cond(("Created", True, "ChildrenCreated"), ("Suspended", True, "JobSuspended"),
                                     ("Admitted", False, "JobSuspended"))}
@@ -228,3 +233,27 @@ def test_resuming_a_suspended_job_resumes_from_its_checkpoint_in_the_same_attemp
     env = env_of(pods[0]["spec"]["containers"][0])
     assert env["TRAINOP_CHECKPOINT_DIR"] == "/output/checkpoints/attempt-0"
     assert env["TRAINOP_RESUME_FROM"] == "/var/trainop/resume/step-30"
+
+
+def test_the_fetched_copy_is_where_the_trainer_accepts_it():
+    """One contract in two packages: the trainer resumes only from its checkpoint root or the
+    folder the operator's fetch-checkpoint init container fills."""
+    from trainop_trainer import checkpoint
+
+    assert resume.RESUME_DIR == checkpoint.FETCHED
+
+
+def test_a_job_recreated_under_its_name_gets_its_own_folders_not_the_cached_ones():
+    """parse_cached is keyed by the spec's text and the uid: a job re-created with the same name
+    and spec must not get the first one's checkpoint root and blob folder from the memo."""
+    from trainop.memo import Memos
+    from trainop.render import logship
+
+    memo = Memos()
+    first, again = body(output=BLOB), body(output=BLOB)
+    again["metadata"]["uid"] = "0badc0de-2"
+    a, b = spec.parse_cached(first, CFG, memo), spec.parse_cached(again, CFG, memo)
+    assert logship.job_folder(a) == FOLDER and logship.job_folder(b) == "ns/j-0badc0de"
+    claim = [body(checkpoint=VOLUME), body(checkpoint=VOLUME)]
+    claim[1]["metadata"]["uid"] = "0badc0de-2"
+    assert [spec.parse_cached(c, CFG, memo).checkpoint.root for c in claim] == [ROOT, "/checkpoints/j-0badc0de"]

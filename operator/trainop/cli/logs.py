@@ -16,7 +16,7 @@ import sys
 import time
 from typing import BinaryIO
 
-from trainop import API_VERSION, blob, jobsync, kube, phases
+from trainop import API_VERSION, blob, config, jobsync, kube, phases
 from trainop.render import common, logship
 
 KIND = "DistributedTrainingJob"
@@ -36,7 +36,15 @@ def register(subparsers) -> None:
     p.add_argument("--pod", help="launcher or worker-N (default: launcher for MPI jobs, worker-0 for torchrun)")
     p.add_argument("--attempt", type=int, help="gang attempt (default: the current one, status.attempt)")
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
+    add_config_flag(p)
     p.set_defaults(func=run)
+
+
+def add_config_flag(p) -> None:
+    p.add_argument("--config", metavar="FILE",
+                   help="the operator's configuration: its blob.allowedAccountURLs (besides Azure "
+                        "Storage's own endpoints) are where the archive may be read with your "
+                        "credential (default: $TRAINOP_CONFIG, else Azure Storage only)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,11 +53,21 @@ def run(args: argparse.Namespace) -> int:
         job = kube.get(API_VERSION, KIND, args.job, namespace)
         if job is None:
             raise LogsError(f"{KIND} {namespace}/{args.job} not found")
-        show(job, args.pod, args.attempt, args.follow, sys.stdout.buffer)
+        allowed = allowed_endpoints(args.config)
+        out = sys.stdout.buffer
+        show(job, args.pod, args.attempt, args.follow, Sanitized(out) if sys.stdout.isatty() else out, allowed)
         return 0
     except LogsError as exc:
         print(f"trainop logs: {exc}", file=sys.stderr)
         return 1
+
+
+def allowed_endpoints(path: str | None) -> tuple[str, ...]:
+    """blob.allowedAccountURLs of the operator configuration at `path` (or $TRAINOP_CONFIG)."""
+    try:
+        return config.load(path).allowed_account_urls
+    except config.ConfigError as exc:
+        raise LogsError(f"--config: {exc}") from None
 
 
 def connect(kubeconfig: str | None, namespace: str | None) -> str:
@@ -71,7 +89,8 @@ def parse_pod(job: dict, pod: str | None) -> tuple[str, int | None]:
     return "worker", int(m.group(1))
 
 
-def show(job: dict, pod: str | None, attempt: int | None, follow: bool, out: BinaryIO) -> None:
+def show(job: dict, pod: str | None, attempt: int | None, follow: bool, out: BinaryIO,
+         allowed: tuple[str, ...] = ()) -> None:
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     role, index = parse_pod(job, pod)
     if attempt is None:
@@ -95,7 +114,7 @@ def show(job: dict, pod: str | None, attempt: int | None, follow: bool, out: Bin
                             f"logs/{name}/{attempt}/ (mount the claim to read it)")
         raise LogsError(f"no live pod {what} (attempt {attempt}) and the job has no spec.output to "
                         "archive logs in")
-    _stream_blob(job, role, index, attempt, follow, out)
+    _stream_blob(job, role, index, attempt, follow, out, allowed)
 
 
 def _live_pod(name: str, namespace: str, role: str, index: int | None, attempt: int) -> dict | None:
@@ -131,12 +150,22 @@ def _stream_pod(pod: dict, follow: bool, out: BinaryIO) -> None:
         out.flush()
 
 
-def archive_client(job: dict):
+def archive_client(job: dict, allowed: tuple[str, ...] = ()):
     """A ContainerClient for the job's output, authenticated as the job's own auth block says:
     the Secret it names (read through the API, so RBAC decides who may), or for workload identity
-    the caller's own Azure login (DefaultAzureCredential: az login, environment, ...)."""
+    the caller's own Azure login (DefaultAzureCredential: az login, environment, ...).
+
+    Whoever may edit the job chooses its accountURL, and the credential sent there is the
+    reader's (their token, or a Secret they can read): the URL must pass the operator's own
+    check (blob.check_endpoint_allowed: Azure Storage, or `allowed`, the admin's
+    blob.allowedAccountURLs) before any Secret is read or any request made."""
     spec = job["spec"]["output"]["blob"]
-    url = spec["accountURL"].rstrip("/")
+    field = "spec.output.blob.accountURL"
+    try:
+        url = blob.check_endpoint_allowed(spec.get("accountURL"), field, allowed)
+    except blob.BlobConfigError as exc:
+        raise LogsError(f"{exc}; no credential was sent (the CLI reads the allowed endpoints from "
+                        f"--config or $TRAINOP_CONFIG)") from None
     try:
         auth = blob.parse_auth(spec.get("auth"), "spec.output.blob.auth")
     except blob.BlobConfigError as exc:
@@ -151,9 +180,19 @@ def archive_client(job: dict):
     secret = base64.b64decode(secret_obj["data"][auth.secret_key]).decode()
     try:
         service = blob.service_client(url, auth.method, secret)
+        if auth.method == "ConnectionString":  # the string names its own endpoint: checked alike
+            blob.check_endpoint_allowed(service.url.split("?", 1)[0], f"Secret {auth.secret_name} "
+                                        "(spec.output.blob.auth.connectionStringSecretRef) BlobEndpoint", allowed)
     except blob.BlobConfigError as exc:
         raise LogsError(blob.explain(exc, secret)) from None
     return service.get_container_client(spec["container"]), secret
+
+
+def job_folder(job: dict) -> str:
+    """The job's blob folder (render/logship.job_path) from its stored object."""
+    meta = job["metadata"]
+    return logship.job_path(job["spec"]["output"]["blob"].get("prefix", ""), meta["namespace"], meta["name"],
+                            meta.get("uid"))
 
 
 def _find_blob(container, folder: str, name: str, role: str, index: int | None) -> str | None:
@@ -166,13 +205,14 @@ def _find_blob(container, folder: str, name: str, role: str, index: int | None) 
     return launchers[-1].name if launchers else None
 
 
-def _stream_blob(job: dict, role: str, index: int | None, attempt: int, follow: bool, out: BinaryIO) -> None:
+def _stream_blob(job: dict, role: str, index: int | None, attempt: int, follow: bool, out: BinaryIO,
+                 allowed: tuple[str, ...]) -> None:
     from azure.core.exceptions import AzureError, ResourceNotFoundError
 
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     spec = job["spec"]["output"]["blob"]
-    folder = logship.run_path(spec.get("prefix", ""), name, attempt)
-    container, secret = archive_client(job)
+    folder = logship.run_path(job_folder(job), attempt)
+    container, secret = archive_client(job, allowed)
     where = f"{spec['container']}/{folder}/"
     try:
         client = None
@@ -201,6 +241,41 @@ def _stream_blob(job: dict, role: str, index: int | None, attempt: int, follow: 
             time.sleep(POLL_SECONDS)
     except AzureError as exc:
         raise LogsError(f"reading {where}: {blob.explain(exc, secret)}") from None
+
+
+# What a terminal would act on rather than show: C0 controls but tab and newline (ESC starts the
+# sequences that move the cursor, retitle the window, set the clipboard (OSC 52), or hide text),
+# DEL, and the C1 controls as UTF-8 (U+0080..U+009F; U+009B is a one-character CSI).
+_CONTROL = re.compile(rb"\r\n|[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]")
+
+
+def _visible(m: re.Match) -> bytes:
+    c = m.group()
+    if c in (b"\r\n", b"\r"):  # a line end; a lone CR (progress bars) must not overwrite a line
+        return b"\n"
+    if len(c) == 2:
+        return b"\\u%04x" % c[1]
+    return b"^?" if c == b"\x7f" else b"^" + bytes([c[0] + 64])
+
+
+class Sanitized:
+    """A terminal's view of a log that job code wrote: control characters shown in caret
+    notation (ESC as ^[), never acted on; tab and newline kept. Bytes are unchanged when the
+    output is not a terminal (a file or a pipe gets the log as it is). A CR or the first byte of
+    a C1 character at the end of a chunk waits for the next, so no sequence passes split."""
+
+    def __init__(self, out: BinaryIO):
+        self.out, self.held = out, b""
+
+    def write(self, chunk: bytes) -> int:
+        data = self.held + bytes(chunk)
+        cut = len(data) - 1 if data[-1:] in (b"\r", b"\xc2") else len(data)
+        self.held = data[cut:]  # dropped at the end of the stream: a lone CR or a broken character
+        self.out.write(_CONTROL.sub(_visible, data[:cut]))
+        return len(chunk)
+
+    def flush(self) -> None:
+        self.out.flush()
 
 
 def _finished(name: str, namespace: str) -> bool:

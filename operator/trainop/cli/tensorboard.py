@@ -3,11 +3,18 @@
 The trainer writes them into its output folder (`<output>/tensorboard/`), which the log shipper
 uploads to Blob Storage with the rest of the output once training reported its end:
 
-- a job with `spec.output.blob`: every attempt's files (`<prefix>/<job>/<attempt>/output/
+- a job with `spec.output.blob`: every attempt's files (`<prefix>/<namespace>/<job>-<uid8>/<attempt>/output/
   tensorboard/`) are downloaded into a temporary folder, one TensorBoard run per attempt
-  (`attempt-0`, `attempt-1`, ...; `--attempt N` for one), and served until Ctrl-C;
+  (`attempt-0`, `attempt-1`, ...; `--attempt N` for one), and served until Ctrl-C; only the
+  event files (events.out.tfevents.*): the job wrote everything else there too, and the
+  account URL must be Azure Storage's or one in the operator configuration's
+  blob.allowedAccountURLs (--config), as the operator requires;
 - `--local`: the runs of `trainop run JOB.yaml --local` (served where they are, live);
 - `--dir PATH`: any folder, e.g. a job's output claim mounted here (`spec.output.pvc`).
+
+TensorBoard runs without its projector plugin, whichever the source: a job's
+`projector_config.pbtxt` names files by absolute path, which TensorBoard would read from this
+machine and serve.
 
 Needs the `tensorboard` package (`pip install 'trainop[tensorboard]'`).
 """
@@ -21,10 +28,12 @@ from pathlib import Path
 
 from trainop import API_VERSION, blob, kube, paths
 from trainop.cli import logs
-from trainop.render import logship
 
 KIND = "DistributedTrainingJob"
 FOLDER = "tensorboard"  # the trainer's event folder inside its --output-dir (trainop_trainer/events.py)
+EVENTS = "events.out.tfevents."  # how every event file's name starts (TensorFlow's and PyTorch's writers)
+# Plugins that read files a run names rather than the run's own event files.
+UNSAFE_PLUGINS = ("projector",)
 
 
 class TensorBoardError(RuntimeError):
@@ -43,6 +52,7 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("-n", "--namespace", help="default: the kubeconfig context's namespace")
     p.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
+    logs.add_config_flag(p)
     p.set_defaults(func=run)
 
 
@@ -70,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         if job is None:
             raise TensorBoardError(f"{KIND} {namespace}/{args.job} not found")
         with tempfile.TemporaryDirectory(prefix=f"trainop-tensorboard-{args.job}-") as tmp:
-            count = download(job, args.attempt, Path(tmp))
+            count = download(job, args.attempt, Path(tmp), logs.allowed_endpoints(args.config))
             print(f"trainop tensorboard: {count} event file(s) of {args.job} in {tmp}", file=sys.stderr)
             return serve(program, Path(tmp), args)
     except (TensorBoardError, logs.LogsError) as exc:
@@ -81,14 +91,27 @@ def run(args: argparse.Namespace) -> int:
 def serve(program, logdir: Path, args: argparse.Namespace) -> int:
     """The real TensorBoard on `logdir` until interrupted. The pure-Python loader (not the
     optional Rust data server): these logs are small, and it needs no extra binary."""
-    tb = program.TensorBoard()
+    tb = program.TensorBoard(plugins=safe_plugins())
     tb.configure(logdir=str(logdir), host=args.host, port=args.port, load_fast="false", reload_interval=5)
     print(f"trainop tensorboard: serving {logdir} at http://{args.host}:{args.port}/ (Ctrl-C stops)",
           file=sys.stderr, flush=True)
     return tb.main() or 0
 
 
-def download(job: dict, attempt: int | None, dest: Path) -> int:
+def safe_plugins() -> list:
+    """TensorBoard's own plugins but UNSAFE_PLUGINS."""
+    from tensorboard import default
+
+    return [p for p in default.get_plugins() if _plugin_name(p) not in UNSAFE_PLUGINS]
+
+
+def _plugin_name(plugin) -> str:
+    # a TBPlugin class has plugin_name; a loader (class or instance) is named by its module
+    module = plugin.__module__ if isinstance(plugin, type) else type(plugin).__module__
+    return getattr(plugin, "plugin_name", None) or module.rsplit(".", 1)[-1].removesuffix("_plugin")
+
+
+def download(job: dict, attempt: int | None, dest: Path, allowed: tuple[str, ...] = ()) -> int:
     """Every attempt's event files (or `attempt`'s) from the job's Blob output into
     `dest/attempt-<n>/...`; returns how many."""
     from azure.core.exceptions import AzureError
@@ -103,8 +126,8 @@ def download(job: dict, attempt: int | None, dest: Path) -> int:
                                    f"`trainop tensorboard --dir <mount>/{FOLDER}`")
         raise TensorBoardError(f"{name} has no spec.output: its event files stayed in its pods")
     spec = out["blob"]
-    job_folder = logship.run_path(spec.get("prefix", ""), name, 0).rsplit("/", 1)[0]
-    container, secret = logs.archive_client(job)
+    job_folder = logs.job_folder(job)
+    container, secret = logs.archive_client(job, allowed)
     count = 0
     try:
         for item in container.list_blobs(name_starts_with=f"{job_folder}/"):
@@ -127,15 +150,17 @@ def download(job: dict, attempt: int | None, dest: Path) -> int:
 
 
 def local_path(relative: str, attempt: int | None) -> Path | None:
-    """`<attempt>/output/tensorboard/<file...>` (a blob name under the job's folder) as
-    `attempt-<attempt>/<file...>`; None for anything else. A pod decided these names (it wrote
-    the files), so a name that could leave the download folder is refused."""
+    """`<attempt>/output/tensorboard/<...>/events.out.tfevents.*` (a blob name under the job's
+    folder) as `attempt-<attempt>/<...>/<file>`; None for anything else. A pod decided these
+    names (it wrote the files), so a name that could leave the download folder is refused, and
+    so is any file but an event file (a projector_config.pbtxt would make TensorBoard read
+    files of this machine)."""
     parts = relative.split("/")
     if len(parts) < 4 or not parts[0].isdigit() or parts[1:3] != ["output", FOLDER]:
         return None
     if attempt is not None and int(parts[0]) != attempt:
         return None
     rest = parts[3:]
-    if any(p in ("", ".", "..") or "\\" in p for p in rest):
+    if any(p in ("", ".", "..") or "\\" in p for p in rest) or not rest[-1].startswith(EVENTS):
         return None
     return Path(f"attempt-{int(parts[0])}", *rest)

@@ -17,7 +17,7 @@ applies `rbac(job, cfg)` and creates `progress_config_map(job, cfg)` once per jo
 
 Blob output: the training container tees stdout+stderr into LOG_FILE on an emptyDir shared with
 the `logship` native sidecar (`python -m trainop.logship`), which appends it to
-`<prefix>/<job>/<attempt>/<pod>.log`. Worker 0 (where rank 0 runs: first in the MPI hostfile,
+`<prefix>/<namespace>/<job>-<uid8>/<attempt>/<pod>.log` (job_path). Worker 0 (where rank 0 runs: first in the MPI hostfile,
 node rank 0 for torchrun) also uploads the trainer's output dir to `.../<attempt>/output/` and
 reports its metrics into the job's progress ConfigMap (`<job>-progress`). PVC output: the tee
 writes straight onto the claim, under `logs/<job>/<attempt>/<pod>.log`, and the trainer's output
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from trainop.render import common, identity
 from trainop.resume import Resume
-from trainop.spec import Job, Output
+from trainop.spec import Job, Output, own_name
 
 SIDECAR = "logship"
 VOLUME = "trainop-run"  # the log folder: an emptyDir shared with the sidecar, or the output claim
@@ -88,9 +88,21 @@ exit "$rc"
 """
 
 
-def run_path(prefix: str, job_name: str, attempt: int) -> str:
-    """`<prefix>/<job>/<attempt>`: the blob folder of one attempt (also what `trainop logs` reads)."""
-    return "/".join(p for p in (prefix.strip("/"), job_name, str(attempt)) if p)
+def job_path(prefix: str, namespace: str, name: str, uid: str | None) -> str:
+    """`<prefix>/<namespace>/<job>-<uid8>`: the blob folder of one job, its attempts inside. The
+    namespace and the uid keep it apart from a job of the same name in another namespace, or an
+    earlier one here, writing the same container: neither appends to its logs, nor is one
+    resumed from the other's checkpoints (resume.py accepts only this folder)."""
+    return "/".join(p for p in (prefix.strip("/"), namespace, own_name(name, uid)) if p)
+
+
+def job_folder(job: Job) -> str:
+    return job_path(job.output.prefix, job.namespace, job.name, job.uid)
+
+
+def run_path(folder: str, attempt: int) -> str:
+    """`<job folder>/<attempt>`: the blob folder of one attempt (also what `trainop logs` reads)."""
+    return f"{folder}/{attempt}"
 
 
 def status_urls(job: Job, attempt: int, cfg: dict) -> dict[str, str]:
@@ -101,7 +113,7 @@ def status_urls(job: Job, attempt: int, cfg: dict) -> dict[str, str]:
         return {}
     if out.claim is not None:
         return {"logsURL": f"pvc://{out.claim}/logs/{job.name}/{attempt}/", "outputURL": f"pvc://{out.claim}/"}
-    base = f"{out.account_url}/{out.container}/{run_path(out.prefix, job.name, attempt)}/"
+    base = f"{out.account_url}/{out.container}/{run_path(job_folder(job), attempt)}/"
     return {"logsURL": base, "outputURL": f"{base}output/"}
 
 
@@ -278,7 +290,7 @@ def _api_token_volume() -> dict:
 
 def _sidecar(job: Job, attempt: int, out: Output, cfg: dict, shared: dict, output_mount: dict | None) -> dict:
     args = ["--account-url", out.account_url, "--container", out.container,
-            "--dest", run_path(out.prefix, job.name, attempt), "--file", f"{LOG_FILE}=$(POD_NAME).log",
+            "--dest", run_path(job_folder(job), attempt), "--file", f"{LOG_FILE}=$(POD_NAME).log",
             *_timing(cfg)]
     mounts = [dict(shared)]
     if output_mount:

@@ -3,7 +3,10 @@ into one folder per attempt; loaded by rank 0 and broadcast, so only rank 0's ho
 
 Layout (the operator's contract, docs/long-runs.md):
 
-    <root>/attempt-<n>/step-<k>/state.pt   PyTorch: model, optimizer, step, epoch, every rank's RNG state
+    <root>/attempt-<n>/step-<k>/state.pt   PyTorch: model, optimizer, step, epoch, every rank's RNG state,
+                                           as tensors and plain data only (loaded with
+                                           torch.load(weights_only=True): no pickled object, so
+                                           a file someone else wrote cannot run code here)
     <root>/attempt-<n>/step-<k>/state.index, state.data-*
                                            TensorFlow/Keras: a tf.train.Checkpoint of the model,
                                            optimizer, step (the data position) and RNG
@@ -19,12 +22,18 @@ Settings come from flags or, so that any training code launched by the operator 
 from the environment the operator renders: TRAINOP_CHECKPOINT_DIR (this attempt's folder),
 TRAINOP_CHECKPOINT_EVERY (steps), TRAINOP_RESUME_FROM (a checkpoint folder, `latest` for the
 newest complete one under the checkpoint root, or empty).
+
+Only the job's own checkpoints are read: with a checkpoint folder set, a folder to resume from
+must lie, links resolved, under the checkpoint root (`<root>`, the operator names it by the
+job's uid) or under FETCHED (where the operator's init container downloads the job's own blob
+copy); `latest` follows no link out of the root.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -37,6 +46,9 @@ from pathlib import Path
 MARKER = "COMPLETE"
 STATE = "state.pt"
 LATEST = "latest"
+# Where worker 0's fetch-checkpoint init container puts the job's own checkpoint from Blob
+# Storage (the operator's trainop.resume.RESUME_DIR; tests/unit/test_resume.py holds them equal).
+FETCHED = "/var/trainop/resume"
 STOP_DEADLINE = 60.0  # seconds from SIGTERM to the save; the pod's grace period is longer
 KEEP = 2  # complete checkpoints kept per attempt folder: the newest, and one in case it is bad
 _STEP = re.compile(r"^step-(\d+)$")
@@ -65,15 +77,16 @@ def is_complete(path: Path) -> bool:
 
 def latest(root: Path) -> Path | None:
     """The newest complete checkpoint under `root` (attempt folders, or one attempt's folder):
-    the highest step, the later attempt on a tie."""
+    the highest step, the later attempt on a tie. A link (to a folder elsewhere on a shared
+    claim, say) is not followed."""
     root = Path(root)
     if not root.is_dir():
         return None
     found = []
-    for attempt_dir in [root, *(p for p in root.iterdir() if _ATTEMPT.match(p.name))]:
+    for attempt_dir in [root, *(p for p in root.iterdir() if _ATTEMPT.match(p.name) and not p.is_symlink())]:
         a = int(_ATTEMPT.match(attempt_dir.name).group(1)) if _ATTEMPT.match(attempt_dir.name) else -1
         for step_dir in attempt_dir.iterdir() if attempt_dir.is_dir() else ():
-            if is_complete(step_dir):
+            if not step_dir.is_symlink() and is_complete(step_dir):
                 found.append((step_of(step_dir), a, step_dir))
     return max(found)[2] if found else None
 
@@ -126,9 +139,10 @@ def _prune(directory: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def resolve(resume_from: str | None, directory: Path | None) -> Path | None:
+def resolve(resume_from: str | None, directory: Path | None, fetched: str = FETCHED) -> Path | None:
     """The folder to resume from: `latest` looks under the checkpoint root (the parent of this
-    attempt's folder); a path must be a complete checkpoint."""
+    attempt's folder); a path must be a complete checkpoint, and with a checkpoint folder set,
+    one of this job's own (under the root or `fetched`)."""
     if not resume_from:
         return None
     if resume_from == LATEST:
@@ -136,6 +150,13 @@ def resolve(resume_from: str | None, directory: Path | None) -> Path | None:
             raise CheckpointError("--resume-from latest needs --checkpoint-dir (or TRAINOP_CHECKPOINT_DIR)")
         return latest(directory.parent)
     path = Path(resume_from)
+    if directory is not None:
+        owns = [os.path.realpath(directory.parent), os.path.realpath(fetched)]
+        real = os.path.realpath(path)
+        if not any(real.startswith(root + os.sep) for root in owns):
+            raise CheckpointError(f"--resume-from {path}: not one of this job's own checkpoints (resolves to "
+                                  f"{real}, outside {directory.parent} and {fetched}); pass a step-<k> folder "
+                                  f"under the checkpoint root, or `latest`")
     if not (path / MARKER).is_file():
         raise CheckpointError(f"--resume-from {path}: not a complete checkpoint (no {MARKER} file); "
                               f"pass a step-<k> folder written by the trainer, or `latest`")
@@ -176,7 +197,10 @@ def torch_rng_state() -> dict:
     import numpy as np
     import torch
 
-    out = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    # numpy's state as a list: an ndarray would need a pickled object (weights_only refuses it)
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    out = {"torch": torch.get_rng_state(), "numpy": [name, keys.tolist(), pos, has_gauss, cached],
+           "python": random.getstate()}
     if torch.cuda.is_available():
         out["cuda"] = torch.cuda.get_rng_state_all()
     return out
@@ -189,7 +213,8 @@ def set_torch_rng_state(state: dict) -> None:
     import torch
 
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -211,7 +236,15 @@ def torch_load(path: Path, world_size: int) -> dict:
     if not (path / STATE).is_file():
         raise CheckpointError(f"{path}: no {STATE} (saved by TensorFlow/Keras?); resume with the framework "
                               f"that saved it, or start without it")
-    state = torch.load(path / STATE, map_location="cpu", weights_only=False)
+    try:
+        # weights_only: tensors and plain data only. A pickle may name any callable to run on
+        # load (__reduce__), and a checkpoint folder is written by more than this job's code
+        # (a shared claim, a Blob container others can write).
+        state = torch.load(path / STATE, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        why = str(exc).splitlines()[-1][:300] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"{path / STATE}: refused, it holds more than tensors and plain data ({why}); "
+                              f"not a checkpoint this trainer wrote: start without it") from None
     if state["worldSize"] != world_size:
         raise CheckpointError(f"{path}: saved by {state['worldSize']} ranks, this run has {world_size}; "
                               f"resume with the same workers x slotsPerWorker, or start without it")

@@ -195,5 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         from trainop_trainer import torch_train as impl
     else:
         from trainop_trainer import tf_train as impl
-    impl.train(config, world)
+    try:
+        impl.train(config, world)
+    except checkpoint.CheckpointError as e:  # one line naming the checkpoint, not a traceback
+        print(f"trainop_trainer: error: {e}", file=sys.stderr)
+        return 2
     return 0
