@@ -138,9 +138,12 @@ def slim_pod(body) -> dict:
         out_spec["volumes"] = [{"name": "data", "persistentVolumeClaim": {
             "claimName": data[0]["persistentVolumeClaim"].get("claimName")}}]
     out_status = {k: st[k] for k in ("phase", "reason") if k in st}
-    # reasons too: PodScheduled's Unschedulable (WaitingForNodes), DisruptionTarget's cause
-    out_status["conditions"] = [{k: c[k] for k in ("type", "status", "reason") if k in c}
-                                for c in st.get("conditions") or []]
+    # reasons too: PodScheduled's Unschedulable (WaitingForNodes), DisruptionTarget's cause;
+    # and when: schedulingTimeoutSeconds counts from PodScheduled=False's lastTransitionTime
+    # (jobsync._waiting_since), whatever the job's cached status says
+    out_status["conditions"] = [
+        {k: c[k] for k in ("type", "status", "reason", "lastTransitionTime") if k in c}
+        for c in st.get("conditions") or []]
     out_status["containerStatuses"] = [
         {k: cs[k] for k in ("name", "state", "lastState") if k in cs}
         for cs in st.get("containerStatuses") or []]
