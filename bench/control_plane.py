@@ -358,8 +358,10 @@ def main() -> int:
             try:
                 cluster.up(timeout=600)
                 install_crds(cluster.kubeconfig)
-                kubectl.run(cluster.kubeconfig, "apply", "--server-side", "-f", str(mpi_crd()), check=True)
-                kubectl.run(cluster.kubeconfig, "create", "namespace", "mpi-operator", check=True)
+                if "mpi-operator" in args.operators:  # (--operators trainop needs no Go module)
+                    kubectl.run(cluster.kubeconfig, "apply", "--server-side", "-f", str(mpi_crd()),
+                                check=True)
+                    kubectl.run(cluster.kubeconfig, "create", "namespace", "mpi-operator", check=True)
                 from kubernetes import config as k8s_config
                 api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
                 api.user_agent = "trainop-bench"  # not counted as either operator's (own_requests)
