@@ -3,6 +3,10 @@ controller-manager; KWOK nodes), one operator after the other, the same N jobs o
 4 GPUs each:
 
     .venv/bin/python bench/control_plane.py --jobs 10 100 500 [--window 30] [--md docs/benchmarks.md]
+    .venv/bin/python bench/control_plane.py --jobs 10 100 --operators trainop trainop@../old-checkout
+
+`trainop@DIR` runs the operator of another checkout (a commit to compare: `git worktree add DIR
+COMMIT`) on the same cluster, CRDs and script, one after the other like the others.
 
 Per operator and N it reports
 - ramp: seconds from the first job applied until every launcher pod is Running; p50/p99 of each
@@ -134,8 +138,10 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120) -> None
 def start_operator(name: str, cluster: DevCluster, namespace: str, log: Path) -> subprocess.Popen:
     env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig), PYTHONUNBUFFERED="1")
     health = None
+    name, _, tree = name.partition("@")
     if name == "trainop":
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO / "operator"), str(REPO)])
+        root = Path(tree).resolve() if tree else REPO
+        env["PYTHONPATH"] = os.pathsep.join([str(root / "operator"), str(root)])
         health = f"http://127.0.0.1:{_free_port()}/healthz"
         cmd = [sys.executable, "-m", "trainop", "operator", "--standalone", "--namespace", namespace,
                f"--liveness={health}"]
@@ -252,8 +258,9 @@ def wait_namespace_gone(core: k8s.CoreV1Api, namespace: str, timeout: float = 60
 def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, window: float,
             logs: Path) -> dict:
     core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
-    make, (group, version, plural), selector, job_label = OPERATORS[operator]
-    namespace = f"bench-{operator}-{n}"
+    kind, _, tree = operator.partition("@")
+    make, (group, version, plural), selector, job_label = OPERATORS[kind]
+    namespace = f"bench-{kind}{'-' + Path(tree).name.lower() if tree else ''}-{n}"
     core.create_namespace({"metadata": {"name": namespace}})
     while True:  # pods are refused until the ServiceAccount controller made `default`
         try:
@@ -263,7 +270,7 @@ def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, wind
             time.sleep(0.2)
     log = logs / f"{operator}-{n}.log"
     proc = start_operator(operator, cluster, namespace, log)
-    if operator != "trainop":  # (trainop: start_operator waited for its liveness endpoint)
+    if kind != "trainop":  # (trainop: start_operator waited for its liveness endpoint)
         time.sleep(3)  # started: its informers' initial listings done
     watcher = LauncherWatch(core, namespace, selector, job_label)
     cpu0, cpu_before, restarts = cpu_seconds(proc.pid), 0.0, 0
@@ -304,7 +311,7 @@ def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, wind
     result["peak_rss_mb"] = round(peak_rss_mb(proc.pid), 0)
     stop(proc)
     time.sleep(2)  # the audit log's last events of the window written
-    own = own_requests(cluster.audit_log, operator, w0, w1)
+    own = own_requests(cluster.audit_log, kind, w0, w1)
     result |= {"steady_req_s": round(own / (w1 - w0), 2),
                "steady_cpu_pct": round(100 * (c1 - c0) / (t1 - t0), 2)}
     wait_namespace_gone(core, namespace)
@@ -340,11 +347,15 @@ def markdown(results: list[dict]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, nargs="+", default=[10, 100, 500])
-    p.add_argument("--operators", nargs="+", default=["trainop", "mpi-operator"], choices=list(OPERATORS))
+    p.add_argument("--operators", nargs="+", default=["trainop", "mpi-operator"],
+                   help="trainop, mpi-operator, or trainop@DIR (another checkout's operator)")
     p.add_argument("--window", type=float, default=30, help="steady-state window, seconds")
     p.add_argument("--md", type=Path, help="append the table (with machine and date) to this file")
     p.add_argument("--json", type=Path, help="write the raw results here")
     args = p.parse_args()
+    for op in args.operators:
+        if op.partition("@")[0] not in OPERATORS:
+            p.error(f"--operators: {op!r} is not one of {', '.join(OPERATORS)} or trainop@DIR")
 
     if "mpi-operator" in args.operators:
         mpi_operator_binary()
