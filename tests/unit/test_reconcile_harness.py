@@ -121,10 +121,18 @@ class _Lines:
         sys.settrace(None)
 
 
-def _new_job_work(others: int) -> tuple[int, int, dict]:
+QUOTA = {"apiVersion": "v1", "kind": "ResourceQuota",
+         "metadata": {"name": "gpus", "namespace": "ns"},
+         "spec": {"hard": {"requests.nvidia.com/gpu": "1000"}},
+         "status": {"hard": {"requests.nvidia.com/gpu": "1000"}, "used": {}}}
+
+
+def _new_job_work(others: int, quota: bool = False) -> tuple[int, int, dict]:
     """(operator lines, reconciles, API calls) of one new job's life to Running, with `others`
-    jobs running beside it in the same namespace."""
+    jobs running beside it in the same namespace (under a ResourceQuota if `quota`)."""
     with Harness(nodes=[node(f"gpu-{i}") for i in range(60)] + NODES[-1:]) as h:
+        if quota:
+            h.api.store("resourcequotas", copy.deepcopy(QUOTA))
         for i in range(others):
             h.submit(dtj(f"other-{i:03d}"))
         h.settle()
@@ -144,13 +152,20 @@ def _new_job_work(others: int) -> tuple[int, int, dict]:
         return lines.n, len([k for k in h.reconciles if k[2] == "new"]), h.api.by_kind()
 
 
-def test_a_new_jobs_work_does_not_grow_with_the_number_of_other_jobs():
+@pytest.mark.parametrize("quota", [
+    False,
+    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
+        "known, issue 23 item 1: under a ResourceQuota the gate builds the namespace's view "
+        "(every pod and job of it) for each reconcile of a job not yet admitted and judges the "
+        "whole queue when a job first asks: 1.6x the lines with 50 running jobs beside it"))),
+])
+def test_a_new_jobs_work_does_not_grow_with_the_number_of_other_jobs(quota):
     """1 vs 50 running jobs beside it: the same reconciles, the same API calls, and the same
-    operator lines executed within 2% (the harness's own start_pods/publish_endpoints touch
-    every job's objects, but they are not the operator's; what runs per event for the other
-    jobs' unchanged pods would show here)."""
-    lines_1, reconciles_1, calls_1 = _new_job_work(1)
-    lines_50, reconciles_50, calls_50 = _new_job_work(50)
+    operator lines executed within 2% (what runs per event or per reconcile for the other
+    jobs would show here; the harness's own stand-ins for the kubelet and the EndpointSlice
+    controller are not counted)."""
+    lines_1, reconciles_1, calls_1 = _new_job_work(1, quota)
+    lines_50, reconciles_50, calls_50 = _new_job_work(50, quota)
     assert (reconciles_50, calls_50) == (reconciles_1, calls_1)
     assert lines_50 <= lines_1 * 1.02, (lines_1, lines_50)
 
