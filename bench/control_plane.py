@@ -260,7 +260,8 @@ def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, wind
     core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
     kind, _, tree = operator.partition("@")
     make, (group, version, plural), selector, job_label = OPERATORS[kind]
-    namespace = f"bench-{kind}{'-' + Path(tree).name.lower() if tree else ''}-{n}"
+    label = kind + (f"-{Path(tree).name.lower()}" if tree else "")
+    namespace = f"bench-{label}-{n}"
     core.create_namespace({"metadata": {"name": namespace}})
     while True:  # pods are refused until the ServiceAccount controller made `default`
         try:
@@ -268,7 +269,7 @@ def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, wind
             break
         except ApiException:
             time.sleep(0.2)
-    log = logs / f"{operator}-{n}.log"
+    log = logs / f"{label}-{n}.log"
     proc = start_operator(operator, cluster, namespace, log)
     if kind != "trainop":  # (trainop: start_operator waited for its liveness endpoint)
         time.sleep(3)  # started: its informers' initial listings done
