@@ -128,7 +128,10 @@ def reconcile(kind: str):
 
 
 def queue_totals(namespace: str, totals: dict[str, int]) -> None:
-    """The namespace's queue as admission.gpu_totals() counted it."""
+    """The namespace's queue as admission.gpu_totals() counted it; nothing for a namespace
+    whose queue was never judged (no quota limits it: gate.totals gives {})."""
+    if not totals:
+        return
     QUEUED_JOBS.labels(namespace).set(totals["queuedJobs"])
     QUEUED_GPUS.labels(namespace).set(totals["queuedGpus"])
     ADMITTED_GPUS.labels(namespace).set(totals["admittedGpus"])
