@@ -338,6 +338,15 @@ def _scenarios():
             "message": "preempted", "lastTransitionTime": _ago(3)}))
         h.observe()
 
+    def vanished(h):  # a worker deleted by the PodGC after its node went: its last state
+        running(h)
+        h.edit("pods", "ns", "j-worker-1", lambda p: p["status"]["conditions"].append({
+            "type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC",
+            "message": "node gone", "lastTransitionTime": _ago(3)}))
+        h.observe()
+        h.remove("pods", "ns", "j-worker-1")
+        h.observe()
+
     def launcher_done(h):
         running(h)
         h.edit("jobs", "ns", "j-launcher", lambda o: o.update(status={
@@ -361,7 +370,7 @@ def _scenarios():
         h.observe()
 
     return {"pending": pending, "running": running, "published": published, "failed_worker": failed_worker,
-            "disrupted": disrupted, "launcher_done": launcher_done, "preflight": preflight}
+            "disrupted": disrupted, "vanished": vanished, "launcher_done": launcher_done, "preflight": preflight}
 
 
 @pytest.mark.parametrize("scenario", sorted(_scenarios()))
