@@ -369,7 +369,9 @@ def main() -> int:
             logs.mkdir()
             try:
                 cluster.up(timeout=600)
-                install_crds(cluster.kubeconfig)
+                refused = install_crds(cluster.kubeconfig)
+                if refused:  # (else every job's create fails with a bare 404)
+                    raise RuntimeError(f"the API server refused CRDs: {refused}")
                 if "mpi-operator" in args.operators:  # (--operators trainop needs no Go module)
                     kubectl.run(cluster.kubeconfig, "apply", "--server-side", "-f", str(mpi_crd()),
                                 check=True)
