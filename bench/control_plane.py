@@ -353,6 +353,8 @@ def main() -> int:
     p.add_argument("--window", type=float, default=30, help="steady-state window, seconds")
     p.add_argument("--md", type=Path, help="append the table (with machine and date) to this file")
     p.add_argument("--json", type=Path, help="write the raw results here")
+    p.add_argument("--crds", type=Path, help="install these CRDs (a folder; default: this "
+                   "checkout's crds/), e.g. another checkout's when this one's is refused")
     args = p.parse_args()
     for op in args.operators:
         if op.partition("@")[0] not in OPERATORS:
@@ -369,7 +371,7 @@ def main() -> int:
             logs.mkdir()
             try:
                 cluster.up(timeout=600)
-                refused = install_crds(cluster.kubeconfig)
+                refused = install_crds(cluster.kubeconfig, args.crds)
                 if refused:  # (else every job's create fails with a bare 404)
                     raise RuntimeError(f"the API server refused CRDs: {refused}")
                 if "mpi-operator" in args.operators:  # (--operators trainop needs no Go module)
