@@ -27,7 +27,9 @@ from tests.unit.test_jobsync_decide import (
 )
 from trainop import conditions, kueue
 from trainop.actions import PatchStatus
+from trainop.handlers import indexes
 from trainop.jobsync import decide
+from trainop.priority import Priority
 from trainop.render import dtj as render
 from trainop.spec import SpecError, parse
 
@@ -326,3 +328,18 @@ def test_a_suspended_job_releases_its_workload_only_once_its_pods_are_gone():
     s = kueue_snap(going.status, wl)
     s.body["spec"]["runPolicy"] = {"suspend": True}
     assert summary(decide(s, CFG, NOW).actions) == ["delete Workload dtj-j"]
+
+
+def test_the_workload_as_the_cache_keeps_it_still_matches_its_job():
+    """The index slims a Workload (handlers/indexes.slim_workload): what kueue.mismatch compares
+    must survive it, or every job would replace its Workload forever (seen on the real Kueue
+    before the pod sets were kept)."""
+    job = parse(body(queue="team", resources={"requests": {"cpu": "2"}}), CFG)
+    made = kueue.render_workload(job, "team")
+    made["metadata"].update(uid="u", resourceVersion="1")
+    cached = indexes.slim_workload(made)
+    assert kueue.mismatch(job, Priority(0), cached) is None
+    grown = parse(body(queue="team", workers=3, resources={"requests": {"cpu": "2"}}), CFG)
+    assert "workers×3" in kueue.mismatch(grown, Priority(0), cached)
+    more_cpu = parse(body(queue="team", resources={"requests": {"cpu": "3"}}), CFG)
+    assert kueue.mismatch(more_cpu, Priority(0), cached) is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import re
 import sys
 
 import pytest
@@ -403,6 +404,17 @@ def test_every_field_decide_reads_survives_the_caches_slimming(scenario, monkeyp
     assert outcomes[0] == outcomes[1]
 
 
+def _timeless(value):
+    """`value` with every RFC 3339 timestamp replaced by one placeholder."""
+    if isinstance(value, dict):
+        return {k: _timeless(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_timeless(v) for v in value]
+    if isinstance(value, str) and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", value):
+        return "<time>"
+    return value
+
+
 def _call_index(handler, obj: dict) -> dict:
     import asyncio
     meta = obj["metadata"]
@@ -426,9 +438,9 @@ def _outcome(h: Harness, monkeypatch):
     h.reconcile("ns", "j")
     monkeypatch.setattr(jobsync, "decide", real)
     out = got[0]
-    status = copy.deepcopy(out.status or {})
-    for c in status.get("conditions") or []:
-        c.pop("lastTransitionTime", None)
+    # The scenario was driven on the real clock (startTime, lastTransitionTime, a restart's
+    # time): two drives a second apart differ there and nowhere else.
+    status = _timeless(copy.deepcopy(out.status or {}))
     return ([type(a).__name__ + ":" + str(getattr(a, "ref", "") or
                                          (getattr(a, "obj", None) or {}).get("metadata", {}).get("name"))
              for a in out.actions], status, out.events, out.waiting)

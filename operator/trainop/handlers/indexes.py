@@ -15,8 +15,8 @@ children then fit in tens of MB.
     dtj_configmaps       (ns, job-name)           its hostfile ConfigMap, its progress ConfigMap (data kept, less its history)
     dtj_netpols          (ns, job-name)           its NetworkPolicy (restored if edited/deleted)
     dtj_endpointslices   (ns, job-name)           its Service's EndpointSlices (labels mirrored)
-    dtj_workloads        (ns, job-name)           its Kueue Workload (conditions, admission; none
-                                                  without Kueue)
+    dtj_workloads        (ns, job-name)           its Kueue Workload (conditions, admission, the pod
+                                                  sets' counts and resources; none without Kueue)
     dtj_podgroups_plugins, dtj_podgroups_volcano
                          (ns, job-name)           its PodGroup (runPolicy.schedulingPolicy; none
                                                   where that scheduler's API is not served)
@@ -210,7 +210,14 @@ def slim_workload(body) -> dict:
         status["admission"] = {"clusterQueue": admission.get("clusterQueue"), "podSetAssignments": [
             {"name": a.get("name"), "flavors": dict(a.get("flavors") or {})}
             for a in admission.get("podSetAssignments") or []]}
-    return _obj(body, status=status)
+    # What kueue.mismatch compares (admission.shape): each pod set's name, count and its
+    # containers' names and resources; the rest of the templates stays out of memory.
+    pod_sets = [{"name": ps.get("name"), "count": ps.get("count"), "template": {"spec": {
+        group: [{"name": c.get("name"), "resources": c.get("resources") or {}}
+                for c in ((ps.get("template") or {}).get("spec") or {}).get(group) or []]
+        for group in ("initContainers", "containers")}}}
+        for ps in (body.get("spec") or {}).get("podSets") or []]
+    return _obj(body, spec={"podSets": pod_sets}, status=status)
 
 
 @kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=_HAS_JOB)
