@@ -369,11 +369,11 @@ def test_an_admitted_job_cannot_be_grown(cluster, namespace, api, held_queue, op
 
 def test_a_native_admitted_job_cannot_be_grown(cluster, namespace, api, operator_factory):
     operator_factory(config=FAST)
-    cluster.apply(manifest("n", workers=1), namespace)
-    wait_until(lambda: (api.condition("n", "Admitted") or {}).get("status") == "True", timeout=60,
-               what="job n admitted")
+    cluster.apply(manifest("native", workers=1), namespace)
+    wait_until(lambda: (api.condition("native", "Admitted") or {}).get("status") == "True", timeout=60,
+               what="job native admitted")
     with pytest.raises(ApiException) as refused:
-        grow(api, "n", workers=16, gpusPerWorker=8)
+        grow(api, "native", workers=16, gpusPerWorker=8)
     assert refused.value.status == 422 and "cannot change once the job is admitted" in \
         refused.value.body
 
