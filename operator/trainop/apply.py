@@ -12,10 +12,17 @@ A child the caches show missing is created with POST (never adopted: a 409 whose
 owner controls is reported as a conflict); an existing one is server-side applied (force, field
 manager "trainop"), which puts an edited field back and leaves API-server defaults alone.
 
+Children that decide() applies without reading them (`live_version` None: the helper
+identities' ServiceAccount/Role/RoleBinding, a DataStage's NetworkPolicy and claim) are still
+watched: `observe()` forgets one that was deleted or changed by someone else, and the event
+wakes its owner, whose reconcile applies it again.
+
 Secrets are the one kind the operator does not watch: listing them would give it every
 credential of every namespace it serves. A job's SSH Secret is created once (POST; a 409 is
 checked for ownership with one GET) and remembered here, so the next reconciles skip it;
-after a restart the first reconcile of each job pays that POST again.
+after a restart the first reconcile of each job pays that POST again. The safety resync
+(`recheck()`) makes each remembered Secret be read once by name: a deleted one is made again
+(with a new key: the gang's next start mounts it).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from kubernetes.client.exceptions import ApiException
 
 from trainop import kube, sshkeys
 from trainop.actions import (
+    AddFinalizer,
     Apply,
     Create,
     CreateSSHSecret,
@@ -55,6 +63,7 @@ class Applier:
         # the API server returned for it)
         self._applied: dict[tuple, tuple[str, str]] = {}
         self._ssh_secrets: set[str] = set()  # uids of the jobs whose SSH Secret exists
+        self._recheck: set[str] = set()      # ... of those to read again (recheck())
 
     def run(self, actions: list) -> list[Problem]:
         """Execute `actions` in order; returns the problems met: a name another owner holds,
@@ -71,7 +80,11 @@ class Applier:
                 elif isinstance(action, Delete):
                     _delete(action.ref)
                 elif isinstance(action, DropFinalizer):
-                    _drop_finalizer(action)
+                    _set_finalizers(action.ref, [f for f in action.finalizers if f != action.name],
+                                    action.resource_version)
+                elif isinstance(action, AddFinalizer):
+                    _set_finalizers(action.ref, [*action.finalizers, action.name],
+                                    action.resource_version)
                 elif isinstance(action, PatchStatus):
                     _patch_status(action)
                 elif isinstance(action, TaintNode):
@@ -95,16 +108,42 @@ class Applier:
         with self._lock:
             self._applied = {k: v for k, v in self._applied.items() if k[4] != owner_uid}
             self._ssh_secrets.discard(owner_uid)
+            self._recheck.discard(owner_uid)
 
     def has_ssh_secret(self, owner_uid: str | None) -> bool:
         with self._lock:
-            return owner_uid in self._ssh_secrets
+            return owner_uid in self._ssh_secrets and owner_uid not in self._recheck
+
+    def recheck(self) -> None:
+        """The safety resync: every remembered SSH Secret is read again (one GET each, at the
+        job's next reconcile), since no watch would say it was deleted."""
+        with self._lock:
+            self._recheck = set(self._ssh_secrets)
+
+    def observe(self, obj: dict, deleted: bool) -> None:
+        """A watch event of a child applied with live_version None: forget what was applied
+        if it was deleted, or changed after the version our last apply returned."""
+        meta = obj["metadata"]
+        ident = (obj.get("apiVersion"), obj.get("kind"), meta.get("namespace"), meta["name"])
+        seen = meta.get("resourceVersion") or ""
+        with self._lock:
+            for key in [k for k in self._applied if k[:4] == ident]:
+                if deleted or _newer(seen, self._applied[key][1]):
+                    del self._applied[key]
 
     def _create_ssh_secret(self, action: CreateSSHSecret) -> None:
-        secret = render_dtj.render_ssh_secret(action.job, *sshkeys.generate())
-        _create(kube.with_owner(secret, action.owner), action.owner)  # (a 409 keeps the old key)
+        uid = action.owner["metadata"]["uid"]
         with self._lock:
-            self._ssh_secrets.add(action.owner["metadata"]["uid"])
+            rechecking = uid in self._recheck
+            self._recheck.discard(uid)
+        secret = render_dtj.render_ssh_secret(action.job, "", "")
+        ref = Ref.of(secret)
+        live = kube.get("v1", "Secret", ref.name, ref.namespace) if rechecking else None
+        if live is None or not kube.controlled_by(live, action.owner):
+            secret = render_dtj.render_ssh_secret(action.job, *sshkeys.generate())
+            _create(kube.with_owner(secret, action.owner), action.owner)  # (409: the old key stays)
+        with self._lock:
+            self._ssh_secrets.add(uid)
 
     def _apply(self, action: Apply) -> None:
         desired = kube.with_owner(action.obj, action.owner)
@@ -122,6 +161,15 @@ class Applier:
             live = kube.apply(desired)
         with self._lock:
             self._applied[key] = (digest, live["metadata"].get("resourceVersion", ""))
+
+
+def _newer(version: str, than: str) -> bool:
+    """resourceVersions are opaque by contract, integers in etcd: compare them as such, and
+    call any other difference newer (a needless re-apply, never a missed one)."""
+    try:
+        return int(version) > int(than)
+    except ValueError:
+        return version != than
 
 
 def _rejection(action, exc: ApiException) -> str:
@@ -182,13 +230,11 @@ def _delete(ref: Ref) -> None:
     kube.delete(ref.api_version, ref.kind, ref.name, ref.namespace, uid=ref.uid)
 
 
-def _drop_finalizer(action: DropFinalizer) -> None:
-    ref = action.ref
-    rest = [f for f in action.finalizers if f != action.name]
+def _set_finalizers(ref: Ref, finalizers: list[str], resource_version: str) -> None:
     try:  # (merge patch replaces the list; the resourceVersion makes it refuse a stale one)
         kube.patch(ref.api_version, ref.kind, ref.name, ref.namespace,
-                   {"metadata": {"finalizers": rest or None,
-                                 "resourceVersion": action.resource_version}})
+                   {"metadata": {"finalizers": finalizers or None,
+                                 "resourceVersion": resource_version}})
     except ApiException as exc:
         if exc.status not in (404, 409):  # gone, or changed: the next reconcile sees it anew
             raise

@@ -147,3 +147,57 @@ def test_queue_keeps_the_earliest_deadline():
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(q.get(), 0.1)
     asyncio.run(main())
+
+
+def test_an_unwatched_child_deleted_or_edited_is_applied_again(api):
+    """A watch event of a child decide() does not read (observe()): deleted, or changed past the
+    version our apply returned, it is applied again; our own write's event changes nothing."""
+    applier, role = apply.Applier(), {**SERVICE, "kind": "Role"}
+    applier.run([Apply(role, OWNER, None)])
+    ours = api.objects[("Role", "ns", "j")]
+    applier.observe(ours, deleted=False)  # the event of our own apply
+    applier.run([Apply(role, OWNER, None)])
+    assert api.calls == ["create"]
+    api.objects.pop(("Role", "ns", "j"))
+    applier.observe(ours, deleted=True)
+    applier.run([Apply(role, OWNER, None)])
+    assert api.calls == ["create", "create"] and ("Role", "ns", "j") in api.objects
+    edited = api._stamp(api.objects[("Role", "ns", "j")])  # someone else's write: a newer version
+    applier.observe(edited, deleted=False)
+    applier.run([Apply(role, OWNER, None)])
+    assert api.calls[2:] == ["create", "get", "apply"]  # (409: ours, so applied over)
+
+
+def test_the_ssh_secret_is_read_again_at_the_safety_resync(api, monkeypatch):
+    from trainop import sshkeys
+    from trainop.actions import CreateSSHSecret
+    from trainop.spec import parse
+    monkeypatch.setattr(sshkeys, "generate", lambda: ("private", "public"))
+    monkeypatch.setattr(kube, "controlled_by", lambda obj, owner: True)
+    from trainop import config
+    job = parse({**OWNER, "spec": {"workers": 1, "gpusPerWorker": 1}}, config.from_dict({}))
+    applier = apply.Applier()
+    applier.run([CreateSSHSecret(job, OWNER)])
+    assert applier.has_ssh_secret("u1") and api.calls == ["create"]
+    applier.recheck()
+    assert not applier.has_ssh_secret("u1")  # the next reconcile asks for it ...
+    applier.run([CreateSSHSecret(job, OWNER)])
+    assert api.calls == ["create", "get"] and applier.has_ssh_secret("u1")  # ... one read: there
+    applier.recheck()
+    api.objects.clear()  # deleted meanwhile
+    applier.run([CreateSSHSecret(job, OWNER)])
+    assert api.calls[2:] == ["get", "create"] and api.objects
+
+
+def test_a_write_is_refused_by_the_fence_before_it_is_sent(monkeypatch):
+    sent = []
+    monkeypatch.setattr(kube, "configure", lambda *a, **k: sent.append(a) or None)
+    kube.fence(lambda: False)
+    try:
+        with pytest.raises(kube.NotLeading):
+            kube.request("PATCH", "/api/v1/namespaces/ns/pods/p", body={})
+        with pytest.raises(kube.NotLeading):
+            kube.request("POST", "/api/v1/namespaces/ns/events", body={})
+        assert sent == []  # nothing reached the client
+    finally:
+        kube.fence(lambda: True)
