@@ -57,6 +57,8 @@ def writes(audit_log: Path) -> list[dict]:
         for line in f:
             event = json.loads(line)
             if event.get("verb") in WRITES and event.get("stage") == "ResponseComplete":
+                event.setdefault("objectRef", {})
+                event.setdefault("userAgent", "")
                 out.append(event)
     return out
 
