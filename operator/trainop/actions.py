@@ -8,6 +8,8 @@ them with `==`. `apply.run()` executes them (the only place that turns a decisio
     Delete(ref)             one incarnation (uid precondition): a newer object of the name survives
     AddFinalizer(obj, name)  put a finalizer on `obj` (resourceVersion precondition)
     DropFinalizer(obj, name) take a finalizer off `obj` (resourceVersion precondition)
+    Patch(ref, patch)       a merge patch of a field apply cannot take back (a Released PV's
+                            claimRef.uid, which the binder set); uid precondition
     PatchStatus(ref, patch) a merge patch of another controller's object's status (a Kueue
                             Workload's conditions); its resourceVersion precondition makes a
                             stale one fail harmlessly (409: the next event decides again)
@@ -118,6 +120,12 @@ class AddFinalizer:
 
 
 @dataclass(frozen=True)
+class Patch:
+    ref: Ref
+    patch: dict
+
+
+@dataclass(frozen=True)
 class PatchStatus:
     ref: Ref
     patch: dict
@@ -131,8 +139,8 @@ class TaintNode:
     taint: dict = field(hash=False)
 
 
-Action = Apply | AddFinalizer | Create | CreateSSHSecret | Delete | DropFinalizer | PatchStatus | \
-    TaintNode
+Action = Apply | AddFinalizer | Create | CreateSSHSecret | Delete | DropFinalizer | Patch | \
+    PatchStatus | TaintNode
 
 
 @dataclass(frozen=True)

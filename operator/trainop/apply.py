@@ -44,6 +44,7 @@ from trainop.actions import (
     CreateSSHSecret,
     Delete,
     DropFinalizer,
+    Patch,
     PatchStatus,
     Problem,
     Ref,
@@ -85,6 +86,8 @@ class Applier:
                 elif isinstance(action, AddFinalizer):
                     _set_finalizers(action.ref, [*action.finalizers, action.name],
                                     action.resource_version)
+                elif isinstance(action, Patch):
+                    _patch(action)
                 elif isinstance(action, PatchStatus):
                     _patch_status(action)
                 elif isinstance(action, TaintNode):
@@ -237,6 +240,16 @@ def _set_finalizers(ref: Ref, finalizers: list[str], resource_version: str) -> N
                                  "resourceVersion": resource_version}})
     except ApiException as exc:
         if exc.status not in (404, 409):  # gone, or changed: the next reconcile sees it anew
+            raise
+
+
+def _patch(action: Patch) -> None:
+    ref = action.ref  # (metadata.uid in the patch: only that incarnation)
+    patch = {**action.patch, "metadata": {**action.patch.get("metadata", {}), "uid": ref.uid}}
+    try:
+        kube.patch(ref.api_version, ref.kind, ref.name, ref.namespace, patch)
+    except ApiException as exc:
+        if exc.status not in (404, 409):  # gone, or another incarnation
             raise
 
 

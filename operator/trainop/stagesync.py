@@ -32,7 +32,17 @@ import logging
 from dataclasses import dataclass, field
 
 from trainop import blob, conditions, kube
-from trainop.actions import AddFinalizer, Apply, Create, Delete, DropFinalizer, Outcome, Ref, delete
+from trainop.actions import (
+    AddFinalizer,
+    Apply,
+    Create,
+    Delete,
+    DropFinalizer,
+    Outcome,
+    Patch,
+    Ref,
+    delete,
+)
 from trainop.config import Config
 from trainop.render import datastage as render
 from trainop.spec import SpecError, Stage, parse_stage
@@ -199,7 +209,7 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
     if stage.provisioned:
         # the policy first, so the server never serves unprotected
         actions.append(Apply(render.network_policy(stage, cfg), body, None))
-        service, statefulset = render.server_objects(stage, cfg)
+        service, statefulset = render.server_objects(stage, cfg, (body.get("status") or {}).get("server"))
         actions += [Apply(service, body, _version(snap.service)),
                     Apply(statefulset, body, _version(snap.statefulset))]
         server = render.server_address(stage, snap.service)
@@ -223,6 +233,9 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
         # meanwhile by a PV without our uid is a conflict, not something to apply over.
         actions += [Apply(pv, None, _version(snap.volume), guard=(render.LABEL_STAGE_UID, stage.uid)),
                     Apply(pvc, body, None)]
+        if _released(snap.volume, stage.uid):  # its claim was deleted and made again: rebind
+            actions.append(Patch(Ref.of(snap.volume), {"spec": {"claimRef": {"uid": None,
+                                                                             "resourceVersion": None}}}))
         st.data |= {"volumeName": pv["metadata"]["name"], "claimName": pvc["metadata"]["name"]}
 
     for obj in render.copy_objects(stage, server, cfg):
@@ -235,6 +248,13 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
         actions.append(Create(render.copy_job(stage, server, cfg), body))
     st.data["copyJobName"] = job_name
     return _copy_phase(st, current, body, actions)
+
+
+def _released(volume: dict | None, uid: str) -> bool:
+    """Our PV, Released: the claim it was bound to is gone (someone deleted it; Apply made it
+    again), and the binder never binds a PV whose claimRef names another claim's uid."""
+    return volume is not None and ((volume.get("status") or {}).get("phase") == "Released") and \
+        (volume["metadata"].get("labels") or {}).get(render.LABEL_STAGE_UID) == uid
 
 
 def _finished(job: dict | None) -> dict:

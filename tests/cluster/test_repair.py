@@ -101,6 +101,12 @@ def test_every_child_of_a_provisioned_datastage_comes_back(cluster, namespace, o
                          "Role", "RoleBinding"}, found
         took = {f"{kind}/{name}": delete_and_see_it_back(cluster, namespace, kind, name, child_uid)
                 for (kind, name), child_uid in sorted(found.items())}
+        # made again as it was: the Service at the address the (immutable) PV names, the claim
+        # bound to the PV again (stagesync frees a Released PV of ours)
+        status = cluster.get("dstage", "served", "-n", namespace)["status"]
+        assert cluster.get("service", "served-nfs", "-n", namespace)["spec"]["clusterIP"] == status["server"]
+        wait_until(lambda: cluster.get("pvc", status["claimName"], "-n", namespace).get("status", {}).get("phase") == "Bound",
+                   timeout=RESYNC + SLACK, what="the claim made again bound to the DataStage's PV")
         volume = f"trainop-{uid}"
         took[f"PersistentVolume/{volume}"] = delete_and_see_it_back(cluster, None, "PersistentVolume", volume,
                                                                     uid_of(cluster, None, "pv", volume))

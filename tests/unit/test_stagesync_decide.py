@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from trainop import config
-from trainop.actions import AddFinalizer, Apply, Create, Delete, DropFinalizer, Ref
+from trainop.actions import AddFinalizer, Apply, Create, Delete, DropFinalizer, Patch, Ref
 from trainop.spec import parse_stage
 from trainop.stagesync import FINALIZER, SECRET_RECHECK_SECONDS, StageSnapshot, decide
 
@@ -235,3 +235,17 @@ def test_a_copied_stage_stays_ready_without_its_secret(secrets):
 def test_ready_says_how_many_blobs_were_skipped():
     out = decide(snap(body(status={"skippedBlobs": 2}), copy_jobs=[copy_job(_job_name(), "Complete")]), CFG, NOW)
     assert out.status["phase"] == "Ready" and "2 blob(s) skipped, see status.skipped" in out.events[0][2]
+
+
+def test_a_released_pv_of_ours_is_freed_for_its_claim_made_again():
+    """Someone deleted the claim; Apply made it again; the PV still names the old claim's uid
+    (the binder's), so it would stay Released: the uid goes, and the binder binds them."""
+    released = {"apiVersion": "v1", "kind": "PersistentVolume", "status": {"phase": "Released"},
+                "metadata": {"name": f"trainop-{UID}", "uid": "pv-uid", "resourceVersion": "9",
+                             "labels": {"trainop.io/datastage-uid": UID}}}
+    out = decide(snap(body(), volume=released), CFG, NOW)
+    patch = [a for a in out.actions if isinstance(a, Patch)]
+    assert patch == [Patch(Ref("v1", "PersistentVolume", f"trainop-{UID}", None, "pv-uid"),
+                           {"spec": {"claimRef": {"uid": None, "resourceVersion": None}}})]
+    bound = {**released, "status": {"phase": "Bound"}}
+    assert not [a for a in decide(snap(body(), volume=bound), CFG, NOW).actions if isinstance(a, Patch)]
