@@ -99,17 +99,19 @@ def test_every_child_of_a_provisioned_datastage_comes_back(cluster, namespace, o
         kinds = {kind for kind, _ in found}
         assert kinds == {"Service", "StatefulSet", "NetworkPolicy", "PersistentVolumeClaim", "Job", "ServiceAccount",
                          "Role", "RoleBinding"}, found
-        took = {f"{kind}/{name}": delete_and_see_it_back(cluster, namespace, kind, name, child_uid)
-                for (kind, name), child_uid in sorted(found.items())}
-        # made again as it was: the Service at the address the (immutable) PV names, the claim
-        # bound to the PV again (stagesync frees a Released PV of ours)
-        status = cluster.get("dstage", "served", "-n", namespace)["status"]
-        assert cluster.get("service", "served-nfs", "-n", namespace)["spec"]["clusterIP"] == status["server"]
-        wait_until(lambda: cluster.get("pvc", status["claimName"], "-n", namespace).get("status", {}).get("phase") == "Bound",
-                   timeout=RESYNC + SLACK, what="the claim made again bound to the DataStage's PV")
+        status = stage["status"]
         volume = f"trainop-{uid}"
-        took[f"PersistentVolume/{volume}"] = delete_and_see_it_back(cluster, None, "PersistentVolume", volume,
-                                                                    uid_of(cluster, None, "pv", volume))
+        took = {f"PersistentVolume/{volume}": delete_and_see_it_back(cluster, None, "PersistentVolume", volume,
+                                                                     uid_of(cluster, None, "pv", volume))}
+        # the StatefulSet last: one made again starts a server on a new, empty disk claim, which
+        # this cluster's one static disk cannot bind (the DataStage then waits for its server)
+        for (kind, name), child_uid in sorted(found.items(), key=lambda kv: kv[0][0] == "StatefulSet"):
+            took[f"{kind}/{name}"] = delete_and_see_it_back(cluster, namespace, kind, name, child_uid)
+            if kind == "Service":  # at the address the (immutable) PV names
+                assert cluster.get("service", name, "-n", namespace)["spec"]["clusterIP"] == status["server"]
+            if kind == "PersistentVolumeClaim":  # bound again (stagesync frees a Released PV of ours)
+                wait_until(lambda: cluster.get("pvc", name, "-n", namespace).get("status", {}).get("phase") == "Bound",
+                           timeout=RESYNC + SLACK, what="the claim made again bound to the DataStage's PV")
         print("\nDataStage children back after (s):", took)
         cluster.kubectl("delete", "dstage", "served", "-n", namespace, "--wait=false")
         wait_until(lambda: cluster.kubectl("get", "dstage", "served", "-n", namespace, check=False).returncode != 0,
