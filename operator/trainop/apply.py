@@ -20,9 +20,12 @@ wakes its owner, whose reconcile applies it again.
 Secrets are the one kind the operator does not watch: listing them would give it every
 credential of every namespace it serves. A job's SSH Secret is created once (POST; a 409 is
 checked for ownership with one GET) and remembered here, so the next reconciles skip it;
-after a restart the first reconcile of each job pays that POST again. The safety resync
-(`recheck()`) makes each remembered Secret be read once by name: a deleted one is made again
-(with a new key: the gang's next start mounts it).
+after a restart the first reconcile of each job pays that POST again. Nothing tells it that
+someone deleted one, so it is read again (one GET) whenever the gang's pods are about to be
+created (`_check_ssh_secret`), and made again, with a new key, if it is gone: a running gang
+has its key mounted already, and a (re)start is when a missing Secret would stop the pods;
+reading every job's Secret at the safety resync instead would cost N/safetyResyncSeconds
+requests per second at rest, where the steady state costs none.
 """
 
 from __future__ import annotations
@@ -63,18 +66,18 @@ class Applier:
         # (apiVersion, kind, namespace, name) -> (digest of what we applied, resourceVersion
         # the API server returned for it)
         self._applied: dict[tuple, tuple[str, str]] = {}
-        self._ssh_secrets: set[str] = set()  # uids of the jobs whose SSH Secret exists
-        self._recheck: set[str] = set()      # ... of those to read again (recheck())
+        self._ssh_secrets: dict[str, object] = {}  # job uid -> its spec.Job: the SSH Secret exists
 
     def run(self, actions: list) -> list[Problem]:
         """Execute `actions` in order; returns the problems met: a name another owner holds,
         a child the API server refused as invalid. Other API errors raise (retried)."""
-        problems = []
+        problems, checked = [], set()
         for action in actions:
             try:
                 if isinstance(action, Apply):
                     self._apply(action)
                 elif isinstance(action, Create):
+                    self._check_ssh_secret(action, checked)
                     _create(kube.with_owner(action.obj, action.owner), action.owner)
                 elif isinstance(action, CreateSSHSecret):
                     self._create_ssh_secret(action)
@@ -110,18 +113,26 @@ class Applier:
         """The owner is gone: drop what was remembered about its children."""
         with self._lock:
             self._applied = {k: v for k, v in self._applied.items() if k[4] != owner_uid}
-            self._ssh_secrets.discard(owner_uid)
-            self._recheck.discard(owner_uid)
+            self._ssh_secrets.pop(owner_uid, None)
 
     def has_ssh_secret(self, owner_uid: str | None) -> bool:
         with self._lock:
-            return owner_uid in self._ssh_secrets and owner_uid not in self._recheck
+            return owner_uid in self._ssh_secrets
 
-    def recheck(self) -> None:
-        """The safety resync: every remembered SSH Secret is read again (one GET each, at the
-        job's next reconcile), since no watch would say it was deleted."""
+    def _check_ssh_secret(self, action: Create, checked: set) -> None:
+        """Before the first pod of a gang's (re)start that this run creates: is the job's SSH
+        Secret, which no watch shows, still there? One GET; made again if it is gone."""
+        uid = ((action.owner or {}).get("metadata") or {}).get("uid")
         with self._lock:
-            self._recheck = set(self._ssh_secrets)
+            job = self._ssh_secrets.get(uid)
+        if action.obj.get("kind") != "Pod" or job is None or uid in checked:
+            return
+        checked.add(uid)
+        name = render_dtj.secret_name(job)
+        if kube.get("v1", "Secret", name, job.namespace) is None:
+            log.info("SSH Secret %s/%s is gone: made again with a new key", job.namespace, name)
+            secret = render_dtj.render_ssh_secret(job, *sshkeys.generate())
+            _create(kube.with_owner(secret, action.owner), action.owner)
 
     def observe(self, obj: dict, deleted: bool) -> None:
         """A watch event of a child applied with live_version None: forget what was applied
@@ -135,18 +146,10 @@ class Applier:
                     del self._applied[key]
 
     def _create_ssh_secret(self, action: CreateSSHSecret) -> None:
-        uid = action.owner["metadata"]["uid"]
+        secret = render_dtj.render_ssh_secret(action.job, *sshkeys.generate())
+        _create(kube.with_owner(secret, action.owner), action.owner)  # (a 409 keeps the old key)
         with self._lock:
-            rechecking = uid in self._recheck
-            self._recheck.discard(uid)
-        secret = render_dtj.render_ssh_secret(action.job, "", "")
-        ref = Ref.of(secret)
-        live = kube.get("v1", "Secret", ref.name, ref.namespace) if rechecking else None
-        if live is None or not kube.controlled_by(live, action.owner):
-            secret = render_dtj.render_ssh_secret(action.job, *sshkeys.generate())
-            _create(kube.with_owner(secret, action.owner), action.owner)  # (409: the old key stays)
-        with self._lock:
-            self._ssh_secrets.add(uid)
+            self._ssh_secrets[action.owner["metadata"]["uid"]] = action.job
 
     def _apply(self, action: Apply) -> None:
         desired = kube.with_owner(action.obj, action.owner)

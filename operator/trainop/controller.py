@@ -224,14 +224,13 @@ class Controller:
 
     async def _safety_resync(self) -> None:
         """Every object once per period, spread over it, from the caches (no API call unless
-        a decision differs from what was last done), while this replica leads. Children that
-        no watch shows (the SSH Secret, a DataStage's PersistentVolume) are checked against the
-        API server then: see apply.Applier.recheck and stagesync's PV read."""
+        a decision differs from what was last done), while this replica leads. (A DataStage's
+        PersistentVolume, which no watch shows, is read by name in each of its reconciles, so
+        this puts back a deleted one.)"""
         period = self.cfg.safety_resync_seconds
         await asyncio.sleep(period * random.uniform(0.5, 1.0))
         while True:
             await self.leadership.wait_leading()
-            self.applier.recheck()
             keys = [(JOB, ns, n) for ns, n in list(self.ix["dtj_bodies"])] + \
                    [(STAGE, ns, n) for ns, n in list(self.ix["stage_bodies"])]
             for i, key in enumerate(keys):

@@ -25,6 +25,7 @@ from tests.fixtures.cluster import ClusterHandle, OperatorProcess
 from tests.fixtures.waiting import wait_until
 from trainop.devcluster.cluster import WRITES_ONLY, DevCluster, install_crds
 from trainop.devcluster.pools import NodePool
+from trainop.jobsync.failures import attempt
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -140,7 +141,7 @@ def test_standby_takes_over_a_ramp_when_the_leader_is_killed(big_cluster, tmp_pa
             "writes_by_leader_a": by_a, "writes_by_b_after_takeover": by_b,
             "writes_by_b_while_standby": len(standby_writes), "writes_by_kopf": len(kopf_writes),
             "children_created_twice": sum(n > 1 for n in created.values()),
-            "gang_restarts": sum((j.get("status") or {}).get("restarts") or 0 for j in items),
+            "gang_restarts": sum(attempt(j.get("status")) for j in items),
         }
         print("\nleader figures:", json.dumps(figures))
         (Path(__file__).parent.parent.parent / ".cache").mkdir(exist_ok=True)

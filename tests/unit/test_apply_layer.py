@@ -168,25 +168,25 @@ def test_an_unwatched_child_deleted_or_edited_is_applied_again(api):
     assert api.calls[2:] == ["create", "get", "apply"]  # (409: ours, so applied over)
 
 
-def test_the_ssh_secret_is_read_again_at_the_safety_resync(api, monkeypatch):
-    from trainop import sshkeys
+def test_the_ssh_secret_is_read_again_before_a_gang_start_and_made_again_if_gone(api, monkeypatch):
+    """Never watched: read (one GET per gang start, none at rest) when pods are about to be
+    created; a deleted one is made again before them."""
+    from trainop import config, sshkeys
     from trainop.actions import CreateSSHSecret
     from trainop.spec import parse
     monkeypatch.setattr(sshkeys, "generate", lambda: ("private", "public"))
-    monkeypatch.setattr(kube, "controlled_by", lambda obj, owner: True)
-    from trainop import config
-    job = parse({**OWNER, "spec": {"workers": 1, "gpusPerWorker": 1}}, config.from_dict({}))
+    job = parse({**OWNER, "spec": {"workers": 2, "gpusPerWorker": 1}}, config.from_dict({}))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "j-worker-0", "namespace": "ns"}}
+    pods = [Create(pod, OWNER), Create({**pod, "metadata": {**pod["metadata"], "name": "j-worker-1"}}, OWNER)]
     applier = apply.Applier()
     applier.run([CreateSSHSecret(job, OWNER)])
     assert applier.has_ssh_secret("u1") and api.calls == ["create"]
-    applier.recheck()
-    assert not applier.has_ssh_secret("u1")  # the next reconcile asks for it ...
-    applier.run([CreateSSHSecret(job, OWNER)])
-    assert api.calls == ["create", "get"] and applier.has_ssh_secret("u1")  # ... one read: there
-    applier.recheck()
-    api.objects.clear()  # deleted meanwhile
-    applier.run([CreateSSHSecret(job, OWNER)])
-    assert api.calls[2:] == ["get", "create"] and api.objects
+    applier.run(pods)
+    assert api.calls[1:] == ["get", "create", "create"]  # there: one read for the gang
+    api.objects.pop(("Secret", "ns", "j-ssh"))  # someone deletes it
+    api.objects.pop(("Pod", "ns", "j-worker-0")), api.objects.pop(("Pod", "ns", "j-worker-1"))
+    applier.run(pods)  # the gang's restart
+    assert api.calls[4:] == ["get", "create", "create", "create"] and ("Secret", "ns", "j-ssh") in api.objects
 
 
 def test_a_write_is_refused_by_the_fence_before_it_is_sent(monkeypatch):
