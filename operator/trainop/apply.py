@@ -67,6 +67,7 @@ class Applier:
         # the API server returned for it)
         self._applied: dict[tuple, tuple[str, str]] = {}
         self._ssh_secrets: dict[str, object] = {}  # job uid -> its spec.Job: the SSH Secret exists
+        self._ssh_fresh: set[str] = set()  # ... just made or confirmed: its first pods need no read
 
     def run(self, actions: list) -> list[Problem]:
         """Execute `actions` in order; returns the problems met: a name another owner holds,
@@ -114,6 +115,7 @@ class Applier:
         with self._lock:
             self._applied = {k: v for k, v in self._applied.items() if k[4] != owner_uid}
             self._ssh_secrets.pop(owner_uid, None)
+            self._ssh_fresh.discard(owner_uid)
 
     def has_ssh_secret(self, owner_uid: str | None) -> bool:
         with self._lock:
@@ -128,6 +130,10 @@ class Applier:
         if action.obj.get("kind") != "Pod" or job is None or uid in checked:
             return
         checked.add(uid)
+        with self._lock:
+            if uid in self._ssh_fresh:
+                self._ssh_fresh.discard(uid)
+                return
         name = render_dtj.secret_name(job)
         if kube.get("v1", "Secret", name, job.namespace) is None:
             log.info("SSH Secret %s/%s is gone: made again with a new key", job.namespace, name)
@@ -150,6 +156,7 @@ class Applier:
         _create(kube.with_owner(secret, action.owner), action.owner)  # (a 409 keeps the old key)
         with self._lock:
             self._ssh_secrets[action.owner["metadata"]["uid"]] = action.job
+            self._ssh_fresh.add(action.owner["metadata"]["uid"])
 
     def _apply(self, action: Apply) -> None:
         desired = kube.with_owner(action.obj, action.owner)
