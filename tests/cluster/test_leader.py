@@ -116,7 +116,8 @@ def test_standby_takes_over_a_ramp_when_the_leader_is_killed(big_cluster, tmp_pa
 
         # duplicates: each job has exactly its own children, each child was created once
         pods = core.list_namespaced_pod(ns, label_selector="trainop.io/job-name").items
-        per_job = Counter(p.metadata.labels["trainop.io/job-name"] for p in pods)
+        per_job = Counter((p.metadata.labels["trainop.io/job-name"], p.metadata.labels.get("trainop.io/role"))
+                          for p in pods)
         launcher_jobs = k8s.BatchV1Api(api).list_namespaced_job(ns).items
         items = custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
         events = writes(cluster.dev.audit_log)
@@ -151,7 +152,9 @@ def test_standby_takes_over_a_ramp_when_the_leader_is_killed(big_cluster, tmp_pa
         assert standby_writes == [], standby_writes[:3]
         assert kopf_writes == [], kopf_writes[:3]
         assert [k for k, n in created.items() if n > 1] == []
-        assert set(per_job.values()) == {3} and len(per_job) == JOBS  # 2 workers + the launcher's pod
+        # each job: its 2 workers, once each (the launcher Job's pod is the Job controller's)
+        assert {n for (_, role), n in per_job.items() if role == "worker"} == {2}
+        assert len({job for job, _ in per_job}) == JOBS
         assert len(launcher_jobs) == JOBS
         assert figures["gang_restarts"] == 0
         assert by_a > 0 and by_b > 0  # both led in turn
