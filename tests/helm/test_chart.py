@@ -78,7 +78,7 @@ def test_helm_lint(helm):
 def test_default_render_serves_every_namespace(render):
     objs = render()
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == sorted(["CustomResourceDefinition"] * 4 + [
+    assert kinds == sorted(["CustomResourceDefinition"] * 2 + [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Role", "RoleBinding",
         "ConfigMap", "Deployment", "Service", "ServiceAccount"])
     args = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
