@@ -16,7 +16,7 @@ Per operator and N it reports
   summed over its lives, sampled every 0.2 s; peak RSS is its last life's);
 - steady state: the operator's own API requests per second over `--window` seconds with every
   job running, counted in the API server's audit log by the operator's user agents (kopf and the
-  Python client for trainop, client-go's "mpi-operator" for MPI Operator; this script's own client
+  Python client for trainop ("trainop/<identity>", kube.configure), client-go's "mpi-operator" for MPI Operator; this script's own client
   says "trainop-bench"), and its CPU share of one core over that window. (A difference of
   apiserver_request_total with the operator up and stopped also counted KWOK's tail of pod
   status updates, a few requests/s at N=500.)
@@ -184,7 +184,7 @@ def peak_rss_mb(pid: int) -> float:
 # controller's and KWOK's status updates (and the watch events they send every operator) go on
 # for a while after the last launcher runs; 10 s was not enough on 2 cores (run 2: 2.07% CPU).
 SETTLE_S = 30
-OWN_AGENTS = {"trainop": ("kopf/", "OpenAPI-Generator/"), "mpi-operator": ("mpi-operator/",)}
+OWN_AGENTS = {"trainop": ("kopf/", "trainop/"), "mpi-operator": ("mpi-operator/",)}
 
 
 def own_requests(audit_log: Path, operator: str, t0: float, t1: float) -> int:

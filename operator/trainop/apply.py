@@ -12,10 +12,20 @@ A child the caches show missing is created with POST (never adopted: a 409 whose
 owner controls is reported as a conflict); an existing one is server-side applied (force, field
 manager "trainop"), which puts an edited field back and leaves API-server defaults alone.
 
+Children that decide() applies without reading them (`live_version` None: the helper
+identities' ServiceAccount/Role/RoleBinding, a DataStage's NetworkPolicy and claim) are still
+watched: `observe()` forgets one that was deleted or changed by someone else, and the event
+wakes its owner, whose reconcile applies it again.
+
 Secrets are the one kind the operator does not watch: listing them would give it every
 credential of every namespace it serves. A job's SSH Secret is created once (POST; a 409 is
 checked for ownership with one GET) and remembered here, so the next reconciles skip it;
-after a restart the first reconcile of each job pays that POST again.
+after a restart the first reconcile of each job pays that POST again. Nothing tells it that
+someone deleted one, so it is read again (one GET) whenever the gang's pods are about to be
+created (`_check_ssh_secret`), and made again, with a new key, if it is gone: a running gang
+has its key mounted already, and a (re)start is when a missing Secret would stop the pods;
+reading every job's Secret at the safety resync instead would cost N/safetyResyncSeconds
+requests per second at rest, where the steady state costs none.
 """
 
 from __future__ import annotations
@@ -31,11 +41,13 @@ from kubernetes.client.exceptions import ApiException
 
 from trainop import kube, sshkeys
 from trainop.actions import (
+    AddFinalizer,
     Apply,
     Create,
     CreateSSHSecret,
     Delete,
     DropFinalizer,
+    Patch,
     PatchStatus,
     Problem,
     Ref,
@@ -54,24 +66,32 @@ class Applier:
         # (apiVersion, kind, namespace, name) -> (digest of what we applied, resourceVersion
         # the API server returned for it)
         self._applied: dict[tuple, tuple[str, str]] = {}
-        self._ssh_secrets: set[str] = set()  # uids of the jobs whose SSH Secret exists
+        self._ssh_secrets: dict[str, object] = {}  # job uid -> its spec.Job: the SSH Secret exists
+        self._ssh_fresh: set[str] = set()  # ... just made or confirmed: its first pods need no read
 
     def run(self, actions: list) -> list[Problem]:
         """Execute `actions` in order; returns the problems met: a name another owner holds,
         a child the API server refused as invalid. Other API errors raise (retried)."""
-        problems = []
+        problems, checked = [], set()
         for action in actions:
             try:
                 if isinstance(action, Apply):
                     self._apply(action)
                 elif isinstance(action, Create):
+                    self._check_ssh_secret(action, checked)
                     _create(kube.with_owner(action.obj, action.owner), action.owner)
                 elif isinstance(action, CreateSSHSecret):
                     self._create_ssh_secret(action)
                 elif isinstance(action, Delete):
                     _delete(action.ref)
                 elif isinstance(action, DropFinalizer):
-                    _drop_finalizer(action)
+                    _set_finalizers(action.ref, [f for f in action.finalizers if f != action.name],
+                                    action.resource_version)
+                elif isinstance(action, AddFinalizer):
+                    _set_finalizers(action.ref, [*action.finalizers, action.name],
+                                    action.resource_version)
+                elif isinstance(action, Patch):
+                    _patch(action)
                 elif isinstance(action, PatchStatus):
                     _patch_status(action)
                 elif isinstance(action, TaintNode):
@@ -94,17 +114,49 @@ class Applier:
         """The owner is gone: drop what was remembered about its children."""
         with self._lock:
             self._applied = {k: v for k, v in self._applied.items() if k[4] != owner_uid}
-            self._ssh_secrets.discard(owner_uid)
+            self._ssh_secrets.pop(owner_uid, None)
+            self._ssh_fresh.discard(owner_uid)
 
     def has_ssh_secret(self, owner_uid: str | None) -> bool:
         with self._lock:
             return owner_uid in self._ssh_secrets
 
+    def _check_ssh_secret(self, action: Create, checked: set) -> None:
+        """Before the first pod of a gang's (re)start that this run creates: is the job's SSH
+        Secret, which no watch shows, still there? One GET; made again if it is gone."""
+        uid = ((action.owner or {}).get("metadata") or {}).get("uid")
+        with self._lock:
+            job = self._ssh_secrets.get(uid)
+        if action.obj.get("kind") != "Pod" or job is None or uid in checked:
+            return
+        checked.add(uid)
+        with self._lock:
+            if uid in self._ssh_fresh:
+                self._ssh_fresh.discard(uid)
+                return
+        name = render_dtj.secret_name(job)
+        if kube.get("v1", "Secret", name, job.namespace) is None:
+            log.info("SSH Secret %s/%s is gone: made again with a new key", job.namespace, name)
+            secret = render_dtj.render_ssh_secret(job, *sshkeys.generate())
+            _create(kube.with_owner(secret, action.owner), action.owner)
+
+    def observe(self, obj: dict, deleted: bool) -> None:
+        """A watch event of a child applied with live_version None: forget what was applied
+        if it was deleted, or changed after the version our last apply returned."""
+        meta = obj["metadata"]
+        ident = (obj.get("apiVersion"), obj.get("kind"), meta.get("namespace"), meta["name"])
+        seen = meta.get("resourceVersion") or ""
+        with self._lock:
+            for key in [k for k in self._applied if k[:4] == ident]:
+                if deleted or _newer(seen, self._applied[key][1]):
+                    del self._applied[key]
+
     def _create_ssh_secret(self, action: CreateSSHSecret) -> None:
         secret = render_dtj.render_ssh_secret(action.job, *sshkeys.generate())
         _create(kube.with_owner(secret, action.owner), action.owner)  # (a 409 keeps the old key)
         with self._lock:
-            self._ssh_secrets.add(action.owner["metadata"]["uid"])
+            self._ssh_secrets[action.owner["metadata"]["uid"]] = action.job
+            self._ssh_fresh.add(action.owner["metadata"]["uid"])
 
     def _apply(self, action: Apply) -> None:
         desired = kube.with_owner(action.obj, action.owner)
@@ -122,6 +174,15 @@ class Applier:
             live = kube.apply(desired)
         with self._lock:
             self._applied[key] = (digest, live["metadata"].get("resourceVersion", ""))
+
+
+def _newer(version: str, than: str) -> bool:
+    """resourceVersions are opaque by contract, integers in etcd: compare them as such, and
+    call any other difference newer (a needless re-apply, never a missed one)."""
+    try:
+        return int(version) > int(than)
+    except ValueError:
+        return version != than
 
 
 def _rejection(action, exc: ApiException) -> str:
@@ -182,15 +243,23 @@ def _delete(ref: Ref) -> None:
     kube.delete(ref.api_version, ref.kind, ref.name, ref.namespace, uid=ref.uid)
 
 
-def _drop_finalizer(action: DropFinalizer) -> None:
-    ref = action.ref
-    rest = [f for f in action.finalizers if f != action.name]
+def _set_finalizers(ref: Ref, finalizers: list[str], resource_version: str) -> None:
     try:  # (merge patch replaces the list; the resourceVersion makes it refuse a stale one)
         kube.patch(ref.api_version, ref.kind, ref.name, ref.namespace,
-                   {"metadata": {"finalizers": rest or None,
-                                 "resourceVersion": action.resource_version}})
+                   {"metadata": {"finalizers": finalizers or None,
+                                 "resourceVersion": resource_version}})
     except ApiException as exc:
         if exc.status not in (404, 409):  # gone, or changed: the next reconcile sees it anew
+            raise
+
+
+def _patch(action: Patch) -> None:
+    ref = action.ref  # (metadata.uid in the patch: only that incarnation)
+    patch = {**action.patch, "metadata": {**action.patch.get("metadata", {}), "uid": ref.uid}}
+    try:
+        kube.patch(ref.api_version, ref.kind, ref.name, ref.namespace, patch)
+    except ApiException as exc:
+        if exc.status not in (404, 409):  # gone, or another incarnation
             raise
 
 

@@ -31,7 +31,9 @@ from trainop import (
     conditions,
     gate,
     jobsync,
+    kube,
     kueue,
+    leader,
     metrics,
     podgroup,
     priority,
@@ -64,8 +66,10 @@ def _controlled(obj: dict, uid: str | None) -> bool:
 
 
 class Controller:
-    def __init__(self, cfg: Config, indices) -> None:
+    def __init__(self, cfg: Config, indices, leadership=None) -> None:
         self.cfg, self.ix = cfg, indices
+        # only the Lease's holder reconciles (leader.py); a standby's caches stay warm
+        self.leadership = leadership if leadership is not None else leader.Solo()
         self.queue = WorkQueue()
         self.applier = apply.Applier()
         self.pool = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="trainop-apply")
@@ -84,6 +88,7 @@ class Controller:
         self.tasks = [asyncio.create_task(self._worker(), name=f"trainop-worker-{i}")
                       for i in range(WORKERS)]
         self.tasks.append(asyncio.create_task(self._safety_resync(), name="trainop-resync"))
+        self.tasks.append(asyncio.create_task(self._take_over(), name="trainop-take-over"))
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -115,6 +120,15 @@ class Controller:
         self.queue.forget(key)
         for memo in (self.written, self.problems, self.failures, self.said):
             memo.pop(key, None)
+
+    def child_changed(self, kind: str, namespace: str, owner: str, body: dict,
+                      deleted: bool) -> None:
+        """A child that decide() applies without reading it (the identities' ServiceAccount,
+        Role, RoleBinding; a DataStage's NetworkPolicy and claim) changed or went: the apply
+        layer forgets it unless the change is its own write, and the owner's reconcile applies
+        it again."""
+        self.applier.observe(body, deleted)
+        (self.enqueue_job if kind == JOB else self.enqueue_stage)(namespace, owner)
 
     def pod_departed(self, namespace: str, job: str, pod: dict) -> None:
         """Remember a deleted pod's last state (one per pod name: bounded by the gang's size)
@@ -162,9 +176,29 @@ class Controller:
 
     # ---- the loop ------------------------------------------------------------------------
 
+    async def _take_over(self) -> None:
+        """A standby that gets the Lease judges every object at once: it has run no reconcile,
+        so it knows no deadline (add_after) of its own. (A single replica starts leading.)"""
+        await self.leadership.wait_leading()
+        self.enqueue_all()
+
+    def enqueue_all(self) -> None:
+        for ns, name in list(self.ix["dtj_bodies"]):
+            self.queue.add((JOB, ns, name))
+        for ns, name in list(self.ix["stage_bodies"]):
+            self.queue.add((STAGE, ns, name))
+
     async def _worker(self) -> None:
+        """Nothing is taken from the queue while this replica is not the leader: wake-ups and
+        deadlines only queue keys (coalesced), and kube.py's fence refuses any write that a
+        reconcile already running when the Lease was lost would still send."""
         while True:
+            await self.leadership.wait_leading()
             key = await self.queue.get()
+            if not self.leadership.is_leading():  # lost between the wait and the get
+                self.queue.done(key)
+                self.queue.add(key)
+                continue
             try:
                 kind = key[0]
                 with metrics.reconcile(kind):
@@ -175,6 +209,8 @@ class Controller:
                 self.failures.pop(key, None)
             except asyncio.CancelledError:
                 raise
+            except kube.NotLeading:  # the Lease was lost mid-reconcile: the process stops
+                self.queue.add(key)
             except Exception as exc:  # a real error (API down, a bug): retried with backoff
                 n = self.failures[key] = self.failures.get(key, 0) + 1
                 delay = min(MAX_BACKOFF, self.cfg.resync_seconds * 2 ** (n - 1))
@@ -188,10 +224,13 @@ class Controller:
 
     async def _safety_resync(self) -> None:
         """Every object once per period, spread over it, from the caches (no API call unless
-        a decision differs from what was last done)."""
+        a decision differs from what was last done), while this replica leads. (A DataStage's
+        PersistentVolume, which no watch shows, is read by name in each of its reconciles, so
+        this puts back a deleted one.)"""
         period = self.cfg.safety_resync_seconds
         await asyncio.sleep(period * random.uniform(0.5, 1.0))
         while True:
+            await self.leadership.wait_leading()
             keys = [(JOB, ns, n) for ns, n in list(self.ix["dtj_bodies"])] + \
                    [(STAGE, ns, n) for ns, n in list(self.ix["stage_bodies"])]
             for i, key in enumerate(keys):

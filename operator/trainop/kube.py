@@ -14,7 +14,8 @@ in-cluster service account or $KUBECONFIG (`connect()`, the one place that reads
     kube.patch("v1", "ConfigMap", name, ns, {"data": {...}})  # JSON merge patch
 
 Errors: kubernetes.client.ApiException for API failures; OwnershipError when an object with
-the child's name exists but belongs to someone else (never adopted, never overwritten).
+the child's name exists but belongs to someone else (never adopted, never overwritten);
+NotLeading when a write is asked of a replica that does not hold the Lease (`fence`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -40,21 +42,41 @@ REQUEST_TIMEOUT = (10, 30)
 
 _lock = threading.Lock()
 _client: k8s.ApiClient | None = None
+USER_AGENT = "trainop"
+_may_write: Callable[[], bool] = lambda: True  # noqa: E731  (see fence())
 
 
 class OwnershipError(RuntimeError):
     """A child's name is taken by an object this owner does not control."""
 
 
-def configure(api_client: k8s.ApiClient | None = None) -> k8s.ApiClient:
-    """Use `api_client`, or build one from the service account / $KUBECONFIG."""
-    global _client
+class NotLeading(RuntimeError):
+    """A write from a replica that does not hold the Lease (leader.py): refused before it is
+    sent."""
+
+
+def configure(api_client: k8s.ApiClient | None = None, user_agent: str | None = None
+              ) -> k8s.ApiClient:
+    """Use `api_client`, or build one from the service account / $KUBECONFIG. `user_agent`
+    names this replica in the API server's audit log (`trainop/<identity>`)."""
+    global _client, USER_AGENT
     with _lock:
+        if user_agent is not None:
+            USER_AGENT = user_agent
         if api_client is not None:
             _client = api_client
         elif _client is None:
             _client = connect()[0]
+        _client.user_agent = USER_AGENT
         return _client
+
+
+def fence(may_write: Callable[[], bool]) -> None:
+    """Every write (any method but GET) first asks `may_write()`, in whatever thread it runs:
+    a standby replica, or a leader past its renew deadline, sends nothing (leader.py). The one
+    place that enforces "only the leader acts", whichever code path asks for the write."""
+    global _may_write
+    _may_write = may_write
 
 
 def connect(kubeconfig: str | None = None, context: str | None = None
@@ -122,8 +144,11 @@ def served(group_version: str) -> bool:
 
 
 def request(method: str, url_path: str, *, body=None, query: list | None = None,
-            content_type: str = "application/json"):
-    """One API call; returns the decoded JSON body; raises ApiException on non-2xx."""
+            content_type: str = "application/json", fenced: bool = True):
+    """One API call; returns the decoded JSON body; raises ApiException on non-2xx, NotLeading
+    for a write the fence refuses (`fenced=False`: the Lease's own writes only)."""
+    if fenced and method != "GET" and not _may_write():
+        raise NotLeading(f"{method} {url_path}: this replica does not hold the Lease")
     api = configure()
     _, url, headers, body_, _ = api.param_serialize(
         method, url_path, query_params=query or [], body=body,

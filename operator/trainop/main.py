@@ -1,19 +1,22 @@
 """THE entry module: `trainop operator` runs kopf with this module, and so do the Helm chart's
 Deployment and the test fixture. It imports every handler module, sets kopf's settings and
-starts the controller (controller.py) that the index handlers wake.
+starts the controller (controller.py) that the index handlers wake, and the Lease election
+(leader.py) that decides whether this replica acts.
 
-To add a resource's handlers, add one import line below.
+Every kopf handler here only reads (indexes, routing, metrics): kopf runs the same on a
+standby replica, whose caches stay warm, and kopf's own writes (finalizers, progress
+annotations, Events, peering) are all off. To add a resource's handlers, add one import line below.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import kopf
 
-from trainop import config, controller, kube
+from trainop import config, controller, kube, leader
 from trainop.handlers import (
-    datastage,  # noqa: F401  (the DataStage's PV finalizer)
     indexes,  # noqa: F401  (watch caches + wake-up routing)
     metrics,  # noqa: F401  (watch events -> Prometheus gauges)
 )
@@ -22,7 +25,7 @@ from trainop.handlers import (
 class _NoDiffBase(kopf.AnnotationsDiffBaseStorage):
     """kopf builds a diff base (a deep copy of the whole object) on every watch event of every
     watched resource, for on.create/on.update handlers to compare against; trainop has none
-    (decisions come from the indexes; a DataStage has only on.delete), so the copy, measured
+    (decisions come from the indexes), so the copy, measured
     at a third of the event loop's CPU with 100 jobs, is skipped."""
 
     def build(self, *, body, extra_fields=None):
@@ -33,24 +36,31 @@ class _NoDiffBase(kopf.AnnotationsDiffBaseStorage):
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger,
                     **kwargs) -> None:
     memo.config = config.load()
-    kube.configure()
+    # set by `trainop operator --lease` (cli/operator.py); one replica without it
+    leadership = getattr(memo, "leadership", None) or leader.Solo()
+    kube.configure(user_agent=f"trainop/{getattr(leadership, 'holder', leader.identity())}")
+    kube.fence(leadership.may_write)  # no write of ours leaves a replica that is not the leader
     # Kopf's bookkeeping goes to annotations under our group, never into our status schema.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="trainop.io")
     settings.persistence.diffbase_storage = _NoDiffBase(
         prefix="trainop.io", key="last-handled-configuration")
-    # Only a DataStage carries it (its PV); a job has no finalizer: its children go with it
-    # through owner references, even while the operator is down.
-    settings.persistence.finalizer = "trainop.io/finalizer"
-    # Events come from the controller (one per condition transition); kopf's own log lines
-    # must not become Events.
-    settings.posting.level = logging.CRITICAL
+    # No kopf finalizer: a job has none (its children go with it through owner references, even
+    # while the operator is down) and a DataStage's (its PV) is the reconcile's (stagesync), so
+    # that a standby's kopf never adds or removes one. (kopf's default marker name, which no
+    # trainop object carries: kopf would take off a finalizer of its own name that no handler
+    # requires, and trainop.io/finalizer is stagesync's.)
+    # Events come from the controller (one per condition transition), on the leader only.
+    settings.posting.enabled = False
     settings.watching.server_timeout = 300
     settings.networking.connect_timeout = 10
     settings.networking.request_timeout = 30
     settings.execution.max_workers = 16
     indexes.configure(settings)
-    memo.controller = controller.Controller(memo.config, {k: kwargs[k] for k in indexes.INDEXES})
+    memo.controller = controller.Controller(memo.config, {k: kwargs[k] for k in indexes.INDEXES},
+                                            leadership)
     memo.controller.start()
+    memo.election = asyncio.create_task(leadership.run(on_lost=getattr(memo, "stop", _no_stop)),
+                                        name="trainop-lease")
     logger.info("trainop operator configured: %d node pools, safety resync %.0fs",
                 len(memo.config.node_pools), memo.config.safety_resync_seconds)
 
@@ -59,3 +69,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
 async def stop(memo: kopf.Memo, **_) -> None:
     if getattr(memo, "controller", None) is not None:
         await memo.controller.stop()
+    if getattr(memo, "election", None) is not None:
+        memo.election.cancel()
+    if getattr(memo, "leadership", None) is not None:
+        await memo.leadership.release()  # a standby takes over at once, not at expiry
+
+
+def _no_stop() -> None:
+    raise RuntimeError("a Lease without a stop flag")  # cli/operator.py always gives one

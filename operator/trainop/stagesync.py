@@ -2,8 +2,11 @@
 NFS export) -> referenced Secret / ServiceAccount exist (until the copy of this spec is done) ->
 (provision) NetworkPolicy, NFS server Service + StatefulSet, wait until it serves -> PV (only
 ours: labelled with this DataStage's uid) + claim -> stager identity + copy Job -> phase from
-the Job. `cleanup()` is the finalizer's work: the cluster-scoped PV (the one child owner
-references cannot remove), deleted only if its label carries this DataStage's uid.
+the Job. The finalizer FINALIZER is the reconcile's too (not kopf's, whose handlers would also
+run on a standby replica: leader.py): put on before any child exists, and once the DataStage is
+being deleted, its work is done (`_release`): the cluster-scoped PV (the one child owner
+references cannot remove), deleted only if its label carries this DataStage's uid, then the
+finalizer taken off.
 
     outcome = stagesync.decide(StageSnapshot(body, ...), cfg)
 
@@ -29,7 +32,17 @@ import logging
 from dataclasses import dataclass, field
 
 from trainop import blob, conditions, kube
-from trainop.actions import Apply, Create, Outcome, delete
+from trainop.actions import (
+    AddFinalizer,
+    Apply,
+    Create,
+    Delete,
+    DropFinalizer,
+    Outcome,
+    Patch,
+    Ref,
+    delete,
+)
 from trainop.config import Config
 from trainop.render import datastage as render
 from trainop.spec import SpecError, Stage, parse_stage
@@ -39,6 +52,7 @@ log = logging.getLogger("trainop.stagesync")
 AUTH_FIELD = "spec.source.blob.auth"
 NFS_FIELD = "spec.destination.nfs"
 SECRET_RECHECK_SECONDS = 10.0  # also how often a PV name held by a foreign PV is looked at again
+FINALIZER = "trainop.io/finalizer"  # what earlier versions' kopf handler put on: the same name
 OWNED_KEYS = ("phase", "conditions", "claimName", "volumeName", "server", "copyJobName",
               "observedGeneration")
 
@@ -164,8 +178,12 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
     body = snap.body
     meta = body["metadata"]
     st = _Status(body.get("status") or {}, meta.get("generation"), stamp)
+    finalizers = tuple(meta.get("finalizers") or ())
     if meta.get("deletionTimestamp"):  # the finalizer's turn: creating anything now would leak it
-        return Outcome()
+        return _release(snap)
+    if FINALIZER not in finalizers:  # before any child: a PV made without it could outlive us
+        return Outcome([AddFinalizer(Ref.of(body), finalizers, FINALIZER,
+                                     meta.get("resourceVersion", ""))])
     try:
         stage = parse_stage(body)
         check_allowed(stage, cfg)
@@ -191,7 +209,7 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
     if stage.provisioned:
         # the policy first, so the server never serves unprotected
         actions.append(Apply(render.network_policy(stage, cfg), body, None))
-        service, statefulset = render.server_objects(stage, cfg)
+        service, statefulset = render.server_objects(stage, cfg, (body.get("status") or {}).get("server"))
         actions += [Apply(service, body, _version(snap.service)),
                     Apply(statefulset, body, _version(snap.statefulset))]
         server = render.server_address(stage, snap.service)
@@ -215,6 +233,9 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
         # meanwhile by a PV without our uid is a conflict, not something to apply over.
         actions += [Apply(pv, None, _version(snap.volume), guard=(render.LABEL_STAGE_UID, stage.uid)),
                     Apply(pvc, body, None)]
+        if _released(snap.volume, stage.uid):  # its claim was deleted and made again: rebind
+            actions.append(Patch(Ref.of(snap.volume), {"spec": {"claimRef": {"uid": None,
+                                                                             "resourceVersion": None}}}))
         st.data |= {"volumeName": pv["metadata"]["name"], "claimName": pvc["metadata"]["name"]}
 
     for obj in render.copy_objects(stage, server, cfg):
@@ -227,6 +248,13 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
         actions.append(Create(render.copy_job(stage, server, cfg), body))
     st.data["copyJobName"] = job_name
     return _copy_phase(st, current, body, actions)
+
+
+def _released(volume: dict | None, uid: str) -> bool:
+    """Our PV, Released: the claim it was bound to is gone (someone deleted it; Apply made it
+    again), and the binder never binds a PV whose claimRef names another claim's uid."""
+    return volume is not None and ((volume.get("status") or {}).get("phase") == "Released") and \
+        (volume["metadata"].get("labels") or {}).get(render.LABEL_STAGE_UID) == uid
 
 
 def _finished(job: dict | None) -> dict:
@@ -260,17 +288,20 @@ def _copy_phase(st: _Status, job: dict | None, body: dict, actions: list) -> Out
     return st.outcome(actions, waiting="copy Job running")
 
 
-def cleanup(body: dict) -> None:
-    """Finalizer: the PV (cluster-scoped, so owner references cannot remove it), only if its
-    label carries this DataStage's uid, and only that incarnation (uid precondition). Namespaced
-    children go with the DataStage through their owner references."""
-    meta = body["metadata"]
-    name = render.volume_name(meta["uid"])
-    pv = kube.get("v1", "PersistentVolume", name)
-    if pv is None:
-        return
-    if (pv["metadata"].get("labels") or {}).get(render.LABEL_STAGE_UID) != meta["uid"]:
-        log.warning("PersistentVolume %s does not carry %s=%s: left alone", name,
-                    render.LABEL_STAGE_UID, meta["uid"])
-        return
-    kube.delete("v1", "PersistentVolume", name, uid=pv["metadata"]["uid"])
+def _release(snap: StageSnapshot) -> Outcome:
+    """The finalizer's work: the PV (cluster-scoped, so owner references cannot remove it), only
+    if its label carries this DataStage's uid, and only that incarnation (uid precondition),
+    then the finalizer off. Namespaced children go with the DataStage through their owner
+    references."""
+    meta = snap.body["metadata"]
+    finalizers = tuple(meta.get("finalizers") or ())
+    if FINALIZER not in finalizers:
+        return Outcome()
+    actions: list = []
+    pv = snap.volume
+    if pv is not None and not pv["metadata"].get("deletionTimestamp") and \
+            (pv["metadata"].get("labels") or {}).get(render.LABEL_STAGE_UID) == meta["uid"]:
+        actions.append(Delete(Ref.of(pv)))  # (a PV without our uid is left alone)
+    actions.append(DropFinalizer(Ref.of(snap.body), finalizers, FINALIZER,
+                                 meta.get("resourceVersion", "")))
+    return Outcome(actions)

@@ -47,13 +47,16 @@ NAMESPACED_RULES = {
     ("", "serviceaccounts"): ["get", "list", "watch", "create", "patch"],
     ("", "persistentvolumeclaims"): ["get", "list", "watch", "create", "patch"],
     ("apps", "statefulsets"): ["get", "list", "watch", "create", "patch"],
-    ("rbac.authorization.k8s.io", "roles"): ["get", "create", "patch"],
-    ("rbac.authorization.k8s.io", "rolebindings"): ["get", "create", "patch"],
+    ("rbac.authorization.k8s.io", "roles"): ["get", "list", "watch", "create", "patch"],
+    ("rbac.authorization.k8s.io", "rolebindings"): ["get", "list", "watch", "create", "patch"],
     ("", "secrets"): ["get", "create"],
     ("networking.k8s.io", "networkpolicies"): ["get", "list", "watch", "create", "patch"],
     ("discovery.k8s.io", "endpointslices"): ["list", "watch"],
 }
-PEERING = ["list", "watch", "patch"]
+# leader election (leader.py): create a Lease, get/update only the chart's one, in its namespace
+LEADER_RULES = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+                {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["trainop"],
+                 "verbs": ["get", "update"]}]
 
 
 def rule_table(role: dict) -> dict:
@@ -75,32 +78,30 @@ def test_helm_lint(helm):
 def test_default_render_serves_every_namespace(render):
     objs = render()
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == sorted(["CustomResourceDefinition"] * 4 + [
-        "ClusterKopfPeering", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
+    assert kinds == sorted(["CustomResourceDefinition"] * 2 + [
+        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Role", "RoleBinding",
         "ConfigMap", "Deployment", "Service", "ServiceAccount"])
     args = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args == ["operator", "--all-namespaces", "--peering=trainop", "--priority=random",
+    assert args == ["operator", "--all-namespaces", "--lease=trainop", "--lease-namespace=trainop-system",
                     "--liveness=http://0.0.0.0:8080/healthz", "--metrics-port=9090", "--log-format=json"]
-    assert find(objs, "ClusterKopfPeering")["metadata"]["name"] == "trainop"
-    assert rule_table(find(objs, "ClusterRole", "trainop-cluster")) == \
-        CLUSTER_RULES | {("kopf.dev", "clusterkopfpeerings"): PEERING}
+    leader = find(objs, "Role", "trainop-leader")
+    assert leader["metadata"]["namespace"] == "trainop-system" and leader["rules"] == LEADER_RULES
+    assert find(objs, "RoleBinding", "trainop-leader")["roleRef"]["name"] == "trainop-leader"
+    assert rule_table(find(objs, "ClusterRole", "trainop-cluster")) == CLUSTER_RULES
     assert rule_table(find(objs, "ClusterRole", "trainop-namespaced")) == NAMESPACED_RULES
     binding = find(objs, "ClusterRoleBinding", "trainop-namespaced")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainop", "namespace": "trainop-system"}]
 
 
-def test_watched_namespaces_get_role_bindings_and_peerings_only_there(render):
+def test_watched_namespaces_get_role_bindings_only_there(render):
     objs = render({"watchNamespaces": ["team-a", "team-b"]})
-    assert not [o for o in objs if o["kind"] == "ClusterKopfPeering"]
     assert [o["metadata"]["name"] for o in objs if o["kind"] == "ClusterRoleBinding"] == ["trainop-cluster"]
-    bindings = [o for o in objs if o["kind"] == "RoleBinding"]
+    bindings = [o for o in objs if o["kind"] == "RoleBinding" and o["metadata"]["name"] != "trainop-leader"]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     assert all(b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                 "name": "trainop-namespaced"} for b in bindings)
-    assert sorted(p["metadata"]["namespace"] for p in objs if p["kind"] == "KopfPeering") == ["team-a", "team-b"]
     assert rule_table(find(objs, "ClusterRole", "trainop-cluster")) == CLUSTER_RULES
-    assert rule_table(find(objs, "ClusterRole", "trainop-namespaced")) == \
-        NAMESPACED_RULES | {("kopf.dev", "kopfpeerings"): PEERING}
+    assert rule_table(find(objs, "ClusterRole", "trainop-namespaced")) == NAMESPACED_RULES
     args = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:3] == ["operator", "--namespace=team-a", "--namespace=team-b"]
 

@@ -80,7 +80,6 @@ def test_operator_pod_admitted_under_the_restricted_profile(cluster, install):
     assert deploy["status"].get("readyReplicas") == 1
     pod = cluster.get("pods", "-n", install.system, "-l", "app.kubernetes.io/name=trainop")["items"][0]
     assert pod["spec"]["serviceAccountName"] == SA
-    assert cluster.get("kopfpeering", "trainop", "-n", install.jobs)["kind"] == "KopfPeering"
 
 
 @pytest.mark.parametrize("mode", [{"watchNamespaces": ["default"]}, {}], ids=["namespaced", "clusterwide"])
@@ -115,9 +114,9 @@ def start_sa_operator(cluster, install, tmp_path, name: str) -> OperatorProcess:
     deployment_args = cluster.get("deployment", RELEASE, "-n", install.system)[
         "spec"]["template"]["spec"]["containers"][0]["args"]
     # the fixture adds --liveness and --namespace; the metrics port is a free local one
-    flags = [a for a in deployment_args[1:] if a.startswith(("--peering", "--priority", "--log-format"))]
-    assert flags == ["--peering=trainop", "--priority=random", "--log-format=json"]
-    # POD_ID: kopf's identity in the peering object, as the Deployment sets it (the pod's name)
+    flags = [a for a in deployment_args[1:] if a.startswith(("--lease", "--log-format"))]
+    assert flags == ["--lease=trainop", f"--lease-namespace={install.system}", "--log-format=json"]
+    # POD_ID: this replica's identity in the Lease, as the Deployment sets it (the pod's name)
     port = _free_port()
     op = OperatorProcess(types.SimpleNamespace(kubeconfig=kubeconfig), [install.jobs], tmp_path / f"{name}.log",
                          config=yaml.safe_load(chart_config), extra_args=[*flags, f"--metrics-port={port}"],
@@ -228,13 +227,8 @@ def test_datastage_end_to_end_with_only_the_chart_service_account(cluster, insta
     assert_no_refusals(sa_operator)
 
 
-PAUSED, RESUMED = "Pausing operations in favour of", "Resuming operations after the pause"
-
-
-def acting(op: OperatorProcess) -> bool:
-    """kopf logs each pause and resume; a replica starts paused until it knows its peers."""
-    log = op.logs()
-    return log.rfind(RESUMED) > log.rfind(PAUSED)
+def holder(cluster, install) -> str:
+    return ((cluster.get("lease", "trainop", "-n", install.system).get("spec") or {}).get("holderIdentity") or "")
 
 
 def reconciles(op: OperatorProcess) -> float:
@@ -243,27 +237,26 @@ def reconciles(op: OperatorProcess) -> float:
 
 
 def test_second_replica_stands_by_then_takes_over(cluster, install, sa_operator, tmp_path):
-    """Peering as the chart sets it up: of two replicas (random priorities) only the higher one
-    reconciles; when it stops, the other resumes and carries on with the same job."""
+    """Leader election as the chart sets it up (one Lease in the release's namespace; leader.py;
+    the chart's own pod runs on a KWOK node, so it runs nothing): of two replicas only the
+    Lease's holder reconciles; when it stops cleanly it releases the Lease and the other
+    carries on with the same job. (A kill in the middle of a ramp, counted in the audit log:
+    tests/cluster/test_leader.py.)"""
     ns = install.jobs
+    wait_until(lambda: holder(cluster, install).startswith("operator_"), timeout=60,
+               what="the first replica holding the Lease")
     second = start_sa_operator(cluster, install, tmp_path, "second")
     try:
-        peers = wait_until(lambda: (st := cluster.get("kopfpeering", "trainop", "-n", ns).get("status") or {})
-                           and {"operator", "second"} <= set(st) and st, timeout=30, what="both replicas in the KopfPeering")
-        ops = {"operator": sa_operator, "second": second}
-        active_id = max(("operator", "second"), key=lambda k: peers[k]["priority"])
-        active, standby = ops[active_id], ops["second" if active_id == "operator" else "operator"]
-        wait_until(lambda: acting(active) and not acting(standby), timeout=30,
-                   what=f"{active_id} (higher priority) acting, the other paused")
-        idle = reconciles(standby)
+        idle = reconciles(second)
         cluster.apply({"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
                        "metadata": {"name": "peer"}, "spec": {"workers": 1, "gpusPerWorker": 1}}, ns)
         wait_until(lambda: cluster.get("dtj", "peer", "-n", ns).get("status", {}).get("phase") == "Running",
                    timeout=60, what="job peer Running")
-        assert reconciles(standby) == idle, "the paused replica reconciled"
-        active.stop()  # a clean exit removes it from the peering at once
-        wait_until(lambda: acting(standby), timeout=30, what="the standby resuming")
-        wait_until(lambda: reconciles(standby) > idle, timeout=30, what="the standby reconciling the job")
+        assert reconciles(second) == idle, "the standby reconciled"
+        sa_operator.stop()  # a clean exit releases the Lease at once
+        wait_until(lambda: holder(cluster, install).startswith("second_"), timeout=30,
+                   what="the standby holding the Lease")
+        wait_until(lambda: reconciles(second) > idle, timeout=30, what="the standby reconciling the job")
     finally:
         second.stop()
 
@@ -285,7 +278,7 @@ def test_rbac_is_not_broader_than_listed(cluster, install):
                           ("delete", "roles"), ("escalate", "roles"), ("bind", "clusterroles"),
                           ("create", "pods", "--subresource=exec"),
                           ("get", "pods", "--subresource=log"), ("update", "distributedtrainingjobs", "--subresource=status"), ("delete", "namespaces"), ("patch", "nodes"),
-                          ("create", "clusterroles"), ("list", "clusterkopfpeerings")):
+                          ("create", "clusterroles"), ("update", "leases")):
         assert not can_i(cluster, system, *verb_resource, "-n", jobs), verb_resource
     assert not can_i(cluster, system, "*", "*", "--all-namespaces")
 

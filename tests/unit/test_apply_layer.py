@@ -147,3 +147,62 @@ def test_queue_keeps_the_earliest_deadline():
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(q.get(), 0.1)
     asyncio.run(main())
+
+
+def test_an_unwatched_child_deleted_or_edited_is_applied_again(api):
+    """A watch event of a child decide() does not read (observe()): deleted, or changed past the
+    version our apply returned, it is applied again; our own write's event changes nothing."""
+    applier, role = apply.Applier(), {**SERVICE, "kind": "Role"}
+    applier.run([Apply(role, OWNER, None)])
+    ours = api.objects[("Role", "ns", "j")]
+    applier.observe(ours, deleted=False)  # the event of our own apply
+    applier.run([Apply(role, OWNER, None)])
+    assert api.calls == ["create"]
+    api.objects.pop(("Role", "ns", "j"))
+    applier.observe(ours, deleted=True)
+    applier.run([Apply(role, OWNER, None)])
+    assert api.calls == ["create", "create"] and ("Role", "ns", "j") in api.objects
+    edited = api._stamp(api.objects[("Role", "ns", "j")])  # someone else's write: a newer version
+    applier.observe(edited, deleted=False)
+    applier.run([Apply(role, OWNER, None)])
+    assert api.calls[2:] == ["create", "get", "apply"]  # (409: ours, so applied over)
+
+
+def test_the_ssh_secret_is_read_again_before_a_gang_start_and_made_again_if_gone(api, monkeypatch):
+    """Never watched: read (one GET per gang start, none at rest) when pods are about to be
+    created; a deleted one is made again before them."""
+    from trainop import config, sshkeys
+    from trainop.actions import CreateSSHSecret
+    from trainop.spec import parse
+    monkeypatch.setattr(sshkeys, "generate", lambda: ("private", "public"))
+    job = parse({**OWNER, "spec": {"workers": 2, "gpusPerWorker": 1}}, config.from_dict({}))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "j-worker-0", "namespace": "ns"}}
+    pods = [Create(pod, OWNER), Create({**pod, "metadata": {**pod["metadata"], "name": "j-worker-1"}}, OWNER)]
+    applier = apply.Applier()
+    applier.run([CreateSSHSecret(job, OWNER)])
+    assert applier.has_ssh_secret("u1") and api.calls == ["create"]
+    applier.run(pods)
+    assert api.calls[1:] == ["create", "create"]  # just made: the first gang reads nothing
+    for name in ("j-worker-0", "j-worker-1"):
+        api.objects.pop(("Pod", "ns", name))
+    applier.run(pods)  # a restart: one read for the gang, there
+    assert api.calls[3:] == ["get", "create", "create"]
+    api.objects.pop(("Secret", "ns", "j-ssh"))  # someone deletes it
+    for name in ("j-worker-0", "j-worker-1"):
+        api.objects.pop(("Pod", "ns", name))
+    applier.run(pods)  # the next restart
+    assert api.calls[6:] == ["get", "create", "create", "create"] and ("Secret", "ns", "j-ssh") in api.objects
+
+
+def test_a_write_is_refused_by_the_fence_before_it_is_sent(monkeypatch):
+    sent = []
+    monkeypatch.setattr(kube, "configure", lambda *a, **k: sent.append(a) or None)
+    kube.fence(lambda: False)
+    try:
+        with pytest.raises(kube.NotLeading):
+            kube.request("PATCH", "/api/v1/namespaces/ns/pods/p", body={})
+        with pytest.raises(kube.NotLeading):
+            kube.request("POST", "/api/v1/namespaces/ns/events", body={})
+        assert sent == []  # nothing reached the client
+    finally:
+        kube.fence(lambda: True)

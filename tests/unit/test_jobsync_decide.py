@@ -183,13 +183,13 @@ CASES = [
           launcher=launcher(), **shared()),
      ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi"],
      "Running", {"Running": ("True", "LauncherCreated")}, ["AllWorkersReady", "LauncherCreated"]),
-    ("a running gang: only its unchanged NetworkPolicy (skipped by apply.py: no call), no Event",
+    ("a running gang: its unchanged children (skipped by apply.py: no call), no Event",
      snap(body(copy.deepcopy(RUNNING)), pods=workers(), launcher=launcher(), **shared()),
-     ["apply NetworkPolicy j"], "Running", {"Running": ("True", "LauncherCreated")}, []),
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi"], "Running", {"Running": ("True", "LauncherCreated")}, []),
     ("launcher completed: Succeeded, running workers deleted (cleanPodPolicy Running)",
      snap(body(copy.deepcopy(RUNNING)), pods=workers(), launcher=launcher(outcome="Complete"),
           **shared()),
-     ["apply NetworkPolicy j", "delete Pod j-worker-0", "delete Pod j-worker-1"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "delete Pod j-worker-0", "delete Pod j-worker-1"],
      "Succeeded", {"Succeeded": ("True", "JobSucceeded"), "Running": ("False", "JobSucceeded")},
      ["JobSucceeded", "JobSucceeded"]),  # Succeeded True, Running False: two transitions
     ("worker crashed with restarts left: attempt bumped, gang restart announced",
@@ -197,7 +197,7 @@ CASES = [
           pods=[pod("j-worker-0", index=0),
                 pod("j-worker-1", index=1, phase="Failed", exit_code=137, reason="OOMKilled")],
           launcher=launcher(), **shared()),
-     ["apply NetworkPolicy j"], "Starting", {"Restarting": ("True", "GangRestart"), "Running": ("False", "GangRestart"),
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi"], "Starting", {"Restarting": ("True", "GangRestart"), "Running": ("False", "GangRestart"),
                       "WorkersReady": ("False", "GangRestart")},
      ["GangRestart", "GangRestart", "GangRestart"]),
     ("previous attempt's pods and launcher are deleted before names are reused",
@@ -213,25 +213,25 @@ CASES = [
           pods=[pod("j-worker-0", index=0),
                 pod("j-worker-1", index=1, phase="Failed", exit_code=1)],
           launcher=launcher(), **shared()),
-     ["apply NetworkPolicy j", "delete Job j-launcher", "delete Pod j-worker-0"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "delete Job j-launcher", "delete Pod j-worker-0"],
      "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
     ("launcher failed: its pod is named as the cause",
      snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}),
           pods=workers() + [pod("j-launcher-x", role="launcher", index=None, phase="Failed",
                                 exit_code=2)],
           launcher=launcher(outcome="Failed"), **shared()),
-     ["apply NetworkPolicy j", "delete Pod j-worker-0", "delete Pod j-worker-1"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "delete Pod j-worker-0", "delete Pod j-worker-1"],
      "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
     ("a worker deleted under a running gang is a disruption: restarted, not counted",
      snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}), pods=workers(1),
           launcher=launcher(), **shared()),
-     ["apply NetworkPolicy j"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi"],
      "Starting", {"Restarting": ("True", "GangRestart")}, ["GangRestart"] * 3),
     ("an MPI worker that exits 0 while the launcher runs is a failure",
      snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}),
           pods=[pod("j-worker-0", index=0), pod("j-worker-1", index=1, phase="Succeeded")],
           launcher=launcher(), **shared()),
-     ["apply NetworkPolicy j", "delete Job j-launcher", "delete Pod j-worker-0"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "delete Job j-launcher", "delete Pod j-worker-0"],
      "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
     ("activeDeadlineSeconds passed: Failed, everything stopped",
      snap(body(copy.deepcopy(RUNNING), runPolicy={"activeDeadlineSeconds": 60}),
@@ -273,18 +273,18 @@ CASES = [
           stage={"metadata": {"name": "imagenet"},
                  "status": {"phase": "Copying", "claimName": "imagenet-data"}},
           pods=workers(), launcher=launcher(), **shared()),
-     ["apply NetworkPolicy j"], "Running", {"DataReady": ("True", "DataStageChanged"), "Running": ("True", "LauncherCreated")},
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi"], "Running", {"DataReady": ("True", "DataStageChanged"), "Running": ("True", "LauncherCreated")},
      ["DataStageChanged"]),
     ("running on a DataStage that Failed (its Secret deleted, a bad edit): keeps running",
      snap(body(copy.deepcopy(RUNNING_ON_DATA), data={"dataStageRef": {"name": "imagenet"}}),
           stage={"metadata": {"name": "imagenet"},
                  "status": {"phase": "Failed", "claimName": "imagenet-data"}},
           pods=workers(), launcher=launcher(), **shared()),
-     ["apply NetworkPolicy j"], "Running", {"DataReady": ("True", "DataStageChanged")}, ["DataStageChanged"]),
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi"], "Running", {"DataReady": ("True", "DataStageChanged")}, ["DataStageChanged"]),
     ("running, its DataStage deleted: keeps the claim its pods mount",
      snap(body(copy.deepcopy(RUNNING_ON_DATA), data={"dataStageRef": {"name": "imagenet"}}),
           pods=[mounting(w) for w in workers()], launcher=launcher(), **shared()),
-     ["apply NetworkPolicy j"], "Running", {"DataReady": ("True", "DataStageChanged")}, ["DataStageChanged"]),
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi"], "Running", {"DataReady": ("True", "DataStageChanged")}, ["DataStageChanged"]),
     ("a new job on a DataStage that is copying again waits for Ready",
      snap(body(data={"dataStageRef": {"name": "imagenet"}}),
           stage={"metadata": {"name": "imagenet"},
@@ -350,7 +350,7 @@ CASES = [
      snap(body({**copy.deepcopy(RUNNING), "conditions": CREATED_TORCHRUN + cond(
          ("Running", True, "WorkersRunning"))}, launcher="torchrun", gpusPerWorker=2),
           pods=workers(phase="Succeeded", ready=False), service=child("Service", "j")),
-     ["apply NetworkPolicy j"], "Succeeded", {"Succeeded": ("True", "JobSucceeded")}, ["JobSucceeded"] * 2),
+     ["apply NetworkPolicy j", "apply Service j"], "Succeeded", {"Succeeded": ("True", "JobSucceeded")}, ["JobSucceeded"] * 2),
 ]
 
 
@@ -439,10 +439,12 @@ def test_invalid_spec_is_judged_again_after_an_edit():
     assert out.status["phase"] == "Starting" and "Failed" not in reasons(out.status)
 
 
-def test_running_job_does_not_reapply_shared_children():
+def test_running_job_gets_deleted_children_back():
     s = snap(body(copy.deepcopy(RUNNING)), pods=workers(), launcher=launcher())  # all missing
-    # mpirun read them already; a restart re-checks. The isolation is always kept in shape.
-    assert [a.obj["kind"] for a in decide(s, CFG, NOW).actions] == ["NetworkPolicy"]
+    # a deleted Service takes the workers' DNS names even while the gang runs: every child is
+    # kept in shape (an unchanged one costs no call: apply.py)
+    assert [getattr(a, "obj", {}).get("kind", type(a).__name__) for a in decide(s, CFG, NOW).actions] == \
+        ["NetworkPolicy", "Service", "ConfigMap", "CreateSSHSecret"]
 
 
 def test_the_same_snapshot_gives_the_same_decision():
@@ -491,7 +493,9 @@ def test_progress_is_shown_in_status_and_decides_nothing():
     out = decide(running, CFG, NOW)
     assert out.status["metrics"] == {"step": 9, "loss": "NaN", "final": True}
     assert out.status["phase"] == "Running" and out.events == []
-    assert [a.obj["kind"] for a in out.actions] == ["NetworkPolicy"]  # unchanged: apply skips it
+    # children only, each unchanged (apply skips them): nothing from the report
+    assert {a.obj["kind"] for a in out.actions} == {"NetworkPolicy", "Service", "ConfigMap", "ServiceAccount",
+                                                    "Role", "RoleBinding"}
 
 
 def test_progress_is_shown_after_the_job_finished_and_was_cleaned():

@@ -259,7 +259,9 @@ def test_a_running_job_whose_class_was_deleted_keeps_running():
              launcher=launcher(), classes=CLASSES)
     out = jobsync.decide(s, CFG, NOW)
     assert out.status["phase"] == "Running" and "Failed" not in reasons(out.status)
-    assert summary(out.actions) == ["apply NetworkPolicy j"]  # (always kept; free when unchanged)
+    # (children always kept in shape; free when unchanged)
+    assert summary(out.actions) == ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi",
+                                    "create ssh Secret"]
 
 
 # ---- without Kueue: the WorkloadPriorityClass watch is quietly unresolved ------------------

@@ -163,6 +163,9 @@ def test_provisioned_server_statefulset_service_and_volume_on_cluster_ip():
     assert service["metadata"]["name"] == "imagenet-nfs"
     assert service["spec"] == {"type": "ClusterIP", "selector": lbl,
                                "ports": [{"name": "nfs", "port": 2049, "targetPort": 2049, "protocol": "TCP"}]}
+    # once the PV exists (status.server), a Service made again asks for the PV's address
+    again, _ = render.server_objects(stage, CFG, "10.96.7.7")
+    assert again["spec"] == {**service["spec"], "clusterIP": "10.96.7.7"}
     spec = sts["spec"]
     assert (spec["replicas"], spec["serviceName"], spec["selector"]) == (1, "imagenet-nfs", {"matchLabels": lbl})
     assert spec["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Delete", "whenScaled": "Retain"}

@@ -20,5 +20,5 @@ def test_operator_verb_is_registered():
     run = subprocess.run([sys.executable, "-m", "trainop", "operator", "--help"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0
-    for flag in ("--namespace", "--all-namespaces", "--peering", "--standalone", "--liveness"):
+    for flag in ("--namespace", "--all-namespaces", "--lease", "--lease-namespace", "--standalone", "--liveness"):
         assert flag in run.stdout

@@ -7,9 +7,9 @@ import copy
 import pytest
 
 from trainop import config
-from trainop.actions import Apply, Create, Delete
+from trainop.actions import AddFinalizer, Apply, Create, Delete, DropFinalizer, Patch, Ref
 from trainop.spec import parse_stage
-from trainop.stagesync import SECRET_RECHECK_SECONDS, StageSnapshot, decide
+from trainop.stagesync import FINALIZER, SECRET_RECHECK_SECONDS, StageSnapshot, decide
 
 CFG = config.from_dict({"datastage": {"allowedNfsExports": [{"server": "10.1.2.3", "path": "/export"}]}})
 NOW = "2026-05-01T12:00:00Z"
@@ -21,8 +21,9 @@ PROVISION = {"provision": {"size": "100Gi"}}
 
 
 def body(destination=None, auth=SAS, status=None, deleting=False,
-         url="https://acct.blob.core.windows.net") -> dict:
-    meta = {"name": "imagenet", "namespace": "team-a", "uid": UID, "generation": 1}
+         url="https://acct.blob.core.windows.net", finalizers=(FINALIZER,)) -> dict:
+    meta = {"name": "imagenet", "namespace": "team-a", "uid": UID, "generation": 1,
+            "resourceVersion": "5", "finalizers": list(finalizers)}
     if deleting:
         meta["deletionTimestamp"] = NOW
     out = {"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": meta,
@@ -163,9 +164,30 @@ def test_an_earlier_specs_copy_job_is_deleted():
     assert summary(out.actions)[-2:] == ["delete Job", "create Job"]
 
 
-def test_deleting_stage_creates_nothing():
-    out = decide(snap(body(deleting=True)), CFG, NOW)
-    assert out.actions == [] and out.status is None
+STAGE_REF = Ref("trainop.io/v1alpha1", "DataStage", "imagenet", "team-a", UID)
+
+
+def test_the_finalizer_goes_on_before_any_child():
+    """The reconcile's, not kopf's (a standby's kopf would act too: leader.py)."""
+    out = decide(snap(body(finalizers=("example.com/keep",))), CFG, NOW)
+    assert out.actions == [AddFinalizer(STAGE_REF, ("example.com/keep",), FINALIZER, "5")]
+    assert out.status is None
+
+
+def test_deleting_stage_creates_nothing_deletes_its_pv_and_lets_go():
+    out = decide(snap(body(deleting=True, finalizers=(FINALIZER, "example.com/keep"))), CFG, NOW)
+    assert out.actions == [DropFinalizer(STAGE_REF, (FINALIZER, "example.com/keep"), FINALIZER, "5")]
+    assert out.status is None
+    ours = {"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": f"trainop-{UID}", "uid": "pv-uid", "labels": {"trainop.io/datastage-uid": UID}}}
+    out = decide(snap(body(deleting=True), volume=ours), CFG, NOW)
+    assert out.actions == [Delete(Ref("v1", "PersistentVolume", f"trainop-{UID}", None, "pv-uid")),
+                           DropFinalizer(STAGE_REF, (FINALIZER,), FINALIZER, "5")]
+    foreign = copy.deepcopy(ours)
+    foreign["metadata"]["labels"] = {"trainop.io/datastage-uid": "someone-else"}
+    out = decide(snap(body(deleting=True), volume=foreign), CFG, NOW)
+    assert out.actions == [DropFinalizer(STAGE_REF, (FINALIZER,), FINALIZER, "5")]  # left alone
+    assert decide(snap(body(deleting=True, finalizers=())), CFG, NOW).actions == []
 
 
 def test_an_existing_claim_is_waited_for_then_copied_into():
@@ -213,3 +235,17 @@ def test_a_copied_stage_stays_ready_without_its_secret(secrets):
 def test_ready_says_how_many_blobs_were_skipped():
     out = decide(snap(body(status={"skippedBlobs": 2}), copy_jobs=[copy_job(_job_name(), "Complete")]), CFG, NOW)
     assert out.status["phase"] == "Ready" and "2 blob(s) skipped, see status.skipped" in out.events[0][2]
+
+
+def test_a_released_pv_of_ours_is_freed_for_its_claim_made_again():
+    """Someone deleted the claim; Apply made it again; the PV still names the old claim's uid
+    (the binder's), so it would stay Released: the uid goes, and the binder binds them."""
+    released = {"apiVersion": "v1", "kind": "PersistentVolume", "status": {"phase": "Released"},
+                "metadata": {"name": f"trainop-{UID}", "uid": "pv-uid", "resourceVersion": "9",
+                             "labels": {"trainop.io/datastage-uid": UID}}}
+    out = decide(snap(body(), volume=released), CFG, NOW)
+    patch = [a for a in out.actions if isinstance(a, Patch)]
+    assert patch == [Patch(Ref("v1", "PersistentVolume", f"trainop-{UID}", None, "pv-uid"),
+                           {"spec": {"claimRef": {"uid": None, "resourceVersion": None}}})]
+    bound = {**released, "status": {"phase": "Bound"}}
+    assert not [a for a in decide(snap(body(), volume=bound), CFG, NOW).actions if isinstance(a, Patch)]

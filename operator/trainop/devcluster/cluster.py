@@ -36,6 +36,10 @@ REAL_COMPONENTS = ["coredns", "kube-proxy", "kube-router"]
 SIM_STAGES = Path(__file__).resolve().parent / "sim-stages.yaml"
 
 
+# An audit policy that records who wrote what (create, update, patch, delete), not the reads.
+WRITES_ONLY = [{"level": "None", "verbs": ["get", "list", "watch"]}, {"level": "Metadata"}]
+
+
 class ClusterError(RuntimeError):
     pass
 
@@ -79,6 +83,8 @@ class DevCluster:
     # Every request's metadata (who, user agent, verb, when) as JSON lines here: how
     # bench/control_plane.py counts one client's own requests.
     audit_log: Path | None = None
+    # The audit policy's rules (Metadata for every request by default); e.g. WRITES_ONLY.
+    audit_rules: list[dict] = field(default_factory=lambda: [{"level": "Metadata"}])
 
     # ---- files ---------------------------------------------------------------------------
     @property
@@ -169,7 +175,7 @@ class DevCluster:
         policy = self.state_dir / "audit-policy.yaml"
         policy.write_text(yaml.safe_dump({"apiVersion": "audit.k8s.io/v1", "kind": "Policy",
                                           "omitStages": ["RequestReceived"],
-                                          "rules": [{"level": "Metadata"}]}))
+                                          "rules": self.audit_rules}))
         return [f"--audit-policy-file={policy}", f"--audit-log-path={self.audit_log}",
                 "--audit-log-format=json", "--audit-log-maxsize=0"]
 

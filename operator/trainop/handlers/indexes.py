@@ -32,8 +32,15 @@ children then fit in tens of MB.
     resource_flavors     name                     Kueue's ResourceFlavors (nodeLabels, tolerations:
                                                   what an admitted pod set's pods get)
 
+Watched without an index (decide() applies them without reading them; a change or a deletion
+makes the apply layer forget them and wakes the owner, which applies them again:
+`route_job_applied`, `route_stage_applied`): the helper identities' ServiceAccount, Role and
+RoleBinding (render/identity.py) of jobs and DataStages, a DataStage's NetworkPolicy and claim.
+
 Not watched: Secrets (the operator would hold every credential of the namespaces it serves;
-see apply.py and stagesync.py for how it does without).
+see apply.py and stagesync.py for how it does without: the SSH Secret is read by name at the
+safety resync); a DataStage's PersistentVolume (cluster-scoped: read by name at each of its
+reconciles, so the safety resync puts back a deleted one).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from trainop.render import podgroup as render_podgroup
 from trainop.render.fabric import PREFLIGHT
 
 LABEL_JOB = common.LABEL_JOB
+JOB_KIND, STAGE_KIND = "DistributedTrainingJob", "DataStage"  # controller.py's key kinds
 LABEL_STAGE = render_stage.LABEL_STAGE
 _HAS_JOB = {LABEL_JOB: kopf.PRESENT}
 _HAS_STAGE = {LABEL_STAGE: kopf.PRESENT}
@@ -97,7 +105,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
     """Server-side label selectors for kinds only jobs own: the API server sends nothing else."""
     settings.watching.label_selectors["v1", "pods"] = LABEL_JOB
     settings.watching.label_selectors["v1", "configmaps"] = LABEL_JOB
-    settings.watching.label_selectors["networking.k8s.io", "v1", "networkpolicies"] = LABEL_JOB
+    # (NetworkPolicies: a job's and a DataStage's, so no server-side selector; a namespace
+    # holds few)
     settings.watching.label_selectors["discovery.k8s.io", "v1", "endpointslices"] = LABEL_JOB
     settings.watching.label_selectors["apps", "v1", "statefulsets"] = LABEL_STAGE
     settings.watching.label_selectors[KUEUE_GROUP, KUEUE_VERSION, "workloads"] = LABEL_JOB
@@ -352,6 +361,29 @@ async def route_pod(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noq
 @kopf.on.event(*VOLCANO_API, "podgroups", labels=_HAS_JOB)
 async def route_job_child(body, namespace, memo: kopf.Memo, **_) -> None:
     memo.controller.enqueue_job(*_job_key(body, namespace))
+
+
+# ---- children applied but not read: watched so that one deleted or edited comes back ----------
+
+RBAC = "rbac.authorization.k8s.io"
+
+
+@kopf.on.event("v1", "serviceaccounts", labels=_HAS_JOB)
+@kopf.on.event(RBAC, "v1", "roles", labels=_HAS_JOB)
+@kopf.on.event(RBAC, "v1", "rolebindings", labels=_HAS_JOB)
+async def route_job_applied(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    memo.controller.child_changed(JOB_KIND, *_job_key(body, namespace), dict(body),
+                                  type == "DELETED")
+
+
+@kopf.on.event("v1", "serviceaccounts", labels=_HAS_STAGE)
+@kopf.on.event(RBAC, "v1", "roles", labels=_HAS_STAGE)
+@kopf.on.event(RBAC, "v1", "rolebindings", labels=_HAS_STAGE)
+@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=_HAS_STAGE)
+@kopf.on.event("v1", "persistentvolumeclaims", labels=_HAS_STAGE)
+async def route_stage_applied(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    memo.controller.child_changed(STAGE_KIND, namespace, body["metadata"]["labels"][LABEL_STAGE],
+                                  dict(body), type == "DELETED")
 
 
 @kopf.on.event("v1", "resourcequotas")

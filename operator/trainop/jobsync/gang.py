@@ -65,12 +65,12 @@ def _child_problem(plan: _Plan, st: _Status) -> Outcome | None:
 
 
 def _children(plan: _Plan, job: Job, st: _Status) -> None:
-    # The pods' isolation is kept in shape always (free while unchanged: see apply.py) ...
+    # Every child is kept in shape, also while the gang runs (free while unchanged: see
+    # apply.py): a deleted Service takes the workers' DNS names, a deleted Role the shipper's
+    # progress reports (docs/DEVELOPING.md, "How each applied child is repaired").
     plan.out.actions.append(Apply(render.render_network_policy(job), plan.body,
                                   _version(plan.snap.network_policy)))
-    # ... the rest only when a (re)start needs it: while the gang runs, mpirun has read it.
-    if not st.is_true("Running"):
-        _shared_children(plan, job)
+    _shared_children(plan, job)
     st.cond("Created", True, "ChildrenCreated",
             "Service, hostfile and SSH key created" if job.launcher == "mpi"
             else "Service created")
@@ -94,7 +94,7 @@ def _shared_children(plan: _Plan, job: Job) -> None:
     if pod_group is not None:  # before any pod of the group; put back if deleted
         acts.append(Apply(pod_group, body, _version(snap.pod_group)))
     for obj in logship.rbac(job, job.logship):
-        acts.append(Apply(obj, body, None))  # kinds the operator does not watch
+        acts.append(Apply(obj, body, None))  # not read: watched by apply.Applier.observe
     progress = logship.progress_config_map(job, job.logship)
     if progress is not None and snap.progress is None:
         acts.append(Create(progress, body))  # created once: its data is the shipper's

@@ -99,10 +99,12 @@ def _settings(cfg: Config) -> dict:
 
 # ---- provisioned NFS server -----------------------------------------------------------------
 
-def server_objects(stage: Stage, cfg: Config) -> list[dict]:
+def server_objects(stage: Stage, cfg: Config, address: str | None = None) -> list[dict]:
     """Service (its ClusterIP is what the PV uses: kubelets mount with the node's DNS, which
     cannot resolve cluster Service names) and the single-replica server StatefulSet, whose disk
-    claim is deleted with it."""
+    claim is deleted with it. `address`: the ClusterIP the PV was made with (status.server); a
+    Service made again (someone deleted it) asks for that same IP, since the PV's server field
+    is immutable and mounted pods use it."""
     if not stage.provisioned:
         return []
     name, lbl, settings = server_name(stage), labels(stage, "nfs-server"), _settings(cfg)
@@ -112,6 +114,8 @@ def server_objects(stage: Stage, cfg: Config) -> list[dict]:
         "spec": {"type": "ClusterIP", "selector": lbl,
                  "ports": [{"name": "nfs", "port": NFS_PORT, "targetPort": NFS_PORT, "protocol": "TCP"}]},
     }
+    if address:
+        service["spec"]["clusterIP"] = address
     claim_spec: dict = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": stage.capacity}}}
     if stage.storage_class:
         claim_spec["storageClassName"] = stage.storage_class
