@@ -9,7 +9,9 @@ from trainop import config
 from trainop.render import common, dtj
 from trainop.spec import SpecError, parse
 
-CFG = config.load(None)
+# the Secrets WORKER references: an admin's list (podTemplate.allow.secrets)
+CFG = config.from_dict({"podTemplate": {"allow": {"secrets": ["registry", "t"]}}})
+NO_GPUS = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 GPU_TOL = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 WORKER = {
@@ -62,7 +64,8 @@ def test_worker_override_merges_every_field():
     # the pool's toleration once, the user's added
     assert spec["tolerations"] == [GPU_TOL, {"key": "example.com/dedicated", "operator": "Exists"}]
     assert spec["initContainers"] == [{"name": "fetch", "image": "busybox", "command": ["true"],
-                                       "securityContext": common.container_security_context()}]
+                                       "securityContext": common.container_security_context(),
+                                       "env": [NO_GPUS]}]  # no GPU limit: no GPU
     worker, exporter = spec["containers"]
     base = plain["spec"]["containers"][0]
     assert worker["env"] == base["env"] + WORKER["spec"]["containers"][0]["env"]
@@ -71,7 +74,7 @@ def test_worker_override_merges_every_field():
     assert worker["securityContext"] == base["securityContext"] | {"readOnlyRootFilesystem": True}
     assert worker["image"] == base["image"] and worker["command"] == base["command"]
     assert exporter == WORKER["spec"]["containers"][1] | {
-        "securityContext": common.container_security_context()}
+        "securityContext": common.container_security_context(), "env": [NO_GPUS]}
     # the job's own selectors still match its pods
     assert dtj.render_service(j)["spec"]["selector"].items() <= meta["labels"].items()
 
