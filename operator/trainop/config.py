@@ -372,6 +372,10 @@ def _names(value, where: str) -> tuple[str, ...]:
 
 
 def _service_accounts(raw: dict) -> tuple[str, ...]:
+    if (raw.get("logship") or {}).get("workloadIdentityServiceAccount") == "default":
+        raise ConfigError("logship.workloadIdentityServiceAccount: the namespace's default "
+                          "ServiceAccount runs every pod that names none, and the shipper's "
+                          "Role would be bound to it; create a ServiceAccount for uploads")
     names = _names((raw.get("blob") or {}).get("allowedServiceAccounts"),
                    "blob.allowedServiceAccounts")
     for i, name in enumerate(names):

@@ -348,7 +348,9 @@ def test_output_uploads_only_as_an_account_the_admin_allows():
     cfg = config.from_dict({"blob": {"allowedServiceAccounts": ["team-a/up-*"]}})
     assert job(cfg, output=wi("up-1")).output
     refused("spec.output.blob.auth.serviceAccountName", config.from_dict(
-        {"logship": {"workloadIdentityServiceAccount": "default"}}), output=wi("default"))
+        {"blob": {"allowedServiceAccounts": ["*"]}}), output=wi("default"))
+    with pytest.raises(config.ConfigError, match="logship.workloadIdentityServiceAccount"):
+        config.from_dict({"logship": {"workloadIdentityServiceAccount": "default"}})
     with pytest.raises(config.ConfigError, match="blob.allowedServiceAccounts"):
         config.from_dict({"blob": {"allowedServiceAccounts": ["default"]}})
 
