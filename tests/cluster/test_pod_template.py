@@ -45,7 +45,7 @@ def api(cluster, namespace):
 
 
 def test_pods_carry_the_merged_fields(cluster, namespace, api, operator_factory):
-    operator_factory(config=FAST)
+    operator_factory(config=FAST | {"podTemplate": {"allow": {"secrets": ["token", "registry"]}}})
     launcher = {"metadata": {"labels": {"team": "vision"}},
                 "spec": {"imagePullSecrets": [{"name": "registry"}],
                          "containers": [{"name": "launcher", "env": [{"name": "EXTRA", "value": "1"}]}]}}
