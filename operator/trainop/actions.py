@@ -147,11 +147,14 @@ Action = Apply | AddFinalizer | Create | CreateSSHSecret | Delete | DropFinalize
 class Problem:
     """Why the apply layer could not make a child, for the next decide():
     NameConflict   the name is taken by an object the owner does not control (waits)
-    ChildRejected  the API server refused the child as invalid (422): waiting cannot fix it
+    ChildRejected  the API server refused the child for what it is (422, 400, an admission 403:
+                   apply.rejected): waiting cannot fix it
     PodSecurity    the namespace's Pod Security admission refused a pod (403): an admin's label
-                   fixes it, so the job waits"""
+                   fixes what the operator's configuration adds, so the job waits; what a pod
+                   template adds is the user's to fix, so such a job fails (jobsync)"""
     reason: str
     message: str
+    said: str = ""  # the API server's own words (PodSecurity)
 
 
 @dataclass

@@ -102,9 +102,9 @@ class Applier:
                 problems.append(Problem("NameConflict", str(exc)))
             except ApiException as exc:
                 if exc.status == 403 and "violates PodSecurity" in (exc.body or ""):
-                    problems.append(Problem("PodSecurity", _pod_security(action, exc)))
+                    problems.append(Problem("PodSecurity", _pod_security(action, exc), _said(exc)))
                     break
-                if exc.status != 422:
+                if not rejected(exc):
                     raise
                 problems.append(Problem("ChildRejected", _rejection(action, exc)))
                 break  # the children after it depend on it (e.g. pods on their Service)
@@ -185,6 +185,19 @@ def _newer(version: str, than: str) -> bool:
         return version != than
 
 
+def rejected(exc: ApiException) -> bool:
+    """Did the API server refuse the child for what it is, so that retrying cannot help? 422
+    (invalid), 400 (an admission webhook's or the API server's bad request) and 403 from
+    admission (a LimitRange, a webhook, a ValidatingAdmissionPolicy). Not a 403 of RBAC (the
+    operator's own rights: an admin fixes the chart) nor an exceeded ResourceQuota (other pods
+    free it): those are retried."""
+    if exc.status in (400, 422):
+        return True
+    text = exc.body or ""
+    return exc.status == 403 and "exceeded quota" not in text and \
+        not ("cannot " in text and " resource " in text)  # RBAC: "User ... cannot create resource"
+
+
 def _rejection(action, exc: ApiException) -> str:
     """The API server's own words (they name the child's field), and the owner's field that
     most likely produced it."""
@@ -199,14 +212,18 @@ def _rejection(action, exc: ApiException) -> str:
             f"again")
 
 
+def _said(exc: ApiException) -> str:
+    try:
+        return json.loads(exc.body or "{}").get("message") or exc.reason
+    except ValueError:
+        return exc.reason
+
+
 def _pod_security(action, exc: ApiException) -> str:
     """A pod the namespace's Pod Security admission refused: the API server's words and the
     label an admin sets to admit it (InfiniBand's IPC_LOCK and topology file need privileged:
     docs/security.md)."""
-    try:
-        said = json.loads(exc.body or "{}").get("message") or exc.reason
-    except ValueError:
-        said = exc.reason
+    said = _said(exc)
     obj = getattr(action, "obj", None) or {}
     namespace = obj.get("metadata", {}).get("namespace", "")
     return (f"the namespace's Pod Security admission refused the job's pods: {said}. An "

@@ -68,10 +68,16 @@ Format (every key optional; camelCase like Helm values):
       # scheme and host must match (a host "*.example.com" matches its subdomains), the port if
       # given, the path as a prefix of whole segments. http:// only where listed here.
       allowedAccountURLs: [https://*.blob.local.azurestack.external, http://127.0.0.1:10000]
+      # ServiceAccounts spec.output.blob.auth.serviceAccountName may name besides
+      # logship.workloadIdentityServiceAccount (the pods then run as it): NAME (any served
+      # namespace) or NAMESPACE/NAME, shell patterns allowed; `default` never
+      allowedServiceAccounts: [team-wi, research/uploader-*]
     gangScheduling:                  # PodGroups (render/podgroup.py), where the API is served
       scheduler: null                # scheduler-plugins | volcano | null (none)
       schedulerName: null            # the pods' schedulerName; default scheduler-plugins-scheduler
                                      # or volcano
+      allowedQueues: []              # Volcano queues (cluster-wide) schedulingPolicy.queue may
+                                     # name; none: the PodGroup names no queue (Volcano's default)
     podTemplate:
       allow:                         # what spec.podTemplate may add beyond Pod Security
         hostPath: false              # "restricted" (render/overrides.py, docs/security.md)
@@ -80,7 +86,12 @@ Format (every key optional; camelCase like Helm values):
         hostIPC: false
         privileged: false            # privileged, allowPrivilegeEscalation, root, Unconfined
         capabilities: []             # added capabilities besides NET_BIND_SERVICE
-        volumeTypes: []              # inline volume types besides restricted's (e.g. nfs)
+        volumeTypes: []              # inline volume types besides restricted's (e.g. nfs); csi
+                                     # only here (a CSI driver may be handed the pod's token)
+        secrets: []                  # Secrets a pod template may reference (env, envFrom,
+                                     # volumes, imagePullSecrets): NAME or NAMESPACE/NAME, shell
+                                     # patterns allowed; none by default (job pods hold no API
+                                     # token, so job code can read no Secret it is not given)
     datastage:                       # raw keys: render/datastage.py; checked here:
       allowedNfsExports:             # existing exports destination.nfs may name (none by default)
         - {server: 10.240.0.4, path: /export}   # path: a prefix of whole segments
@@ -91,6 +102,7 @@ Format (every key optional; camelCase like Helm values):
 from __future__ import annotations
 
 import copy
+import fnmatch
 import ipaddress
 import os
 from dataclasses import dataclass, field
@@ -132,7 +144,7 @@ DEFAULTS: dict = {
     # 1e9 is the highest value Kubernetes lets a user-defined PriorityClass have: larger ones
     # are system-cluster-critical and system-node-critical, which no training job may borrow.
     "limits": {"maxGpusPerJob": None, "maxPriority": 1_000_000_000},
-    "blob": {"allowedAccountURLs": []},
+    "blob": {"allowedAccountURLs": [], "allowedServiceAccounts": []},
     # Where AKS's HPC images keep NCCL's topology files for the ND sizes whose PCIe layout NCCL
     # cannot discover inside a VM (Azure/azhpc-images: ndv4, ndv5). A file must exist on the node.
     "infiniband": {"ipcLock": False, "fabricTopologyKey": POOL_LABEL, "socketTransport": "warn",
@@ -142,10 +154,10 @@ DEFAULTS: dict = {
                                      "Standard_ND96isr_H100_v5": "/opt/microsoft/ndv5-topo.xml"}},
     "preflight": {"image": None, "sizeMB": 64, "iterations": 20, "taintUnhealthyNodes": False},
     "datastage": {"allowedNfsExports": [], "nfsClientCIDRs": []},
-    "gangScheduling": {"scheduler": None, "schedulerName": None},
+    "gangScheduling": {"scheduler": None, "schedulerName": None, "allowedQueues": []},
     "podTemplate": {"allow": {"hostPath": False, "hostNetwork": False, "hostPID": False,
                               "hostIPC": False, "privileged": False, "capabilities": [],
-                              "volumeTypes": []}},
+                              "volumeTypes": [], "secrets": []}},
 }
 ALLOW_SWITCHES = ("hostPath", "hostNetwork", "hostPID", "hostIPC", "privileged")
 
@@ -160,6 +172,15 @@ class PodTemplateAllow:
     privileged: bool = False
     capabilities: tuple[str, ...] = ()
     volume_types: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = ()  # NAME or NAMESPACE/NAME patterns (fnmatch)
+
+    def secret_allowed(self, namespace: str, name: str) -> bool:
+        return allowed_name(self.secrets, namespace, name)
+
+
+def allowed_name(patterns: tuple[str, ...], namespace: str, name: str) -> bool:
+    """Is `namespace`/`name` on an admin's list of NAME or NAMESPACE/NAME shell patterns?"""
+    return any(fnmatch.fnmatchcase(f"{namespace}/{name}" if "/" in p else name, p) for p in patterns)
 
 
 class ConfigError(ValueError):
@@ -215,11 +236,13 @@ class Config:
     raw: dict
     scheduling_timeout_seconds: int | None = 900  # default for jobs on autoscaled pools
     allowed_account_urls: tuple[str, ...] = ()       # blob.allowedAccountURLs
+    allowed_service_accounts: tuple[str, ...] = ()   # blob.allowedServiceAccounts
     allowed_nfs_exports: tuple[tuple[str, str], ...] = ()  # datastage.allowedNfsExports
     nfs_client_cidrs: tuple[str, ...] = ()           # datastage.nfsClientCIDRs
     pod_template_allow: PodTemplateAllow = PodTemplateAllow()  # podTemplate.allow
     gang_scheduler: str | None = None        # gangScheduling.scheduler
     gang_scheduler_name: str | None = None   # gangScheduling.schedulerName
+    allowed_queues: tuple[str, ...] = ()     # gangScheduling.allowedQueues (Volcano)
     fabric: Fabric = field(default_factory=Fabric)   # infiniband.*, preflight.*
 
     def section(self, name: str) -> dict:
@@ -321,6 +344,7 @@ def from_dict(data: dict | None) -> Config:
                   launcher_resources=raw["launcherResources"], max_gpus_per_job=max_gpus,
                   max_priority=max_priority, raw=raw, scheduling_timeout_seconds=timeout,
                   allowed_account_urls=_account_urls(raw), allowed_nfs_exports=_nfs_exports(raw),
+                  allowed_service_accounts=_service_accounts(raw),
                   nfs_client_cidrs=_cidrs(raw), pod_template_allow=_pod_template_allow(raw),
                   fabric=_fabric(raw), **_gang_scheduling(raw))
 
@@ -336,7 +360,31 @@ def _gang_scheduling(raw: dict) -> dict:
                           f"{', '.join(GANG_SCHEDULERS)} (or null)")
     if name is not None and not (isinstance(name, str) and name):
         raise ConfigError("gangScheduling.schedulerName: must be a scheduler's name or null")
-    return {"gang_scheduler": kind, "gang_scheduler_name": name}
+    queues = _names(gang.get("allowedQueues"), "gangScheduling.allowedQueues")
+    return {"gang_scheduler": kind, "gang_scheduler_name": name, "allowed_queues": queues}
+
+
+def _names(value, where: str) -> tuple[str, ...]:
+    value = value or []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{where}: must be a list of names")
+    return tuple(value)
+
+
+def _service_accounts(raw: dict) -> tuple[str, ...]:
+    if (raw.get("logship") or {}).get("workloadIdentityServiceAccount") == "default":
+        raise ConfigError("logship.workloadIdentityServiceAccount: the namespace's default "
+                          "ServiceAccount runs every pod that names none, and the shipper's "
+                          "Role would be bound to it; create a ServiceAccount for uploads")
+    names = _names((raw.get("blob") or {}).get("allowedServiceAccounts"),
+                   "blob.allowedServiceAccounts")
+    for i, name in enumerate(names):
+        if name.rsplit("/", 1)[-1] == "default":
+            # the Role of the shipper would be bound to every pod that names no account
+            raise ConfigError(f"blob.allowedServiceAccounts[{i}]: {name!r}: the namespace's "
+                              f"default ServiceAccount runs every pod that names none; create "
+                              f"a ServiceAccount for uploads instead")
+    return names
 
 
 def _pod_template_allow(raw: dict) -> PodTemplateAllow:
@@ -347,16 +395,14 @@ def _pod_template_allow(raw: dict) -> PodTemplateAllow:
         if not isinstance(allow.get(key, False), bool):
             raise ConfigError(f"podTemplate.allow.{key}: must be true or false")
     lists = {}
-    for key in ("capabilities", "volumeTypes"):
-        value = allow.get(key) or []
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"podTemplate.allow.{key}: must be a list of names")
-        lists[key] = tuple(value)
+    for key in ("capabilities", "volumeTypes", "secrets"):
+        lists[key] = _names(allow.get(key), f"podTemplate.allow.{key}")
     return PodTemplateAllow(host_path=allow.get("hostPath", False),
                             host_network=allow.get("hostNetwork", False),
                             host_pid=allow.get("hostPID", False), host_ipc=allow.get("hostIPC", False),
                             privileged=allow.get("privileged", False),
-                            capabilities=lists["capabilities"], volume_types=lists["volumeTypes"])
+                            capabilities=lists["capabilities"], volume_types=lists["volumeTypes"],
+                            secrets=lists["secrets"])
 
 
 def _fabric(raw: dict) -> Fabric:

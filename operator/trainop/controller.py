@@ -21,6 +21,7 @@ import datetime as dt
 import logging
 import random
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 from kubernetes.client.exceptions import ApiException
 
@@ -42,7 +43,7 @@ from trainop import (
 from trainop.actions import Problem
 from trainop.config import Config
 from trainop.memo import Memos
-from trainop.render import common
+from trainop.render import dtj as render_dtj
 from trainop.render import logship as render_logship
 from trainop.workqueue import WorkQueue
 
@@ -308,7 +309,14 @@ class Controller:
         created = conditions.is_true(conds, "Created")
         view = None if conditions.is_true(conds, "Admitted") else self.namespace_view(ns)
         stage = _stage_ref(body)
-        config_maps = {_is_progress(c): c for c in self._all("dtj_configmaps", ck)}
+        # Chosen by name, and the progress report only from the job's own: a ConfigMap that
+        # someone labelled like it is not the shipper's report (the hostfile's owner is judged
+        # by jobsync, which never adopts).
+        config_maps = {c["metadata"]["name"]: c for c in self._all("dtj_configmaps", ck)}
+        named = SimpleNamespace(name=name)  # what the renderers' name functions read
+        progress = config_maps.get(render_logship.progress_name(named))
+        if progress is not None and not _controlled(progress, uid):
+            progress = None
         workload = next((w for w in self._all("dtj_workloads", ck) if _controlled(w, uid)), None)
         pod_group = next((g for ix in ("dtj_podgroups_plugins", "dtj_podgroups_volcano")
                           for g in self._all(ix, ck) if _controlled(g, uid)), None)
@@ -319,8 +327,9 @@ class Controller:
             pods=[p for p in self._all("dtj_pods", ck)
                   if any(_controlled(p, owner) for owner in owners if owner)],
             launcher=launcher,
-            service=self._one("dtj_services", ck), config_map=config_maps.get(False),
-            progress=config_maps.get(True), network_policy=self._one("dtj_netpols", ck),
+            service=self._one("dtj_services", ck),
+            config_map=config_maps.get(render_dtj.config_map_name(named)),
+            progress=progress, network_policy=self._one("dtj_netpols", ck),
             ssh_secret=self.applier.has_ssh_secret(uid),
             endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
@@ -446,11 +455,6 @@ def merge_patch(old: dict, new: dict) -> dict:
             both_maps = isinstance(old.get(k), dict) and isinstance(new[k], dict)
             out[k] = merge_patch(old[k], new[k]) if both_maps else new[k]
     return out
-
-
-def _is_progress(config_map: dict) -> bool:
-    labels = config_map["metadata"].get("labels") or {}
-    return labels.get(common.LABEL_ROLE) == render_logship.PROGRESS_ROLE
 
 
 def _ref(key: tuple) -> dict:

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 
 from trainop import blob, crds
-from trainop.config import Autoscale, Config, Fabric, NodePool, PodTemplateAllow
+from trainop.config import Autoscale, Config, Fabric, NodePool, PodTemplateAllow, allowed_name
 from trainop.memo import Memos
 
 KIND = "DistributedTrainingJob"
@@ -368,8 +368,22 @@ def _check_resources(resources: dict) -> None:
                                 f"{', '.join(WORKER_RESOURCES)} and hugepages-<size> may be set")
 
 
-def _output(output: dict | None, cfg: Config) -> Output | None:
-    out = parse_output(output, cfg.section("logship").get("workloadIdentityServiceAccount"))
+def _output(output: dict | None, cfg: Config, namespace: str) -> Output | None:
+    default = cfg.section("logship").get("workloadIdentityServiceAccount")
+    out = parse_output(output, default)
+    account = out.auth.service_account_name if out is not None and out.auth else None
+    if account and account != default and not allowed_name(cfg.allowed_service_accounts,
+                                                           namespace, account):
+        # The pods run as it and its shipper acts as it: a namespace user who may create jobs
+        # but not pods would otherwise borrow any identity of the namespace.
+        raise SpecError("spec.output.blob.auth.serviceAccountName", f"{account!r} is not a "
+                        f"ServiceAccount jobs may upload as: leave it out for the operator's "
+                        f"default ({default or 'none configured'}), or ask the cluster admin to "
+                        f"add it to blob.allowedServiceAccounts")
+    if account == "default":
+        raise SpecError("spec.output.blob.auth.serviceAccountName", "the namespace's default "
+                        "ServiceAccount runs every pod that names none, and the shipper's Role "
+                        "would be bound to it: name a ServiceAccount made for uploads")
     if out is not None and out.account_url:  # the shipper's credential goes there
         try:
             blob.check_endpoint_allowed(out.account_url, "spec.output.blob.accountURL",
@@ -379,14 +393,36 @@ def _output(output: dict | None, cfg: Config) -> Output | None:
     return out
 
 
-# ---- spec.podTemplate: what Pod Security "restricted" allows, unless podTemplate.allow says more.
-# Conflicts with what the operator renders are judged by render/overrides.py against the
-# rendered pods themselves (parse() renders them once), so no list of its names can go stale.
-RESTRICTED_VOLUME_TYPES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+# ---- spec.podTemplate: what Pod Security "restricted" allows, unless podTemplate.allow says more,
+# and no identity the job's pods would not have without it (docs/security.md, "What a namespace
+# user can reach through a job"). Conflicts with what the operator renders are judged by
+# render/overrides.py against the rendered pods themselves (parse() renders every pod variant
+# once), so no list of its names can go stale.
+# csi is restricted's too, but only the admin's volumeTypes opens it: a CSI driver may be handed
+# the pod's ServiceAccount token (CSIDriver tokenRequests), e.g. the Key Vault driver's.
+RESTRICTED_VOLUME_TYPES = ("configMap", "downwardAPI", "emptyDir", "ephemeral",
                            "persistentVolumeClaim", "projected", "secret")
 RESTRICTED_CAPABILITIES = ("NET_BIND_SERVICE",)
 SELINUX_TYPES = ("", "container_t", "container_init_t", "container_kvm_t", "container_engine_t")
 CONTAINER_RESOURCES = WORKER_RESOURCES
+# The NVIDIA container toolkit's knobs: read from a container's environment at its creation, after
+# the device plugin's own value, so NVIDIA_VISIBLE_DEVICES=all would hand the container every GPU
+# of the node past the scheduler and every quota.
+GPU_ENV_PREFIX = "NVIDIA_"
+# Baseline Pod Security: AppArmor through the (pre-1.30) annotation, only these values.
+APPARMOR_ANNOTATION = "container.apparmor.security.beta.kubernetes.io/"
+# Labels and annotations of the AKS workload-identity webhook: only the operator opts a pod in,
+# and only the operator says which containers it skips (render/dtj.py).
+IDENTITY_PREFIX = "azure.workload.identity/"
+PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
+
+
+def _check_env_names(env: list[dict], where: str) -> None:
+    for j, e in enumerate(env or []):
+        if e.get("name", "").startswith(GPU_ENV_PREFIX):
+            raise SpecError(f"{where}[{j}].name", f"{e['name']} tells the NVIDIA container runtime "
+                            f"which GPUs to expose, past spec.gpusPerWorker and every quota: remove "
+                            f"it (a worker sees the GPUs it requests)")
 
 
 def _check_container_security(sc: dict, where: str, allow: PodTemplateAllow) -> None:
@@ -414,10 +450,24 @@ def _check_container_security(sc: dict, where: str, allow: PodTemplateAllow) -> 
                             f"added (the cluster admin's podTemplate.allow.capabilities)")
 
 
+def _check_handlers(c: dict, where: str) -> None:
+    """Baseline Pod Security: a probe or lifecycle hook may not name another host (the kubelet
+    would send requests from the node to it)."""
+    handlers = [(p, c.get(p)) for p in PROBES] + \
+        [(f"lifecycle.{h}", (c.get("lifecycle") or {}).get(h)) for h in ("postStart", "preStop")]
+    for path, handler in handlers:
+        for kind in ("httpGet", "tcpSocket"):
+            if ((handler or {}).get(kind) or {}).get("host"):
+                raise SpecError(f"{where}.{path}.{kind}.host", "a probe or hook reaches the pod "
+                                "itself only (Pod Security baseline): remove host")
+
+
 def _check_containers(containers: list[dict], where: str, allow: PodTemplateAllow) -> None:
     for i, c in enumerate(containers):
         here = f"{where}[{i}]"
         _check_container_security(c.get("securityContext") or {}, here, allow)
+        _check_handlers(c, here)
+        _check_env_names(c.get("env") or [], f"{here}.env")
         for which in ("requests", "limits"):
             for key in (c.get("resources") or {}).get(which) or {}:
                 if key not in CONTAINER_RESOURCES and not key.startswith("hugepages-"):
@@ -431,7 +481,66 @@ def _check_containers(containers: list[dict], where: str, allow: PodTemplateAllo
                                 "(or ask the cluster admin for podTemplate.allow.hostNetwork)")
 
 
-def _pod_template(spec: dict, allow: PodTemplateAllow) -> dict:
+def _secret_refs(node, path: str):
+    """(field, Secret name) of every Secret reference in a pod template's spec, however it is
+    spelled: env valueFrom.secretKeyRef, envFrom.secretRef, a secret volume's secretName, a
+    projected secret source, a CSI or other volume's secret reference (nodePublishSecretRef,
+    secretRef, secretName), imagePullSecrets. And (field, None) for a projected
+    serviceAccountToken."""
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _secret_refs(item, f"{path}[{i}]")
+        return
+    if not isinstance(node, dict):
+        return
+    for key, value in node.items():
+        here = f"{path}.{key}"
+        if key == "serviceAccountToken":
+            yield here, None
+        elif key == "secretName" and isinstance(value, str):
+            yield here, value
+        elif key in ("secretKeyRef", "secretRef", "nodePublishSecretRef", "secret") \
+                and isinstance(value, dict) and "name" in value:
+            yield f"{here}.name", value["name"]
+        elif key == "imagePullSecrets" and isinstance(value, list):
+            for i, ref in enumerate(value):
+                yield f"{here}[{i}].name", (ref or {}).get("name", "")
+        else:
+            yield from _secret_refs(value, here)
+
+
+def _check_identity(pod: dict, where: str, namespace: str, allow: PodTemplateAllow) -> None:
+    """No Secret the admin did not list (job pods hold no API token: job code reads no Secret
+    it is not handed, and the operator cannot know which Secrets the job's creator may read),
+    and never a token of the pod's ServiceAccount (the shipper's identity, a federated one)."""
+    for field_, secret in _secret_refs(pod, f"{where}.spec"):
+        if secret is None:
+            raise SpecError(field_, "a projected ServiceAccount token would hand job code the "
+                            "identity of the pod (the log shipper's, or a federated Azure "
+                            "identity); job pods hold no token: remove it")
+        if not allow.secret_allowed(namespace, secret):
+            raise SpecError(field_, f"Secret {secret!r} is not one a pod template may reference: "
+                            f"remove it, or ask the cluster admin to add it to "
+                            f"podTemplate.allow.secrets")
+
+
+def _check_metadata(meta: dict, where: str, allow: PodTemplateAllow) -> None:
+    for kind in ("labels", "annotations"):
+        for key, value in (meta.get(kind) or {}).items():
+            if key.startswith(IDENTITY_PREFIX):
+                raise SpecError(f"{where}.metadata.{kind}[{key}]", "the workload-identity "
+                                "webhook's keys are the operator's (it opts in the log shipper "
+                                "alone): remove it")
+            if kind == "annotations" and key.startswith(APPARMOR_ANNOTATION) and \
+                    value != "runtime/default" and not value.startswith("localhost/") \
+                    and not allow.privileged:
+                raise SpecError(f"{where}.metadata.annotations[{key}]", f"AppArmor {value!r} "
+                                f"lifts the profile (Pod Security baseline allows runtime/default "
+                                f"and localhost/*): remove it (or ask the cluster admin for "
+                                f"podTemplate.allow.privileged)")
+
+
+def _pod_template(spec: dict, allow: PodTemplateAllow, namespace: str) -> dict:
     """spec.podTemplate checked against what the admin allows: role -> override."""
     out = {}
     for role, override in (spec.get("podTemplate") or {}).items():
@@ -439,6 +548,7 @@ def _pod_template(spec: dict, allow: PodTemplateAllow) -> dict:
         if role == "launcher" and spec["launcher"] != "mpi":
             raise SpecError(where, "a torchrun job has no launcher pod: use podTemplate.worker")
         pod = override.get("spec") or {}
+        _check_metadata(override.get("metadata") or {}, where, allow)
         for key, allowed in (("hostNetwork", allow.host_network), ("hostPID", allow.host_pid),
                              ("hostIPC", allow.host_ipc)):
             if pod.get(key) and not allowed:
@@ -457,6 +567,7 @@ def _pod_template(spec: dict, allow: PodTemplateAllow) -> dict:
                                 f"admin for podTemplate.allow.volumeTypes")
         _check_containers(pod.get("initContainers") or [], f"{where}.spec.initContainers", allow)
         _check_containers(pod.get("containers") or [], f"{where}.spec.containers", allow)
+        _check_identity(pod, where, namespace, allow)
         out[role] = override
     return out
 
@@ -470,19 +581,34 @@ def _scheduling_policy(policy: dict) -> SchedulingPolicy:
 
 
 def _priority_class(spec: dict) -> str | None:
-    """spec.priorityClassName, or the one class the pod templates name (the CRD's rules refuse
-    both at once and two different ones; repeated for --local)."""
-    named = {role: (o.get("spec") or {}).get("priorityClassName")
+    """spec.priorityClassName, or the one class the pod templates or the Volcano PodGroup
+    (runPolicy.schedulingPolicy.priorityClass) name: every name is the job's one class, judged
+    by priority.py against limits.maxPriority (the CRD's rules refuse some conflicts; repeated
+    for --local)."""
+    named = {f"spec.podTemplate.{role}.spec.priorityClassName":
+             (o.get("spec") or {}).get("priorityClassName")
              for role, o in (spec.get("podTemplate") or {}).items()}
-    named = {r: n for r, n in named.items() if n}
-    if spec.get("priorityClassName") and named:
-        raise SpecError(f"spec.podTemplate.{next(iter(named))}.spec.priorityClassName",
-                        "conflicts with spec.priorityClassName: set only spec.priorityClassName")
+    named["spec.runPolicy.schedulingPolicy.priorityClass"] = \
+        ((spec.get("runPolicy") or {}).get("schedulingPolicy") or {}).get("priorityClass")
+    named = {f: n for f, n in named.items() if n}
+    if spec.get("priorityClassName") and any(n != spec["priorityClassName"] for n in named.values()):
+        where = next(f for f, n in named.items() if n != spec["priorityClassName"])
+        raise SpecError(where, "conflicts with spec.priorityClassName: set only spec.priorityClassName")
     if len(set(named.values())) > 1:
-        raise SpecError("spec.podTemplate.launcher.spec.priorityClassName",
-                        "worker and launcher name different priority classes: a gang has one "
-                        "priority; set spec.priorityClassName instead")
+        raise SpecError(list(named)[-1], f"names another priority class than "
+                        f"{list(named)[0]}: a gang has one priority; set spec.priorityClassName instead")
     return spec.get("priorityClassName") or next(iter(named.values()), None)
+
+
+def _volcano_queue(spec: dict, cfg: Config) -> None:
+    """A Volcano queue is cluster-wide and carries its own capacity and priority: a job may name
+    only one the admin listed (gangScheduling.allowedQueues)."""
+    queue = ((spec.get("runPolicy") or {}).get("schedulingPolicy") or {}).get("queue")
+    if queue and queue not in cfg.allowed_queues:
+        raise SpecError("spec.runPolicy.schedulingPolicy.queue", f"Volcano queue {queue!r} is not "
+                        f"one jobs may name ({', '.join(cfg.allowed_queues) or 'none listed'}): "
+                        f"leave it out for Volcano's default, or ask the cluster admin to add it "
+                        f"to gangScheduling.allowedQueues")
 
 
 def parse(body: dict, cfg: Config) -> Job:
@@ -501,6 +627,8 @@ def parse(body: dict, cfg: Config) -> Job:
         raise SpecError("spec.image", f"the operator has no default image for "
                                       f"{spec['framework']}; set spec.image")
     _check_resources(spec.get("resources") or {})
+    _check_env_names(spec.get("env") or [], "spec.env")
+    _volcano_queue(spec, cfg)
     gpus = spec["gpusPerWorker"]
     total = spec["workers"] * gpus
     if cfg.max_gpus_per_job is not None and total > cfg.max_gpus_per_job:
@@ -527,7 +655,7 @@ def parse(body: dict, cfg: Config) -> Job:
                           steps_per_epoch=train.get("stepsPerEpoch"),
                           image_size=train.get("imageSize"), precision=train["precision"],
                           channels_last=train["channelsLast"], compile=train["compile"]),
-        output=_output(output, cfg),
+        output=_output(output, cfg, meta.get("namespace", "default")),
         run_policy=RunPolicy(backoff_limit=run["backoffLimit"],
                              active_deadline_seconds=run.get("activeDeadlineSeconds"),
                              ttl_seconds_after_finished=run.get("ttlSecondsAfterFinished"),
@@ -538,7 +666,7 @@ def parse(body: dict, cfg: Config) -> Job:
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),
         priority_class_name=_priority_class(spec),
-        pod_template=_pod_template(spec, cfg.pod_template_allow),
+        pod_template=_pod_template(spec, cfg.pod_template_allow, meta.get("namespace", "default")),
         scheduling_policy=_scheduling_policy(run.get("schedulingPolicy") or {}),
         fallback=_fallback(spec, cfg, placement),
         preflight=_preflight(spec, cfg), topology_file=_topology_file(spec, cfg),

@@ -292,12 +292,13 @@ def test_job_code_holds_no_token_and_the_shippers_cannot_write_the_status(cluste
     expect(403, lambda: core.read_namespaced_config_map("liar-progress", namespace))
 
 
-def test_workload_identity_reaches_the_shipper_not_the_job_code(cluster, namespace, operator, azurite):
+def test_workload_identity_reaches_the_shipper_not_the_job_code(cluster, namespace, operator_factory, azurite):
     """Issue 15, item 7. With workload identity the pods must run as the federated
     ServiceAccount (the webhook federates only the pod's own account), so the training
     container is kept from every credential of it: no API token, and the webhook is told to
     skip it; the Role bound to that account allows only the progress ConfigMap."""
     account = "team-wi"
+    operator_factory(config={"blob": {"allowedServiceAccounts": [account]}})  # the admin's list
     cluster.kubectl("create", "serviceaccount", account, "-n", namespace)
     cluster.kubectl("annotate", "serviceaccount", account, "-n", namespace,
                     "azure.workload.identity/client-id=00000000-0000-0000-0000-000000000000")

@@ -45,7 +45,7 @@ def api(cluster, namespace):
 
 
 def test_pods_carry_the_merged_fields(cluster, namespace, api, operator_factory):
-    operator_factory(config=FAST)
+    operator_factory(config=FAST | {"podTemplate": {"allow": {"secrets": ["token", "registry"]}}})
     launcher = {"metadata": {"labels": {"team": "vision"}},
                 "spec": {"imagePullSecrets": [{"name": "registry"}],
                          "containers": [{"name": "launcher", "env": [{"name": "EXTRA", "value": "1"}]}]}}
@@ -83,7 +83,7 @@ def test_pods_carry_the_merged_fields(cluster, namespace, api, operator_factory)
 @pytest.mark.parametrize("override, config, message", [
     ({"spec": {"volumes": [{"name": "ssh", "emptyDir": {}}]}}, FAST,
      "spec.podTemplate.worker.spec.volumes[0].name: 'ssh' is a volume the operator mounts in this "
-     "pod: choose another name"),
+     "role's pods: choose another name"),
     ({"spec": {"volumes": [{"name": "logs", "hostPath": {"path": "/var/log"}}]}}, FAST,
      "spec.podTemplate.worker.spec.volumes[0].hostPath: mounts the node's files into the pod: use "
      "a persistentVolumeClaim, configMap, secret or emptyDir (or ask the cluster admin for "

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_real_pods import wait_phase
+from tests.e2e.test_real_pods import wait_phase, with_blob_output
+from tests.fixtures.cluster import OperatorProcess
 
 pytestmark = pytest.mark.real
 
@@ -28,8 +29,17 @@ echo "rank $RANK: EXPERIMENT=$EXPERIMENT file=$(cat /etc/train-settings/EXPERIME
 """
 
 
+@pytest.fixture
+def operator_allowing_token(real_cluster, restricted_namespace, tmp_path):
+    """The admin lets pod templates reference the Secret `token` (podTemplate.allow.secrets)."""
+    op = OperatorProcess(real_cluster, [restricted_namespace], tmp_path / "operator.log",
+                         config={"podTemplate": {"allow": {"secrets": ["token"]}}}).start()
+    yield op
+    op.stop()
+
+
 def test_volume_envfrom_and_sidecar_reach_the_training_container(real_cluster, restricted_namespace,
-                                                               restricted_operator):
+                                                               operator_allowing_token):
     ns = restricted_namespace
     real_cluster.kubectl("create", "configmap", "train-settings", "-n", ns,
                          "--from-literal=EXPERIMENT=pod-template-e2e")
@@ -76,3 +86,73 @@ def test_volume_envfrom_and_sidecar_reach_the_training_container(real_cluster, r
                   if line.startswith("rank ")]
     assert sorted(lines) == [
         f"rank {r}: EXPERIMENT=pod-template-e2e file=pod-template-e2e sidecar=hello" for r in (0, 1)]
+
+
+# Issue 22, H3 and M6 on real pods: what job code and a pod template's sidecar can reach. The
+# sidecar runs first and writes what it found; the training command checks its own view and the
+# sidecar's, and fails the job if any token or GPU setting is there.
+SPY = """\
+set -eu
+token=none; ls -R /var/run/secrets 2>/dev/null | grep -q token && token=found
+echo "token=$token gpus=${NVIDIA_VISIBLE_DEVICES:-unset} azure=${AZURE_FEDERATED_TOKEN_FILE:-unset}" > /shared/spy
+exec sleep infinity
+"""
+CHECK = """\
+set -eu
+i=0
+until [ -s /shared/spy ]; do
+  i=$((i + 1)); [ "$i" -le 600 ] || { echo "no report from the sidecar" >&2; exit 3; }
+  sleep 0.1
+done
+mine=none; ls -R /var/run/secrets 2>/dev/null | grep -q token && mine=found
+echo "training token=$mine; sidecar $(cat /shared/spy)"
+test "$mine" = none
+grep -qx 'token=none gpus=void azure=unset' /shared/spy
+"""
+
+
+def test_job_code_and_a_templates_sidecar_hold_no_token_and_see_no_gpu(real_cluster, real_namespace,
+                                                                     real_operator, pod_azurite):
+    """Worker 0 ships to Azurite, so its pod holds the shipper's projected API token: the training
+    container and the template's native sidecar find none, and the sidecar (no GPU limit, in a
+    CUDA-capable image on a GPU node) runs with NVIDIA_VISIBLE_DEVICES=void. The attacks that
+    would hand them a token are refused before any pod exists."""
+    ns = real_namespace
+    template = {"worker": {"spec": {
+        "volumes": [{"name": "shared", "emptyDir": {}}],
+        "initContainers": [{
+            "name": "spy", "image": "trainop/trainer-pytorch:0.1.0", "restartPolicy": "Always",
+            "command": ["sh", "-c", SPY], "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+            "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
+        "containers": [{"name": "worker", "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}]}}}
+    manifest = {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob", "metadata": {"name": "spy"},
+                "spec": {"framework": "pytorch", "launcher": "torchrun", "workers": 1, "gpusPerWorker": 1,
+                         "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},
+                         "command": ["sh", "-c", CHECK], "runPolicy": {"backoffLimit": 0},
+                         "podTemplate": template}}
+    with_blob_output(manifest, real_cluster, ns, pod_azurite)
+    real_cluster.apply(manifest, ns)
+    wait_phase(real_cluster, ns, "spy", "Succeeded")
+    (pod,) = real_cluster.assert_ran_on_real_nodes(ns, "trainop.io/job-name=spy")
+    assert "trainop-api-token" in [v["name"] for v in pod["spec"]["volumes"]]  # the shipper's, there
+    line = next(line for line in real_cluster.logs(ns, "pod/spy-worker-0", "-c", "worker").splitlines()
+                if line.startswith("training token="))
+    assert line == "training token=none; sidecar token=none gpus=void azure=unset"
+
+    # The same job asking for the token, three ways: refused, nothing created on any node.
+    attacks = {
+        "mount": {"containers": [{"name": "worker", "volumeMounts": [
+            {"name": "trainop-api-token", "mountPath": "/stolen"}]}]},
+        "project": {"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {
+            "path": "token", "audience": "api://AzureADTokenExchange"}}]}}]},
+        "gpus": {"containers": [{"name": "worker", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]},
+    }
+    for name, spec in attacks.items():
+        bad = {**manifest, "metadata": {"name": f"spy-{name}"},
+               "spec": {**manifest["spec"], "podTemplate": {"worker": {"spec": spec}}}}
+        real_cluster.apply(bad, ns)
+    for name in attacks:
+        status = wait_phase(real_cluster, ns, f"spy-{name}", "Failed", timeout=120)
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "InvalidSpec" and failed["message"].startswith("spec.podTemplate.worker.spec."), failed
+        assert not real_cluster.get("pods", "-n", ns, "-l", f"trainop.io/job-name=spy-{name}")["items"]

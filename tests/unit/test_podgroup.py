@@ -1,6 +1,8 @@
 """Gang placement at the scheduler: the PodGroup (render/podgroup.py, podgroup.render_for) and
 what the pods carry, for scheduler-plugins and Volcano."""
 
+import dataclasses
+
 import pytest
 
 from trainop import config, podgroup
@@ -40,11 +42,14 @@ def test_scheduler_plugins_pod_group_and_pods():
 
 
 def test_volcano_pod_group_takes_queue_and_priority():
-    cfg = config.from_dict({"gangScheduling": {"scheduler": "volcano", "schedulerName": "vc"}})
+    cfg = config.from_dict({"gangScheduling": {"scheduler": "volcano", "schedulerName": "vc",
+                                               "allowedQueues": ["research"]}})
     j = job("volcano", cfg, workers=3, gpusPerWorker=1, launcher="torchrun",
             runPolicy={"schedulingPolicy": {"minAvailable": 2, "queue": "research",
                                             "priorityClass": "high",
                                             "minResources": {"nvidia.com/gpu": 2}}})
+    assert j.priority_class_name == "high"  # judged by priority.py like spec.priorityClassName
+    j = dataclasses.replace(j, pod_priority_class="high")  # what priority.bind sets once judged
     pg = podgroup.render_for(j)
     assert pg["apiVersion"] == "scheduling.volcano.sh/v1beta1"
     assert pg["spec"] == {"minMember": 2, "queue": "research", "priorityClassName": "high",
@@ -65,3 +70,23 @@ def test_the_groups_keys_are_the_operators():
 def test_bad_gang_scheduling_config_names_the_key():
     with pytest.raises(config.ConfigError, match="gangScheduling.scheduler"):
         config.from_dict({"gangScheduling": {"scheduler": "kube-batch"}})
+
+
+def test_the_pod_groups_class_and_queue_are_judged_like_the_pods_class():
+    """Issue 22, M1: the PodGroup's priorityClassName is the job's one class (which priority.py
+    caps at limits.maxPriority), never a second, unjudged name; a Volcano queue (cluster-wide)
+    only one the admin listed."""
+    cfg = config.from_dict({"gangScheduling": {"scheduler": "volcano"}})
+    with pytest.raises(SpecError) as err:
+        job("volcano", cfg, priorityClassName="low",
+            runPolicy={"schedulingPolicy": {"priorityClass": "system-cluster-critical"}})
+    assert err.value.field == "spec.runPolicy.schedulingPolicy.priorityClass"
+    with pytest.raises(SpecError) as err:
+        job("volcano", cfg, runPolicy={"schedulingPolicy": {"queue": "other-teams-queue"}})
+    assert err.value.field == "spec.runPolicy.schedulingPolicy.queue"
+    assert "gangScheduling.allowedQueues" in str(err.value)
+    # unbound (the class not judged yet, or a WorkloadPriorityClass): the group names none
+    j = job("volcano", cfg, runPolicy={"schedulingPolicy": {"priorityClass": "x"}})
+    assert "priorityClassName" not in podgroup.render_for(j)["spec"]
+    with pytest.raises(config.ConfigError, match="gangScheduling.allowedQueues"):
+        config.from_dict({"gangScheduling": {"allowedQueues": "all"}})

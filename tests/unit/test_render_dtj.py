@@ -284,8 +284,10 @@ def test_no_pod_of_a_job_automounts_an_api_token():
 
 
 def test_workload_identity_token_skips_the_training_container():
-    wi = {"blob": {**BLOB_OUTPUT["blob"], "auth": {"workloadIdentity": True, "serviceAccountName": "wi"}}}
-    j = job(workers=1, output=wi)
+    wi = {"blob": {**BLOB_OUTPUT["blob"], "auth": {"workloadIdentity": True}}}
+    j = parse({"metadata": {"name": "j1", "namespace": "team-a"},
+               "spec": {"workers": 1, "output": wi}},
+              config.from_dict({"logship": {"workloadIdentityServiceAccount": "wi"}}))
     worker = dtj.render_worker(j, 0, attempt=0)
     assert worker["metadata"]["annotations"] == {"azure.workload.identity/skip-containers": "worker"}
     assert worker["spec"]["containers"][0]["name"] == "worker"

@@ -18,7 +18,8 @@ def job(output: dict | None, name: str = "j1") -> spec.Job:
     body = {"metadata": {"name": name, "namespace": "team-a"}, "spec": {"workers": 2, "gpusPerWorker": 1}}
     if output is not None:
         body["spec"]["output"] = output
-    return spec.parse(body, config.from_dict(None))
+    # the admin lets jobs upload as WI's account (blob.allowedServiceAccounts)
+    return spec.parse(body, config.from_dict({"blob": {"allowedServiceAccounts": ["trainer-wi"]}}))
 
 
 def blob_output(auth: dict | None = None, prefix: str = "runs/") -> dict:

@@ -9,7 +9,9 @@ from trainop import config
 from trainop.render import common, dtj
 from trainop.spec import SpecError, parse
 
-CFG = config.load(None)
+# the Secrets WORKER references: an admin's list (podTemplate.allow.secrets)
+CFG = config.from_dict({"podTemplate": {"allow": {"secrets": ["registry", "t"]}}})
+NO_GPUS = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 GPU_TOL = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 WORKER = {
@@ -62,7 +64,8 @@ def test_worker_override_merges_every_field():
     # the pool's toleration once, the user's added
     assert spec["tolerations"] == [GPU_TOL, {"key": "example.com/dedicated", "operator": "Exists"}]
     assert spec["initContainers"] == [{"name": "fetch", "image": "busybox", "command": ["true"],
-                                       "securityContext": common.container_security_context()}]
+                                       "securityContext": common.container_security_context(),
+                                       "env": [NO_GPUS]}]  # no GPU limit: no GPU
     worker, exporter = spec["containers"]
     base = plain["spec"]["containers"][0]
     assert worker["env"] == base["env"] + WORKER["spec"]["containers"][0]["env"]
@@ -71,7 +74,7 @@ def test_worker_override_merges_every_field():
     assert worker["securityContext"] == base["securityContext"] | {"readOnlyRootFilesystem": True}
     assert worker["image"] == base["image"] and worker["command"] == base["command"]
     assert exporter == WORKER["spec"]["containers"][1] | {
-        "securityContext": common.container_security_context()}
+        "securityContext": common.container_security_context(), "env": [NO_GPUS]}
     # the job's own selectors still match its pods
     assert dtj.render_service(j)["spec"]["selector"].items() <= meta["labels"].items()
 
@@ -226,3 +229,154 @@ def test_merged_pods_still_pass_the_restricted_profile():
     for pod_spec in (dtj.render_worker(j, 0, 0)["spec"],
                      dtj.render_launcher(j, 0)["spec"]["template"]["spec"]):
         assert restricted_violations(pod_spec) == []
+
+
+# ---- issue 22: what a pod template can no longer reach (H3, M6, L2, L3) -------------------------
+BLOB = {"blob": {"accountURL": "https://acct.blob.core.windows.net", "container": "out",
+                 "auth": {"sasSecretRef": {"name": "sas", "key": "token"}}}}
+WI_CFG = config.from_dict({"logship": {"workloadIdentityServiceAccount": "uploader"}})
+WI = {"blob": {**BLOB["blob"], "auth": {"workloadIdentity": True}}}
+
+
+def sidecar(**fields):
+    return {"name": "thief", "image": "x", **fields}
+
+
+@pytest.mark.parametrize("worker, field, says", [
+    # any Secret of the namespace, however it is spelled
+    ({"containers": [{"name": "worker", "env": [
+        {"name": "K", "valueFrom": {"secretKeyRef": {"name": "other-team", "key": "k"}}}]}]},
+     "containers[0].env[0].valueFrom.secretKeyRef.name", "podTemplate.allow.secrets"),
+    ({"containers": [{"name": "worker", "envFrom": [{"secretRef": {"name": "other-team"}}]}]},
+     "containers[0].envFrom[0].secretRef.name", "podTemplate.allow.secrets"),
+    ({"volumes": [{"name": "v", "secret": {"secretName": "other-team"}}]},
+     "volumes[0].secret.secretName", "podTemplate.allow.secrets"),
+    ({"volumes": [{"name": "v", "projected": {"sources": [{"secret": {"name": "other-team"}}]}}]},
+     "volumes[0].projected.sources[0].secret.name", "podTemplate.allow.secrets"),
+    ({"imagePullSecrets": [{"name": "other-team"}]}, "imagePullSecrets[0].name", "podTemplate.allow.secrets"),
+    ({"initContainers": [sidecar(env=[{"name": "K", "valueFrom": {"secretKeyRef": {"name": "x", "key": "k"}}}])]},
+     "initContainers[0].env[0].valueFrom.secretKeyRef.name", "podTemplate.allow.secrets"),
+    # a token of the pod's ServiceAccount, for the API server or the Azure token exchange
+    ({"volumes": [{"name": "v", "projected": {"sources": [{"serviceAccountToken": {
+        "path": "t", "audience": "api://AzureADTokenExchange"}}]}}]},
+     "volumes[0].projected.sources[0].serviceAccountToken", "job pods hold no token"),
+    # a CSI driver may be handed the pod's token: only where the admin opened csi
+    ({"volumes": [{"name": "kv", "csi": {"driver": "secrets-store.csi.k8s.io"}}]},
+     "volumes[0].csi", "podTemplate.allow.volumeTypes"),
+    # the GPUs of the node past gpusPerWorker
+    ({"containers": [{"name": "worker", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]},
+     "containers[0].env[0].name", "NVIDIA container runtime"),
+    ({"initContainers": [sidecar(env=[{"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"}])]},
+     "initContainers[0].env[0].name", "NVIDIA container runtime"),
+    # baseline Pod Security: probe/hook hosts
+    ({"containers": [sidecar(readinessProbe={"httpGet": {"host": "169.254.169.254", "port": 80}})]},
+     "containers[0].readinessProbe.httpGet.host", "baseline"),
+    ({"initContainers": [sidecar(lifecycle={"preStop": {"tcpSocket": {"host": "10.0.0.1", "port": 22}}})]},
+     "initContainers[0].lifecycle.preStop.tcpSocket.host", "baseline"),
+])
+def test_a_template_reaches_no_identity_no_gpu_and_no_host(worker, field, says):
+    assert says in refused(f"spec.podTemplate.worker.spec.{field}", podTemplate={"worker": {"spec": worker}})
+
+
+@pytest.mark.parametrize("meta, field", [
+    ({"labels": {"azure.workload.identity/use": "true"}}, "labels[azure.workload.identity/use]"),
+    ({"annotations": {"azure.workload.identity/skip-containers": ""}},
+     "annotations[azure.workload.identity/skip-containers]"),
+    ({"annotations": {"container.apparmor.security.beta.kubernetes.io/worker": "unconfined"}},
+     "annotations[container.apparmor.security.beta.kubernetes.io/worker]"),
+])
+def test_identity_and_apparmor_keys_are_refused(meta, field):
+    refused(f"spec.podTemplate.worker.metadata.{field}", podTemplate={"worker": {"metadata": meta}})
+    annotations = {"container.apparmor.security.beta.kubernetes.io/worker": "runtime/default"}
+    job(podTemplate={"worker": {"metadata": {"annotations": annotations}}})  # baseline's own
+
+
+def test_spec_env_cannot_choose_the_gpus():
+    assert "NVIDIA" in refused("spec.env[1].name", env=[{"name": "A", "value": "1"},
+                                                        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
+
+
+def test_only_the_admins_secrets_and_namespaces():
+    cfg = config.from_dict({"podTemplate": {"allow": {"secrets": ["hf-*", "team-b/wandb"]}}})
+
+    def env(name):
+        return {"worker": {"spec": {"containers": [{"name": "worker", "envFrom": [
+            {"secretRef": {"name": name}}]}]}}}
+    job(cfg, podTemplate=env("hf-token"))  # team-a
+    refused("spec.podTemplate.worker.spec.containers[0].envFrom[0].secretRef.name", cfg,
+            podTemplate=env("wandb"))  # allowed in team-b only
+    assert parse({"metadata": {"name": "j", "namespace": "team-b"},
+                  "spec": {"podTemplate": env("wandb")}}, cfg).pod_template
+
+
+@pytest.mark.parametrize("container", ["worker", "exporter"])
+def test_no_container_mounts_the_shippers_token_or_the_ssh_key(container):
+    for volume in ("trainop-api-token", "ssh"):
+        mount = {"name": volume, "mountPath": "/stolen"}
+        entry = {"name": "worker", "volumeMounts": [mount]} if container == "worker" \
+            else sidecar(volumeMounts=[mount])
+        says = refused("spec.podTemplate.worker.spec.containers[0].volumeMounts[0].name",
+                       workers=1, output=BLOB, podTemplate={"worker": {"spec": {"containers": [entry]}}})
+        assert "credential" in says
+
+
+def test_the_webhook_skips_every_container_but_the_shippers():
+    """Issue 22, H3: with workload identity the webhook injects the federated token into every
+    container the pod's skip-containers annotation does not name: it names every container
+    but the shipper and the checkpoint fetcher, the template's sidecars and the preflight too."""
+    j = job(WI_CFG, workers=2, gpusPerWorker=1, launcher="torchrun", output=WI,
+            checkpoint={"enabled": True}, preflight={"enabled": True},
+            podTemplate={"worker": {"spec": {"initContainers": [sidecar()],
+                                             "containers": [sidecar(name="exporter")]}}})
+    from trainop.resume import Resume
+    pod = dtj.render_worker(j, 0, 1, resume=Resume("/output/checkpoints/attempt-0/step-1",
+                                                   fetch="j1/0/output/checkpoints/attempt-0/step-1"))
+    names = [c["name"] for c in pod["spec"]["initContainers"] + pod["spec"]["containers"]]
+    assert set(names) == {"logship", "fetch-checkpoint", "preflight", "thief", "worker", "exporter"}
+    skipped = pod["metadata"]["annotations"]["azure.workload.identity/skip-containers"].split(";")
+    assert sorted(skipped) == ["exporter", "preflight", "thief", "worker"]
+    assert pod["spec"]["serviceAccountName"] == "uploader"
+
+
+def test_output_uploads_only_as_an_account_the_admin_allows():
+    def wi(account):
+        return {"blob": {**BLOB["blob"], "auth": {"workloadIdentity": True,
+                                                  "serviceAccountName": account}}}
+    says = refused("spec.output.blob.auth.serviceAccountName", WI_CFG, output=wi("cluster-admin-ish"))
+    assert "blob.allowedServiceAccounts" in says
+    assert job(WI_CFG, output=wi("uploader")).output.auth.service_account_name == "uploader"
+    cfg = config.from_dict({"blob": {"allowedServiceAccounts": ["team-a/up-*"]}})
+    assert job(cfg, output=wi("up-1")).output
+    refused("spec.output.blob.auth.serviceAccountName", config.from_dict(
+        {"blob": {"allowedServiceAccounts": ["*"]}}), output=wi("default"))
+    with pytest.raises(config.ConfigError, match="logship.workloadIdentityServiceAccount"):
+        config.from_dict({"logship": {"workloadIdentityServiceAccount": "default"}})
+    with pytest.raises(config.ConfigError, match="blob.allowedServiceAccounts"):
+        config.from_dict({"blob": {"allowedServiceAccounts": ["default"]}})
+
+
+@pytest.mark.parametrize("spec, field", [
+    # a name only a later attempt's worker 0 has (it fetches the checkpoint to resume from)
+    ({"initContainers": [{"name": "fetch-checkpoint", "image": "x"}]}, "initContainers[0].name"),
+    # a volume only the shipping worker 0 has: accepted there, a pod the API server refuses on
+    # worker 1 (the job then holds its quota with half a gang)
+    ({"containers": [{"name": "worker", "volumeMounts": [{"name": "trainop-run",
+                                                          "mountPath": "/peek"}]}]},
+     "containers[0].volumeMounts[0].name"),
+])
+def test_a_template_is_judged_against_every_pod_the_job_can_have(spec, field):
+    refused(f"spec.podTemplate.worker.spec.{field}", workers=2, output=BLOB,
+            checkpoint={"enabled": True}, podTemplate={"worker": {"spec": spec}})
+
+
+def test_every_variant_is_rendered_and_gpu_less_containers_see_no_gpu():
+    j = job(workers=3, gpusPerWorker=1, output=BLOB, checkpoint={"enabled": True},
+            podTemplate={"worker": {"spec": {"containers": [sidecar()]}}})
+    variants = dtj.pod_variants(j)
+    inits = [[c["name"] for c in p["spec"].get("initContainers", [])] for p in variants]
+    assert ["logship", "fetch-checkpoint"] in inits and [] in inits  # worker 0 later, worker 1
+    for pod in variants:
+        for c in pod["spec"].get("initContainers", []) + pod["spec"]["containers"]:
+            gpu = (c.get("resources") or {}).get("limits", {}).get("nvidia.com/gpu")
+            env = {e["name"]: e.get("value") for e in c.get("env") or []}
+            assert (env.get("NVIDIA_VISIBLE_DEVICES") == "void") == (not gpu), c["name"]

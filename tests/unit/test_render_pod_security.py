@@ -16,7 +16,8 @@ from trainop import config
 from trainop.render import datastage, dtj
 from trainop.spec import parse, parse_stage
 
-CFG = config.from_dict({"logship": {"shipWorkerLogs": True}})  # every worker gets the sidecar
+# every worker gets the sidecar; the admin lets jobs upload as `wi`
+CFG = config.from_dict({"logship": {"shipWorkerLogs": True}, "blob": {"allowedServiceAccounts": ["wi"]}})
 
 ALLOWED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
                    "persistentVolumeClaim", "projected", "secret"}

@@ -52,6 +52,12 @@ def _child_problem(plan: _Plan, st: _Status) -> Outcome | None:
     if problem and problem.reason == "ChildRejected":  # fails, so the gate frees its quota
         _finish(st, "Failed", "ChildRejected", problem.message, plan.now)
         return plan.out
+    template = (plan.body.get("spec") or {}).get("podTemplate")
+    if problem and problem.reason == "PodSecurity" and template:  # the user's to fix
+        _finish(st, "Failed", "ChildRejected", f"spec.podTemplate: the namespace's Pod Security "
+                f"admission refused the job's pods: {problem.said}; fix the pod template and "
+                f"create the job again", plan.now)
+        return plan.out
     if problem and problem.reason == "PodSecurity":  # waits: an admin may relabel the namespace
         st.cond("Created", False, "PodSecurityForbidden", problem.message)
         st.phase("Pending")

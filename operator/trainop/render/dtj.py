@@ -11,8 +11,10 @@ Children (names are deterministic so a restarted operator finds what it made):
 from __future__ import annotations
 
 import base64
+import dataclasses
 import shlex
 
+from trainop import blob
 from trainop.render import common, fabric, logship, overrides, podgroup
 from trainop.resume import Resume
 from trainop.spec import CHECKPOINT_VOLUME_MOUNT, Job
@@ -525,7 +527,8 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
         "spec": pod_spec,
     }
     podgroup.decorate(job, pod["metadata"], pod_spec)
-    overrides.apply(pod, job.pod_template.get(WORKER), f"spec.podTemplate.{WORKER}")  # last
+    overrides.apply(pod, job.pod_template.get(WORKER), f"spec.podTemplate.{WORKER}")
+    _confine(job, pod["metadata"], pod_spec)  # last: it covers what the template added
     return pod
 
 
@@ -552,6 +555,7 @@ def render_launcher(job: Job, attempt: int, resume: Resume | None = None) -> dic
     template = {"metadata": template_meta, "spec": pod_spec}
     podgroup.decorate(job, template_meta, pod_spec)
     overrides.apply(template, job.pod_template.get(LAUNCHER), f"spec.podTemplate.{LAUNCHER}")
+    _confine(job, template_meta, pod_spec)
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": common.metadata(launcher_name(job), job.namespace, labels),
@@ -559,10 +563,64 @@ def render_launcher(job: Job, attempt: int, resume: Resume | None = None) -> dic
     }
 
 
+# The containers of a job's pods that act as its Blob identity: the operator's own code (the
+# shipper and the checkpoint fetcher); their names are refused in a pod template.
+IDENTITY_CONTAINERS = (logship.SIDECAR, "fetch-checkpoint")
+# What the NVIDIA container runtime reads to expose no GPU at all.
+NO_GPUS = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+
+
+def _confine(job: Job, metadata: dict, pod_spec: dict) -> None:
+    """What holds for every container of the pod, the template's included:
+    - with workload identity, the webhook skips every container but the operator's own
+      IDENTITY_CONTAINERS (the training container, the preflight, a user's init container or
+      sidecar), so no job code gets the federated token;
+    - a container without a GPU limit sees no GPU: a CUDA image's own NVIDIA_VISIBLE_DEVICES=all
+      (the launcher's, on a GPU node) would otherwise expose every GPU of the node to it. An
+      `env` entry beats the image's ENV and any envFrom."""
+    containers = pod_spec.get("initContainers", []) + pod_spec["containers"]
+    if (metadata.get("labels") or {}).get(blob.WORKLOAD_IDENTITY_LABEL) == "true":
+        metadata.setdefault("annotations", {})[blob.WORKLOAD_IDENTITY_SKIP] = ";".join(
+            c["name"] for c in containers if c["name"] not in IDENTITY_CONTAINERS)
+    for c in containers:
+        if not ((c.get("resources") or {}).get("limits") or {}).get(job.placement.gpu_resource):
+            c["env"] = [dict(NO_GPUS)] + [e for e in c.get("env") or [] if e["name"] != NO_GPUS["name"]]
+
+
+def pod_variants(job: Job) -> list[dict]:
+    """Every shape of pod the job can have (a pod template is judged against each): each
+    worker index that ships or not, a later attempt that fetches a checkpoint, the fallback
+    pool's placement, the launcher; a DataStage's claim by a stand-in name."""
+    claim = "check" if job.data_stage else None
+    jobs = [job] + ([dataclasses.replace(job, placement=job.fallback.placement)]
+                    if job.fallback else [])
+    fetch = Resume("/output/checkpoints/attempt-0/step-1", fetch="check/0/output/checkpoints")
+    out = []
+    for j in jobs:
+        out += [render_worker(j, i, a, claim_name=claim, resume=r)
+                for i in sorted({0, min(1, j.workers - 1)})
+                for a, r in ((0, None), (1, fetch if i == 0 and j.checkpoint else None))]
+        if j.launcher == "mpi":
+            out.append(render_launcher(j, 1)["spec"]["template"])
+    return out
+
+
 def check_overrides(job: Job) -> None:
     """SpecError when spec.podTemplate contradicts what the operator renders: the merge of
-    render_worker/render_launcher, run once at parse time (spec.parse) on pods the job could
-    have (a DataStage's claim by a stand-in name), so nothing is created for bad input."""
-    render_worker(job, 0, 0, claim_name="check" if job.data_stage else None)
-    if job.launcher == "mpi":
-        render_launcher(job, 0)
+    render_worker/render_launcher, run once at parse time (spec.parse) on every pod variant the
+    job could have (`pod_variants`), so nothing is created for bad input. A name the operator
+    gives a container or volume in any variant of a role is refused in that role's template,
+    even where this variant lacks it."""
+    bare = pod_variants(dataclasses.replace(job, pod_template={}))
+    for role, override in job.pod_template.items():
+        specs = [p["spec"] for p in bare if _role(p) == role]
+        overrides.check_reserved(override, f"spec.podTemplate.{role}",
+                                 containers={c["name"] for s in specs
+                                             for c in s["containers"] + s.get("initContainers", [])}
+                                 | set(IDENTITY_CONTAINERS),
+                                 volumes={v["name"] for s in specs for v in s.get("volumes", [])})
+    pod_variants(job)
+
+
+def _role(pod: dict) -> str:
+    return pod["metadata"]["labels"][common.LABEL_ROLE]

@@ -22,7 +22,10 @@ The operator's fields win, and a contradiction is refused, never dropped (docs/p
   containers, with restricted's securityContext under the user's.
 - spec.priorityClassName: not merged here; spec.py makes it the job's priority class, which
   priority.py judges and the renderer puts on every pod.
-A container's volumeMounts must name a volume of the merged pod.
+A container's volumeMounts must name a volume of the merged pod, and never one of the
+operator's that holds a credential (the shipper's API token, the SSH Secret): job code gets
+only what the operator mounts for it. `check_reserved` refuses a container or volume name the
+operator uses in any pod of the role (dtj.check_overrides collects them from every variant).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ OPERATOR_PREFIX = f"{GROUP}/"
 # What joins a pod to its PodGroup (render/podgroup.py): set only by the operator.
 GANG_KEYS = ("scheduling.x-k8s.io/pod-group", "scheduling.k8s.io/group-name")
 TRAINING_FIELDS = ("name", "env", "envFrom", "volumeMounts", "securityContext")
+TRAINING_NAMES = ("worker", "launcher")  # the training container of each role (render/dtj.py)
 # Variables mpirun, PMIx and torchrun give each rank: a value from the pod would mislead it.
 RESERVED_ENV = re.compile(r"^(OMPI_|PMIX_|PMI_|HYDRA_|I_MPI_|TORCHELASTIC_|TRAINOP_)|"
                           r"^(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|"
@@ -70,6 +74,7 @@ def apply(pod: dict, override: dict | None, where: str) -> None:
         if key in spec:
             ps[key] = spec[key]
     have = {v["name"] for v in ps.get("volumes") or []}
+    secret = {v["name"] for v in ps.get("volumes") or [] if holds_credential(v)}
     for i, volume in enumerate(spec.get("volumes") or []):
         if volume["name"] in have:
             raise SpecError(f"{where}.spec.volumes[{i}].name", f"{volume['name']!r} is a volume "
@@ -82,13 +87,13 @@ def apply(pod: dict, override: dict | None, where: str) -> None:
         for i, c in enumerate(spec.get(key) or []):
             here = f"{where}.spec.{key}[{i}]"
             if key == "containers" and c["name"] == training["name"]:
-                _merge_training(training, c, here, have)
+                _merge_training(training, c, here, have - secret, secret)
                 continue
             if c["name"] in names:
                 raise SpecError(f"{here}.name", f"{c['name']!r} is a container the operator runs "
                                 f"in this pod: choose another name")
             names.add(c["name"])
-            _check_mounts(c.get("volumeMounts") or [], here, have)
+            _check_mounts(c.get("volumeMounts") or [], here, have - secret, secret)
             sc = common.container_security_context()
             _merge_security(sc, c.get("securityContext") or {}, here, strict=False)
             c["securityContext"] = sc
@@ -109,14 +114,42 @@ def _add_keys(parent: dict, key: str, extra: dict, where: str, reserved: str | N
         have[k] = v
 
 
-def _check_mounts(mounts: list[dict], where: str, volumes: set[str]) -> None:
+def holds_credential(volume: dict) -> bool:
+    """A Secret volume, or a projected one with a Secret or a ServiceAccount token in it."""
+    sources = (volume.get("projected") or {}).get("sources") or []
+    return "secret" in volume or any("secret" in s or "serviceAccountToken" in s for s in sources)
+
+
+def check_reserved(override: dict, where: str, containers: set[str], volumes: set[str]) -> None:
+    """SpecError for a container or volume of `override` named like one the operator renders
+    in some pod of the role (`containers`, `volumes`): a name this pod lacks would still
+    collide in another (worker 0's shipper, a later attempt's fetch-checkpoint)."""
+    spec = override.get("spec") or {}
+    for i, volume in enumerate(spec.get("volumes") or []):
+        if volume["name"] in volumes:
+            raise SpecError(f"{where}.spec.volumes[{i}].name", f"{volume['name']!r} is a volume "
+                            f"the operator mounts in this role's pods: choose another name")
+    for key in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(key) or []):
+            if c["name"] in containers and not (key == "containers" and c["name"] in TRAINING_NAMES):
+                raise SpecError(f"{where}.spec.{key}[{i}].name", f"{c['name']!r} is a container "
+                                f"the operator runs in this role's pods: choose another name")
+
+
+def _check_mounts(mounts: list[dict], where: str, volumes: set[str],
+                  secret: set[str] = frozenset()) -> None:
     for j, mount in enumerate(mounts):
+        if mount["name"] in secret:
+            raise SpecError(f"{where}.volumeMounts[{j}].name", f"{mount['name']!r} holds a "
+                            f"credential of the operator (an API token, the SSH key): only the "
+                            f"operator's own containers mount it")
         if mount["name"] not in volumes:
             raise SpecError(f"{where}.volumeMounts[{j}].name", f"no volume {mount['name']!r} in "
                             f"this pod: add it to spec.volumes of the same podTemplate role")
 
 
-def _merge_training(container: dict, extra: dict, where: str, volumes: set[str]) -> None:
+def _merge_training(container: dict, extra: dict, where: str, volumes: set[str],
+                    secret: set[str]) -> None:
     for key in extra:
         if key not in TRAINING_FIELDS:
             raise SpecError(f"{where}.{key}", f"the training container takes only "
@@ -137,7 +170,7 @@ def _merge_training(container: dict, extra: dict, where: str, volumes: set[str])
     container.setdefault("envFrom", []).extend(extra.get("envFrom") or [])
     if not container["envFrom"]:
         del container["envFrom"]
-    _check_mounts(extra.get("volumeMounts") or [], where, volumes)
+    _check_mounts(extra.get("volumeMounts") or [], where, volumes, secret)
     own = [m["mountPath"].rstrip("/") for m in container.get("volumeMounts") or []]
     for j, mount in enumerate(extra.get("volumeMounts") or []):
         path = mount["mountPath"].rstrip("/")

@@ -46,10 +46,12 @@ def render(job: Job, gang_requests: dict[str, str]) -> dict | None:
     if kind == PLUGINS:
         spec["scheduleTimeoutSeconds"] = policy.schedule_timeout_seconds or 0
     else:  # Volcano: the queue and the priority the MPI Operator passes to it
-        if policy.queue:
+        if policy.queue:  # one of gangScheduling.allowedQueues (spec.parse)
             spec["queue"] = policy.queue
-        if policy.priority_class or job.pod_priority_class:
-            spec["priorityClassName"] = policy.priority_class or job.pod_priority_class
+        # The job's class as priority.py judged it (schedulingPolicy.priorityClass is another
+        # name for it): never a class past limits.maxPriority, never one the pods lack.
+        if job.pod_priority_class:
+            spec["priorityClassName"] = job.pod_priority_class
     return {"apiVersion": API_VERSION[kind], "kind": "PodGroup",
             "metadata": {"name": name(job), "namespace": job.namespace,
                          "labels": {"trainop.io/job-name": job.name}},
