@@ -108,26 +108,64 @@ def check_references(stage: Stage, snap: StageSnapshot) -> None:
         raise MissingSecret(f"{where}.key", f"Secret {auth.secret_name!r} has no key {auth.secret_key!r}; add it or fix the key")
 
 
+# NFS mount options a DataStage may set (the kubelet mounts its PV on the node). Left out on
+# purpose: addr=/mountaddr=/mounthost=/port=/mountport= (they point the mount at another server
+# than the one allowed), rw (the PV is read-only), suid/dev/exec-style widenings, context= and
+# other security labels, and anything unknown.
+MOUNT_OPTIONS = frozenset({"hard", "soft", "intr", "nointr", "ac", "noac", "cto", "nocto",
+                           "lock", "nolock", "sharecache", "nosharecache", "resvport", "noresvport",
+                           "ro", "nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime",
+                           "fsc", "nofsc", "rdirplus", "nordirplus", "tcp"})
+MOUNT_OPTION_VALUES = frozenset({"vers", "nfsvers", "minorversion", "nconnect", "rsize", "wsize",
+                                 "timeo", "retrans", "acregmin", "acregmax", "acdirmin",
+                                 "acdirmax", "actimeo", "lookupcache", "proto", "local_lock",
+                                 "max_connect", "retry", "sec"})
+MOUNT_FIELD = "spec.destination.mountOptions"
+
+
+def check_mount_options(options: tuple[str, ...]) -> None:
+    for i, option in enumerate(options):
+        key, eq, _value = option.partition("=")
+        if (option in MOUNT_OPTIONS) if not eq else (key in MOUNT_OPTION_VALUES):
+            continue
+        raise SpecError(f"{MOUNT_FIELD}[{i}]", f"{option!r} is not an allowed NFS mount option; use "
+                                              f"{', '.join(sorted(MOUNT_OPTION_VALUES))} (as key=value) "
+                                              f"or {', '.join(sorted(MOUNT_OPTIONS))}")
+
+
 def check_allowed(stage: Stage, cfg: Config) -> None:
-    """What only the cluster admin may open up: the account endpoint credentials are sent to, and
-    the existing NFS exports a namespace may mount (a PV is cluster-wide: without this, any
-    namespace could mount any export the nodes reach). A provisioned server is always allowed."""
+    """What only the cluster admin may open up: the account endpoint credentials are sent to, the
+    existing NFS exports a namespace may mount (a PV is cluster-wide, and the copy Job mounts the
+    export read-write: without this, any namespace could overwrite any export the nodes reach),
+    provisioned servers (a privileged pod in the tenant's namespace), and the mount options."""
     try:
         blob.check_endpoint_allowed(stage.account_url, "spec.source.blob.accountURL",
                                     cfg.allowed_account_urls)
     except blob.BlobConfigError as exc:
         raise SpecError(*str(exc).split(": ", 1)) from None
+    check_mount_options(stage.mount_options)
+    if stage.provisioned and not cfg.allow_provisioned_servers:
+        raise SpecError("spec.destination.provision",
+                        "provisioned NFS servers are off in this cluster (they run a privileged pod "
+                        "in your namespace); use destination.volumeClaim or an allowed "
+                        "destination.nfs export, or ask the cluster admin to set "
+                        "datastage.allowProvisionedServers")
     if stage.nfs_server is None:
         return
-    servers = [path for server, path in cfg.allowed_nfs_exports if server == stage.nfs_server]
     ask = ("ask the cluster admin to add it to datastage.allowedNfsExports in the operator "
-           "configuration, or use destination.provision or destination.volumeClaim")
-    if not servers:
+           "configuration, or use destination.volumeClaim")
+    exports = [e for e in cfg.allowed_nfs_exports if e.server == stage.nfs_server]
+    if not exports:
         raise SpecError(f"{NFS_FIELD}.server", f"NFS server {stage.nfs_server!r} is not an allowed "
                                                f"export server; {ask}")
-    if not any(_under(stage.nfs_path, prefix) for prefix in servers):
+    mine = [p for p in (e.prefix_for(stage.namespace) for e in exports) if p is not None]
+    if not mine:
+        raise SpecError(f"{NFS_FIELD}.server", f"no export on {stage.nfs_server} is allowed for "
+                                               f"namespace {stage.namespace}; {ask}")
+    if not any(_under(stage.nfs_path, prefix) for prefix in mine):
         raise SpecError(f"{NFS_FIELD}.path", f"{stage.nfs_path!r} on {stage.nfs_server} is not under an "
-                                             f"allowed export path ({', '.join(servers)}); {ask}")
+                                             f"export path allowed for namespace {stage.namespace} "
+                                             f"({', '.join(mine)}); {ask}")
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -265,6 +303,9 @@ def cleanup(body: dict) -> None:
     label carries this DataStage's uid, and only that incarnation (uid precondition). Namespaced
     children go with the DataStage through their owner references."""
     meta = body["metadata"]
+    if ((body.get("spec") or {}).get("destination") or {}).get("volumeClaim"):
+        return  # the user's claim: never a PV of ours (destination is immutable); where the
+        #         chart grants no PV rights (no NFS destination allowed), nothing to ask for
     name = render.volume_name(meta["uid"])
     pv = kube.get("v1", "PersistentVolume", name)
     if pv is None:

@@ -27,9 +27,12 @@ from trainop import blob
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 GROUP, VERSION, PLURAL = "trainop.io", "v1alpha1", "datastages"
-# The admin allows the exports these tests and examples/datastage-nfs-sas.yaml name.
-FAST = {"resyncSeconds": 0.5, "datastage": {"allowedNfsExports": [{"server": "10.240.0.4", "path": "/export"},
-                                                                   {"server": "10.240.0.4", "path": "/datasets"}]}}
+# The admin allows the exports these tests and examples/datastage-nfs-sas.yaml name (to every
+# namespace: each test has its own), and provisioned servers.
+FAST = {"resyncSeconds": 0.5, "datastage": {
+    "allowedNfsExports": [{"server": "10.240.0.4", "path": "/export", "namespaces": ["*"]},
+                          {"server": "10.240.0.4", "path": "/datasets", "namespaces": ["*"]}],
+    "allowProvisionedServers": True}}
 BLOBS = {f"train/n{i:02d}/img{i}.JPEG": os.urandom(1000 + 37 * i) for i in range(12)}
 
 

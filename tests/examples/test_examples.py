@@ -19,7 +19,7 @@ from trainop import config
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (REPO / "examples").glob("*.yaml") if not p.name.startswith("datastage"))
-FAST = {"resyncSeconds": 0.5}
+FAST = {"resyncSeconds": 0.5, "datastage": {"allowProvisionedServers": True}}  # datastage-imagenet
 
 
 def load(path: Path) -> dict:

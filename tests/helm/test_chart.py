@@ -180,15 +180,17 @@ def test_rendered_config_is_what_the_operator_loads(render):
     for attr in ("resync_seconds", "safety_resync_seconds", "node_pools", "default_node_pools", "images", "launcher_resources",
                  "max_gpus_per_job", "scheduling_timeout_seconds", "allowed_account_urls", "allowed_nfs_exports", "nfs_client_cidrs"):
         assert getattr(loaded, attr) == getattr(defaults, attr), attr
-    assert loaded.section("datastage") == {"image": IMAGE, "allowedNfsExports": [], "nfsClientCIDRs": []}
+    assert loaded.section("datastage") == {"image": IMAGE, "allowedNfsExports": [], "nfsClientCIDRs": [],
+                                           "allowProvisionedServers": False}
     assert loaded.section("logship") == {"image": IMAGE}
 
     allowed = render({"config": {"blob": {"allowedAccountURLs": ["https://*.blob.local.azurestack.external"]},
-                                 "datastage": {"allowedNfsExports": [{"server": "10.240.0.4", "path": "/export"}],
+                                 "datastage": {"allowedNfsExports": [{"server": "10.240.0.4", "path": "/export",
+                                                                      "namespaces": ["team-a"]}],
                                                "nfsClientCIDRs": ["10.224.0.0/16"]}}})
     cfg = config.from_dict(yaml.safe_load(find(allowed, "ConfigMap")["data"]["config.yaml"]))
     assert cfg.allowed_account_urls == ("https://*.blob.local.azurestack.external",)
-    assert cfg.allowed_nfs_exports == (("10.240.0.4", "/export"),) and cfg.nfs_client_cidrs == ("10.224.0.0/16",)
+    assert cfg.allowed_nfs_exports == (config.NfsExport("10.240.0.4", "/export", ("team-a",)),) and cfg.nfs_client_cidrs == ("10.224.0.0/16",)
 
     custom = render({"config": {"nodePools": {"ibgpu": None, "a100": {
         "nodeSelector": {"pool": "a100"}, "infiniband": True, "rdmaResource": "rdma/hca"}},

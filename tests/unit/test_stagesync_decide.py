@@ -11,7 +11,9 @@ from trainop.actions import Apply, Create, Delete
 from trainop.spec import parse_stage
 from trainop.stagesync import SECRET_RECHECK_SECONDS, StageSnapshot, decide
 
-CFG = config.from_dict({"datastage": {"allowedNfsExports": [{"server": "10.1.2.3", "path": "/export"}]}})
+CFG = config.from_dict({"datastage": {"allowedNfsExports": [
+    {"server": "10.1.2.3", "path": "/export", "namespaces": ["team-a"]},
+    {"server": "10.1.2.4", "path": "/tenants/{namespace}"}], "allowProvisionedServers": True}})
 NOW = "2026-05-01T12:00:00Z"
 UID = "stage-uid"
 SAS = {"sasSecretRef": {"name": "storage", "key": "sas"}}
@@ -21,8 +23,8 @@ PROVISION = {"provision": {"size": "100Gi"}}
 
 
 def body(destination=None, auth=SAS, status=None, deleting=False,
-         url="https://acct.blob.core.windows.net") -> dict:
-    meta = {"name": "imagenet", "namespace": "team-a", "uid": UID, "generation": 1}
+         url="https://acct.blob.core.windows.net", namespace="team-a") -> dict:
+    meta = {"name": "imagenet", "namespace": namespace, "uid": UID, "generation": 1}
     if deleting:
         meta["deletionTimestamp"] = NOW
     out = {"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": meta,
@@ -89,7 +91,8 @@ CASES = [
      "cluster admin to add it to datastage.allowedNfsExports"),
     ("a path outside the allowed prefix is refused naming the path",
      snap(body({"nfs": {"server": "10.1.2.3", "path": "/exports-of-others/x"}})), [], "Failed", "InvalidSpec",
-     "spec.destination.nfs.path: '/exports-of-others/x' on 10.1.2.3 is not under an allowed export path (/export)"),
+     "spec.destination.nfs.path: '/exports-of-others/x' on 10.1.2.3 is not under an export path allowed "
+     "for namespace team-a (/export)"),
     (".. cannot climb out of the allowed prefix",
      snap(body({"nfs": {"server": "10.1.2.3", "path": "/export/../etc"}})), [], "Failed", "InvalidSpec",
      "spec.destination.nfs.path"),
@@ -192,12 +195,51 @@ def test_the_pv_is_applied_only_with_our_uid_label_as_guard():
 
 def test_admin_lists_open_other_endpoints_and_exports():
     cfg = config.from_dict({"blob": {"allowedAccountURLs": ["http://127.0.0.1:10000"]},
-                            "datastage": {"allowedNfsExports": [{"server": "10.9.9.9", "path": "/"}]}})
+                            "datastage": {"allowedNfsExports": [{"server": "10.9.9.9", "path": "/",
+                                                                 "namespaces": ["*"]}]}})
     b = body({"nfs": {"server": "10.9.9.9", "path": "/anything"}}, url="http://127.0.0.1:10000/devstoreaccount1")
     assert decide(snap(b), cfg, NOW).status["phase"] == "Copying"
     b = body(url="http://127.0.0.1:10001/devstoreaccount1")  # another port is another endpoint
     assert decide(snap(b), cfg, NOW).status["phase"] == "Failed"
-    assert decide(snap(body(PROVISION)), cfg, NOW).status["phase"] == "Provisioning"  # always allowed
+    # provisioned servers are the admin's choice too (a privileged pod in the namespace): off
+    out = decide(snap(body(PROVISION)), cfg, NOW)
+    assert out.status["phase"] == "Failed" and out.actions == []
+    assert out.status["conditions"][0]["message"].startswith(
+        "spec.destination.provision: provisioned NFS servers are off in this cluster")
+    assert "datastage.allowProvisionedServers" in out.status["conditions"][0]["message"]
+
+
+# issue 22 M4: an export is whose the admin says (the copy Job mounts it read-write)
+@pytest.mark.parametrize("namespace,destination,field", [
+    ("team-b", {"nfs": {"server": "10.1.2.3", "path": "/export/data"}}, "spec.destination.nfs.server"),
+    ("team-b", {"nfs": {"server": "10.1.2.4", "path": "/tenants/team-a/data"}}, "spec.destination.nfs.path"),
+    ("team-b", {"nfs": {"server": "10.1.2.4", "path": "/tenants/team-b/../team-a"}}, "spec.destination.nfs.path"),
+    ("team", {"nfs": {"server": "10.1.2.4", "path": "/tenants/team-a"}}, "spec.destination.nfs.path"),
+], ids=["listed-for-another", "another's-folder", "dotdot", "name-prefix"])
+def test_another_namespaces_export_is_refused(namespace, destination, field):
+    out = decide(snap(body(destination, namespace=namespace)), CFG, NOW)
+    assert out.status["phase"] == "Failed" and out.actions == []
+    assert out.status["conditions"][0]["message"].startswith(f"{field}: ")
+    ok = body({"nfs": {"server": "10.1.2.4", "path": f"/tenants/{namespace}/data"}}, namespace=namespace)
+    assert decide(snap(ok), CFG, NOW).status["phase"] == "Copying"
+
+
+@pytest.mark.parametrize("option", ["addr=10.9.9.9", "mountaddr=10.9.9.9", "port=2050", "rw", "suid",
+                                    "context=system_u:object_r:container_file_t:s0", "nfsvers"])
+def test_mount_options_outside_the_allow_list_are_refused(option):
+    b = body()
+    b["spec"]["destination"]["mountOptions"] = ["nfsvers=4.1", "hard", option]
+    out = decide(snap(b), CFG, NOW)
+    assert out.status["phase"] == "Failed" and out.actions == []
+    assert out.status["conditions"][0]["message"].startswith(
+        f"spec.destination.mountOptions[2]: {option!r} is not an allowed NFS mount option")
+    b["spec"]["destination"]["mountOptions"] = ["nfsvers=4.1", "hard", "nconnect=8", "noatime", "ro"]
+    assert decide(snap(b), CFG, NOW).status["phase"] == "Copying"
+
+
+def test_an_export_without_an_owner_is_a_config_error():
+    with pytest.raises(config.ConfigError, match=r"datastage.allowedNfsExports\[0\]: say which namespaces"):
+        config.from_dict({"datastage": {"allowedNfsExports": [{"server": "10.1.2.3", "path": "/export"}]}})
 
 
 # issue 15 (11b): the Secret is needed only while there is copying to do
