@@ -70,6 +70,11 @@ Format (every key optional; camelCase like Helm values):
       # scheme and host must match (a host "*.example.com" matches its subdomains), the port if
       # given, the path as a prefix of whole segments. http:// only where listed here.
       allowedAccountURLs: [https://*.blob.local.azurestack.external, http://127.0.0.1:10000]
+    jobNetwork:                      # the job's NetworkPolicy (render/dtj.py)
+      deniedEgressCIDRs: [169.254.0.0/16, 168.63.129.16/32, fe80::/10]  # what a job's pods may
+                                     # not reach: link-local (Azure IMDS at 169.254.169.254, the
+                                     # node's managed identity) and Azure's WireServer; [] opens
+                                     # egress entirely (no Egress rule); DNS (53) stays open
     gangScheduling:                  # PodGroups (render/podgroup.py), where the API is served
       scheduler: null                # scheduler-plugins | volcano | null (none)
       schedulerName: null            # the pods' schedulerName; default scheduler-plugins-scheduler
@@ -153,6 +158,9 @@ DEFAULTS: dict = {
                   "maxTaintedNodes": 2},
     "datastage": {"allowedNfsExports": [], "nfsClientCIDRs": [], "allowProvisionedServers": False},
     "gangScheduling": {"scheduler": None, "schedulerName": None},
+    # IMDS (169.254.169.254) hands out the node's managed identity; WireServer (168.63.129.16)
+    # the VM's configuration. No training job needs either (workload identity goes to Entra ID).
+    "jobNetwork": {"deniedEgressCIDRs": ["169.254.0.0/16", "168.63.129.16/32", "fe80::/10"]},
     "podTemplate": {"allow": {"hostPath": False, "hostNetwork": False, "hostPID": False,
                               "hostIPC": False, "privileged": False, "capabilities": [],
                               "volumeTypes": []}},
@@ -247,6 +255,7 @@ class Config:
     allowed_account_urls: tuple[str, ...] = ()       # blob.allowedAccountURLs
     allowed_nfs_exports: tuple[NfsExport, ...] = ()  # datastage.allowedNfsExports
     allow_provisioned_servers: bool = False          # datastage.allowProvisionedServers
+    denied_egress_cidrs: tuple[str, ...] = ()        # jobNetwork.deniedEgressCIDRs
     nfs_client_cidrs: tuple[str, ...] = ()           # datastage.nfsClientCIDRs
     pod_template_allow: PodTemplateAllow = PodTemplateAllow()  # podTemplate.allow
     gang_scheduler: str | None = None        # gangScheduling.scheduler
@@ -352,8 +361,9 @@ def from_dict(data: dict | None) -> Config:
                   launcher_resources=raw["launcherResources"], max_gpus_per_job=max_gpus,
                   max_priority=max_priority, raw=raw, scheduling_timeout_seconds=timeout,
                   allowed_account_urls=_account_urls(raw), allowed_nfs_exports=_nfs_exports(raw),
-                  nfs_client_cidrs=_cidrs(raw),
+                  nfs_client_cidrs=_cidrs(raw, "datastage", "nfsClientCIDRs"),
                   allow_provisioned_servers=_switch(raw, "datastage", "allowProvisionedServers"),
+                  denied_egress_cidrs=_cidrs(raw, "jobNetwork", "deniedEgressCIDRs"),
                   pod_template_allow=_pod_template_allow(raw),
                   fabric=_fabric(raw), **_gang_scheduling(raw))
 
@@ -472,13 +482,13 @@ def _switch(raw: dict, section: str, key: str) -> bool:
     return value
 
 
-def _cidrs(raw: dict) -> tuple[str, ...]:
+def _cidrs(raw: dict, section: str, key: str) -> tuple[str, ...]:
     out = []
-    for i, entry in enumerate(_list(raw, "datastage", "nfsClientCIDRs")):
+    for i, entry in enumerate(_list(raw, section, key)):
         try:
             out.append(str(ipaddress.ip_network(entry)))
         except (TypeError, ValueError):
-            raise ConfigError(f"datastage.nfsClientCIDRs[{i}]: {entry!r} is not a CIDR such as 10.224.0.0/16") from None
+            raise ConfigError(f"{section}.{key}[{i}]: {entry!r} is not a CIDR such as 10.224.0.0/16") from None
     return tuple(out)
 
 
