@@ -18,8 +18,12 @@ mounts the claim needs no credential), and only a new copy (an edited spec, a de
 asks for it again.
 
 Status keys written here: phase, conditions, claimName, volumeName, server, copyJobName,
-observedGeneration. The copy Job's stager writes the progress counters and lastError itself
-(status subresource), so the two writers never touch the same key.
+observedGeneration, and the copy's progress (counters, skipped, lastError, progress): the copy
+Job's stager reports those into the DataStage's progress ConfigMap (render/datastage.py), which
+the controller reads by name for each reconcile (it is not watched: ConfigMaps are watched by
+the job label only); the operator checks the report and writes the status, so the stager's
+identity has no right on the DataStage at all. While a copy runs, the DataStage is looked at
+again every `datastage.progressIntervalSeconds`, the stager's reporting interval.
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ AUTH_FIELD = "spec.source.blob.auth"
 NFS_FIELD = "spec.destination.nfs"
 SECRET_RECHECK_SECONDS = 10.0  # also how often a PV name held by a foreign PV is looked at again
 OWNED_KEYS = ("phase", "conditions", "claimName", "volumeName", "server", "copyJobName",
-              "observedGeneration")
+              "observedGeneration", "bytesCopied", "bytesTotal", "filesCopied", "filesTotal",
+              "skippedBlobs", "skipped", "lastError", "progress")
 
 
 @dataclass
@@ -54,6 +59,7 @@ class StageSnapshot:
     statefulset: dict | None = None  # ... and StatefulSet
     copy_jobs: list[dict] = field(default_factory=list)  # label trainop.io/datastage=<name>
     volume: dict | None = None  # the PV named render.volume_name(uid), read by name (not watched)
+    progress: dict | None = None  # the stager's progress ConfigMap, read by name (not watched)
 
 
 class _Status:
@@ -264,7 +270,12 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
     if current is None:  # a Job's template is immutable: created once per spec
         actions.append(Create(render.copy_job(stage, server, cfg), body))
     st.data["copyJobName"] = job_name
-    return _copy_phase(st, current, body, actions)
+    if snap.progress is not None and kube.controlled_by(snap.progress, body):  # ours, not a look-alike
+        st.data |= render.progress_report(snap.progress)
+    out = _copy_phase(st, current, actions)
+    if out.status["phase"] == "Copying":  # the report is read, not watched: look again
+        out.requeue_after = float(render.stage_settings(cfg)["progressIntervalSeconds"])
+    return out
 
 
 def _finished(job: dict | None) -> dict:
@@ -277,18 +288,18 @@ def _succeeded(job: dict | None) -> bool:
                                 ((job.get("status") or {}).get("succeeded") or 0) >= 1)
 
 
-def _copy_phase(st: _Status, job: dict | None, body: dict, actions: list) -> Outcome:
+def _copy_phase(st: _Status, job: dict | None, actions: list) -> Outcome:
     finished = _finished(job)
     name = (job or {}).get("metadata", {}).get("name") or st.data["copyJobName"]
     if _succeeded(job):
         st.cond("Copied", True, "CopyComplete", f"copy Job {name} succeeded")
-        skipped = (body.get("status") or {}).get("skippedBlobs") or 0
+        skipped = st.data.get("skippedBlobs") or 0
         note = f"; {skipped} blob(s) skipped, see status.skipped" if skipped else ""
         st.phase("Ready", "CopyComplete", f"data staged; claim {st.data['claimName']} is ready to "
                                           f"mount read-only{note}")
         return st.outcome(actions)
     if "Failed" in finished:
-        why = (body.get("status") or {}).get("lastError") or finished["Failed"].get("message") or "failed"
+        why = st.data.get("lastError") or finished["Failed"].get("message") or "failed"
         message = f"copy Job {name} failed: {why}; fix the cause, then delete the Job to retry (the copy resumes)"
         st.cond("Copied", False, "CopyFailed", message)
         st.phase("Failed", "CopyFailed", message, warning=True)

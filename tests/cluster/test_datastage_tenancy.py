@@ -249,3 +249,32 @@ def test_a_running_job_survives_its_stage_losing_its_secret_and_being_edited(clu
     cluster.end_pod(namespace, wait_until(lambda: api.copy_pod("data"), timeout=60, what="new copy pod").metadata.name, 0)
     api.wait_phase("data", "Ready")
     wait_until(lambda: status("late").get("phase") in ("Starting", "Running"), timeout=60, what="job late started")
+
+
+def test_the_stagers_identity_cannot_write_the_datastage_status(cluster, namespace, operator_factory):
+    """Left from issue 15: the copy pod's ServiceAccount may patch its DataStage's progress
+    ConfigMap and nothing else; it is refused the DataStage's status (where it could say Ready
+    while the data is half there). tests/cluster/test_datastage.py shows the progress still
+    reaching the status through the operator."""
+    operator_factory(config=FAST)
+    api = Api(cluster, namespace)
+    sas_secret(cluster, namespace, "sv=2024&sig=abc")
+    cluster.apply(datastage("reported", ACCOUNT, SAS_REF), namespace)
+    api.wait_phase("reported", "Copying")
+    stager = f"system:serviceaccount:{namespace}:reported-stager"
+    forged = '{"status": {"phase": "Ready", "bytesCopied": 1}}'
+    out = cluster.kubectl("patch", "datastage", "reported", "-n", namespace, "--as", stager, "--subresource=status",
+                          "--type=merge", "-p", forged, check=False)
+    assert out.returncode != 0 and "Forbidden" in out.stderr and "datastages/status" in out.stderr, out.stderr
+    out = cluster.kubectl("patch", "datastage", "reported", "-n", namespace, "--as", stager,
+                          "--type=merge", "-p", '{"spec": {"verify": false}}', check=False)
+    assert out.returncode != 0 and "Forbidden" in out.stderr
+    assert api.status("reported")["phase"] == "Copying"
+    # its one right: its own progress ConfigMap (made by the operator, owned by the DataStage)
+    report = '{"data": {"status": "{}"}}'
+    assert cluster.kubectl("patch", "configmap", "reported-progress", "-n", namespace, "--as", stager,
+                           "--type=merge", "-p", report, check=False).returncode == 0
+    cluster.kubectl("create", "configmap", "other", "-n", namespace)
+    out = cluster.kubectl("patch", "configmap", "other", "-n", namespace, "--as", stager,
+                          "--type=merge", "-p", report, check=False)
+    assert out.returncode != 0 and "Forbidden" in out.stderr

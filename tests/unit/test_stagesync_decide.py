@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -58,7 +59,7 @@ def summary(actions) -> list[str]:
 
 
 COPY = ["apply PersistentVolume", "apply PersistentVolumeClaim", "apply ServiceAccount",
-        "apply Role", "apply RoleBinding"]
+        "apply Role", "apply RoleBinding", "apply ConfigMap"]
 
 
 def _job_name() -> str:
@@ -123,8 +124,9 @@ def test_decide(case):
     assert [t for t, _, _ in out.events] == ["Warning" if phase == "Failed" else "Normal"]
     # Secrets and PVs are not watched: a missing Secret (or key) or a foreign PV makes it look
     # again by itself
+    # the stager's report is read, not watched: a copying stage looks again at its interval
     assert out.requeue_after == (SECRET_RECHECK_SECONDS if "Secret '" in words or "PersistentVolume" in words
-                                 or reason == "VolumeConflict" else None)
+                                 or reason == "VolumeConflict" else 5.0 if phase == "Copying" else None)
 
 
 def test_provisioned_server_ready_gives_its_address_to_the_volume():
@@ -177,7 +179,7 @@ def test_an_existing_claim_is_waited_for_then_copied_into():
     assert (out.status["phase"], out.events[0][1], out.actions) == ("Pending", "ClaimMissing", [])
     out = decide(snap(b, claims={"team-data"}), CFG, NOW)
     assert summary(out.actions) == ["apply ServiceAccount", "apply Role", "apply RoleBinding",
-                                    "create Job"]  # no NFS, no PV: the user's claim
+                                    "apply ConfigMap", "create Job"]  # no NFS, no PV: the user's claim
     assert out.status["claimName"] == "team-data" and "volumeName" not in out.status
 
 
@@ -255,3 +257,44 @@ def test_a_copied_stage_stays_ready_without_its_secret(secrets):
 def test_ready_says_how_many_blobs_were_skipped():
     out = decide(snap(body(status={"skippedBlobs": 2}), copy_jobs=[copy_job(_job_name(), "Complete")]), CFG, NOW)
     assert out.status["phase"] == "Ready" and "2 blob(s) skipped, see status.skipped" in out.events[0][2]
+
+
+def report(**status) -> dict:
+    return {"metadata": {"name": "imagenet-progress", "ownerReferences": [{"controller": True, "uid": UID}]},
+            "data": {"status": json.dumps(status)}}
+
+
+def test_the_stagers_report_becomes_the_status_checked():
+    """Left from issue 15: the stager reports into a ConfigMap; the operator checks it and writes
+    the status (the stager's identity has no right on the DataStage)."""
+    out = decide(snap(body(), progress=report(bytesCopied=50, bytesTotal=200, filesCopied=1, filesTotal=4,
+                                              skippedBlobs=1, skipped=["a//b: maps to the same file"])), CFG, NOW)
+    assert out.status["phase"] == "Copying"
+    assert {k: out.status[k] for k in ("bytesCopied", "bytesTotal", "filesCopied", "filesTotal", "progress")} == \
+        {"bytesCopied": 50, "bytesTotal": 200, "filesCopied": 1, "filesTotal": 4, "progress": "1/4 files, 25%"}
+    name = _job_name()
+    failed = decide(snap(body(), copy_jobs=[copy_job(name, "Failed")],
+                         progress=report(lastError="authentication failed (403)\nmore")), CFG, NOW)
+    assert failed.status["lastError"] == "authentication failed (403)"
+    assert "failed: authentication failed (403); fix the cause" in failed.status["conditions"][-1]["message"]
+    ok = decide(snap(body(status={"lastError": "old"}), copy_jobs=[copy_job(name, "Complete")],
+                     progress=report(lastError=None, skippedBlobs=2)), CFG, NOW)
+    assert ok.status["lastError"] is None and "2 blob(s) skipped" in ok.events[0][2]
+
+
+@pytest.mark.parametrize("forged", [
+    {"phase": "Ready", "bytesCopied": -1, "filesTotal": True, "conditions": [], "claimName": "other"},
+    "not an object", {"skipped": "x" * 20000},
+], ids=["keys", "shape", "size"])
+def test_a_forged_report_cannot_set_what_the_operator_decides(forged):
+    cm = report()
+    cm["data"]["status"] = json.dumps(forged)
+    out = decide(snap(body(), progress=cm), CFG, NOW)
+    assert out.status["phase"] == "Copying" and out.status["claimName"] == "imagenet-data"
+    assert not {"bytesCopied", "filesTotal", "skipped"} & set(out.status)
+
+
+def test_a_look_alike_config_map_not_owned_by_the_stage_is_not_read():
+    cm = report(bytesCopied=5, bytesTotal=5, filesCopied=1, filesTotal=1)
+    cm["metadata"]["ownerReferences"] = [{"controller": True, "uid": "someone-else"}]
+    assert "bytesCopied" not in decide(snap(body(), progress=cm), CFG, NOW).status
