@@ -278,3 +278,41 @@ def test_the_stagers_identity_cannot_write_the_datastage_status(cluster, namespa
     out = cluster.kubectl("patch", "configmap", "other", "-n", namespace, "--as", stager,
                           "--type=merge", "-p", report, check=False)
     assert out.returncode != 0 and "Forbidden" in out.stderr
+
+
+def test_another_namespaces_export_is_refused(cluster, namespace, other_namespace, operator_factory):
+    """Issue 22 M4: the copy Job mounts an export read-write, so each export is one namespace's.
+    A DataStage in namespace B naming A's export (A's folder of a per-namespace export, or an
+    export listed for A only) is refused naming the field, and nothing is created; so is a mount
+    option that would point the volume at another server. A's own export proceeds."""
+    config = {"resyncSeconds": 0.5, "datastage": {"allowedNfsExports": [
+        {"server": "10.240.0.4", "path": "/export/{namespace}"},
+        {"server": "10.240.0.5", "path": "/teams/a", "namespaces": [namespace]}]}}
+    operator_factory(config=config, namespaces=[namespace, other_namespace])
+    a, b = Api(cluster, namespace), Api(cluster, other_namespace)
+    for api in (a, b):
+        sas_secret(cluster, api.ns, "sv=2024&sig=abc")
+    attacks = {
+        "folder": ({"nfs": {"server": "10.240.0.4", "path": f"/export/{namespace}/imagenet"}}, "spec.destination.nfs.path"),
+        "climb": ({"nfs": {"server": "10.240.0.4", "path": f"/export/{other_namespace}/../{namespace}"}},
+                  "spec.destination.nfs.path"),
+        "listed": ({"nfs": {"server": "10.240.0.5", "path": "/teams/a"}}, "spec.destination.nfs.server"),
+        "redirect": ({"nfs": {"server": "10.240.0.4", "path": f"/export/{other_namespace}"},
+                      "mountOptions": ["nfsvers=4.1", "addr=10.240.0.5"]}, "spec.destination.mountOptions[1]"),
+    }
+    for name, (destination, _) in attacks.items():
+        cluster.apply(datastage(name, ACCOUNT, SAS_REF, destination), other_namespace)
+    for name, (_, field) in attacks.items():
+        b.wait_phase(name, "Failed")
+        ready = b.condition(name, "Ready")
+        assert ready["reason"] == "InvalidSpec" and ready["message"].startswith(f"{field}: "), ready
+        assert not any(b.children(name).values()) and b.pv(name) is None
+    assert "allowed for namespace" in b.condition("listed", "Ready")["message"]
+    # the owners' own exports: A's folder, A's listed export, B's own folder
+    cluster.apply(datastage("mine", ACCOUNT, SAS_REF, attacks["folder"][0]), namespace)
+    cluster.apply(datastage("listed", ACCOUNT, SAS_REF, attacks["listed"][0]), namespace)
+    cluster.apply(datastage("own", ACCOUNT, SAS_REF, {"nfs": {"server": "10.240.0.4",
+                                                              "path": f"/export/{other_namespace}/x"}}), other_namespace)
+    a.wait_phase("mine", "Copying")
+    a.wait_phase("listed", "Copying")
+    b.wait_phase("own", "Copying")
