@@ -137,6 +137,9 @@ class TaintNode:
     in that pod, never in anything the pod reported)."""
     node: str
     taint: dict = field(hash=False)
+    # preflight.maxTaintedNodes: at most this many nodes of the cluster carry the taint, counted
+    # from the nodes themselves when it is added (a job made again starts its own count afresh)
+    limit: int | None = None
 
 
 Action = Apply | AddFinalizer | Create | CreateSSHSecret | Delete | DropFinalizer | Patch | \

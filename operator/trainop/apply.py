@@ -39,7 +39,7 @@ import threading
 
 from kubernetes.client.exceptions import ApiException
 
-from trainop import kube, sshkeys
+from trainop import kube, preflight, sshkeys
 from trainop.actions import (
     AddFinalizer,
     Apply,
@@ -291,15 +291,22 @@ def _patch_status(action: PatchStatus) -> None:
 
 
 def _taint_node(action: TaintNode) -> None:
-    """Add the taint unless one with its key is there. Merge patch replaces the taints list,
-    so the patch carries the resourceVersion it was read at: a concurrent change (the node
-    lifecycle controller's own taints) makes it fail with 409, and the reconcile is retried."""
+    """Add the taint unless one with its key is there, and only while fewer than `limit` nodes
+    carry it (preflight.taint_refused: counted from the nodes, the cluster's own state). Merge
+    patch replaces the taints list, so the patch carries the resourceVersion it was read at: a
+    concurrent change (the node lifecycle controller's own taints) makes it fail with 409, and
+    the reconcile is retried."""
     node = kube.get("v1", "Node", action.node)
     if node is None:
         return  # gone: nothing to keep pods off
     taints = list((node.get("spec") or {}).get("taints") or [])
     if any(t.get("key") == action.taint["key"] for t in taints):
         return
+    if action.limit is not None:
+        refused = preflight.taint_refused(kube.list_objects("v1", "Node"), action.taint["key"], action.limit)
+        if refused:
+            log.warning("node %s not tainted: %s", action.node, refused)
+            return
     kube.patch("v1", "Node", action.node, None,
                {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
                 "spec": {"taints": taints + [dict(action.taint)]}})

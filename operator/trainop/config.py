@@ -61,7 +61,9 @@ Format (every key optional; camelCase like Helm values):
       sizeMB: 64                     # all-reduced per iteration
       iterations: 20
       taintUnhealthyNodes: false     # true: taint a node the check finds slow (the chart then
-                                     # grants `patch` on nodes)
+                                     # grants `patch` on nodes, limited to that taint)
+      maxTaintedNodes: 2             # never more nodes of the cluster with the taint at once
+                                     # (counted from the nodes; an admin removes it)
     blob:
       # Endpoints an accountURL (DataStage source, job output) may name besides https:// on Azure
       # Storage's own host suffixes (blob.AZURE_BLOB_SUFFIXES). scheme://host[:port][/path]: the
@@ -72,6 +74,11 @@ Format (every key optional; camelCase like Helm values):
       # logship.workloadIdentityServiceAccount (the pods then run as it): NAME (any served
       # namespace) or NAMESPACE/NAME, shell patterns allowed; `default` never
       allowedServiceAccounts: [team-wi, research/uploader-*]
+    jobNetwork:                      # the job's NetworkPolicy (render/dtj.py)
+      deniedEgressCIDRs: [169.254.0.0/16, 168.63.129.16/32, fe80::/10]  # what a job's pods may
+                                     # not reach: link-local (Azure IMDS at 169.254.169.254, the
+                                     # node's managed identity) and Azure's WireServer; [] opens
+                                     # egress entirely (no Egress rule); DNS (53) stays open
     gangScheduling:                  # PodGroups (render/podgroup.py), where the API is served
       scheduler: null                # scheduler-plugins | volcano | null (none)
       schedulerName: null            # the pods' schedulerName; default scheduler-plugins-scheduler
@@ -93,8 +100,15 @@ Format (every key optional; camelCase like Helm values):
                                      # patterns allowed; none by default (job pods hold no API
                                      # token, so job code can read no Secret it is not given)
     datastage:                       # raw keys: render/datastage.py; checked here:
-      allowedNfsExports:             # existing exports destination.nfs may name (none by default)
-        - {server: 10.240.0.4, path: /export}   # path: a prefix of whole segments
+      allowedNfsExports:             # existing exports destination.nfs may name (none by default);
+                                     # the copy Job mounts them read-write, so each entry says
+                                     # whose it is: `namespaces`, or {namespace} in the path
+        - {server: 10.240.0.4, path: /export/team-a, namespaces: [team-a]}
+        - {server: 10.240.0.4, path: "/export/{namespace}"}  # each namespace its own folder
+                                     # path: a prefix of whole segments; namespaces: ["*"] shares
+                                     # the export read-write between every namespace (one team)
+      allowProvisionedServers: false # destination.provision: a privileged NFS server pod in the
+                                     # tenant's namespace (pods/exec there = root on the node)
       nfsClientCIDRs: [10.224.0.0/16]  # where kubelets mount a provisioned server from (the
                                        # node subnets); admitted by its NetworkPolicy
 """
@@ -152,9 +166,13 @@ DEFAULTS: dict = {
                    "topologyFiles": {"Standard_ND96asr_v4": "/opt/microsoft/ndv4-topo.xml",
                                      "Standard_ND96amsr_A100_v4": "/opt/microsoft/ndv4-topo.xml",
                                      "Standard_ND96isr_H100_v5": "/opt/microsoft/ndv5-topo.xml"}},
-    "preflight": {"image": None, "sizeMB": 64, "iterations": 20, "taintUnhealthyNodes": False},
-    "datastage": {"allowedNfsExports": [], "nfsClientCIDRs": []},
+    "preflight": {"image": None, "sizeMB": 64, "iterations": 20, "taintUnhealthyNodes": False,
+                  "maxTaintedNodes": 2},
+    "datastage": {"allowedNfsExports": [], "nfsClientCIDRs": [], "allowProvisionedServers": False},
     "gangScheduling": {"scheduler": None, "schedulerName": None, "allowedQueues": []},
+    # IMDS (169.254.169.254) hands out the node's managed identity; WireServer (168.63.129.16)
+    # the VM's configuration. No training job needs either (workload identity goes to Entra ID).
+    "jobNetwork": {"deniedEgressCIDRs": ["169.254.0.0/16", "168.63.129.16/32", "fe80::/10"]},
     "podTemplate": {"allow": {"hostPath": False, "hostNetwork": False, "hostPID": False,
                               "hostIPC": False, "privileged": False, "capabilities": [],
                               "volumeTypes": [], "secrets": []}},
@@ -181,6 +199,25 @@ class PodTemplateAllow:
 def allowed_name(patterns: tuple[str, ...], namespace: str, name: str) -> bool:
     """Is `namespace`/`name` on an admin's list of NAME or NAMESPACE/NAME shell patterns?"""
     return any(fnmatch.fnmatchcase(f"{namespace}/{name}" if "/" in p else name, p) for p in patterns)
+
+
+NAMESPACE_PLACEHOLDER = "{namespace}"
+
+
+@dataclass(frozen=True)
+class NfsExport:
+    """datastage.allowedNfsExports[i]: an existing export, and the namespaces that may stage into
+    it (the copy Job mounts it read-write). `{namespace}` in the path stands for the DataStage's
+    own namespace; namespaces ("*",): every namespace (one team's cluster)."""
+    server: str
+    path: str
+    namespaces: tuple[str, ...] = ()
+
+    def prefix_for(self, namespace: str) -> str | None:
+        """The path prefix `namespace` may use on this export; None: not this namespace's."""
+        if NAMESPACE_PLACEHOLDER in self.path:
+            return self.path.replace(NAMESPACE_PLACEHOLDER, namespace)
+        return self.path if ("*" in self.namespaces or namespace in self.namespaces) else None
 
 
 class ConfigError(ValueError):
@@ -221,6 +258,7 @@ class Fabric:
     preflight_size_mb: int = 64
     preflight_iterations: int = 20
     taint_unhealthy_nodes: bool = False
+    max_tainted_nodes: int = 2           # preflight.maxTaintedNodes
 
 
 @dataclass(frozen=True)
@@ -237,7 +275,9 @@ class Config:
     scheduling_timeout_seconds: int | None = 900  # default for jobs on autoscaled pools
     allowed_account_urls: tuple[str, ...] = ()       # blob.allowedAccountURLs
     allowed_service_accounts: tuple[str, ...] = ()   # blob.allowedServiceAccounts
-    allowed_nfs_exports: tuple[tuple[str, str], ...] = ()  # datastage.allowedNfsExports
+    allowed_nfs_exports: tuple[NfsExport, ...] = ()  # datastage.allowedNfsExports
+    allow_provisioned_servers: bool = False          # datastage.allowProvisionedServers
+    denied_egress_cidrs: tuple[str, ...] = ()        # jobNetwork.deniedEgressCIDRs
     nfs_client_cidrs: tuple[str, ...] = ()           # datastage.nfsClientCIDRs
     pod_template_allow: PodTemplateAllow = PodTemplateAllow()  # podTemplate.allow
     gang_scheduler: str | None = None        # gangScheduling.scheduler
@@ -345,7 +385,10 @@ def from_dict(data: dict | None) -> Config:
                   max_priority=max_priority, raw=raw, scheduling_timeout_seconds=timeout,
                   allowed_account_urls=_account_urls(raw), allowed_nfs_exports=_nfs_exports(raw),
                   allowed_service_accounts=_service_accounts(raw),
-                  nfs_client_cidrs=_cidrs(raw), pod_template_allow=_pod_template_allow(raw),
+                  nfs_client_cidrs=_cidrs(raw, "datastage", "nfsClientCIDRs"),
+                  allow_provisioned_servers=_switch(raw, "datastage", "allowProvisionedServers"),
+                  denied_egress_cidrs=_cidrs(raw, "jobNetwork", "deniedEgressCIDRs"),
+                  pod_template_allow=_pod_template_allow(raw),
                   fabric=_fabric(raw), **_gang_scheduling(raw))
 
 
@@ -420,7 +463,7 @@ def _fabric(raw: dict) -> Fabric:
     key = ib.get("fabricTopologyKey", POOL_LABEL)
     if not isinstance(key, str) or not key:
         raise ConfigError("infiniband.fabricTopologyKey: must be a node label key")
-    for name in ("sizeMB", "iterations"):
+    for name in ("sizeMB", "iterations", "maxTaintedNodes"):
         value = pre.get(name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"preflight.{name}: must be a positive integer")
@@ -431,7 +474,8 @@ def _fabric(raw: dict) -> Fabric:
                   preflight_image=pre.get("image") or None,
                   preflight_size_mb=int(pre.get("sizeMB", 64)),
                   preflight_iterations=int(pre.get("iterations", 20)),
-                  taint_unhealthy_nodes=bool(pre.get("taintUnhealthyNodes", False)))
+                  taint_unhealthy_nodes=bool(pre.get("taintUnhealthyNodes", False)),
+                  max_tainted_nodes=int(pre.get("maxTaintedNodes", 2)))
 
 
 def _list(raw: dict, section: str, key: str) -> list:
@@ -455,23 +499,42 @@ def _account_urls(raw: dict) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _nfs_exports(raw: dict) -> tuple[tuple[str, str], ...]:
+def _nfs_exports(raw: dict) -> tuple[NfsExport, ...]:
     out = []
     for i, entry in enumerate(_list(raw, "datastage", "allowedNfsExports")):
+        where = f"datastage.allowedNfsExports[{i}]"
         if not isinstance(entry, dict) or not entry.get("server") or \
-                not str(entry.get("path", "")).startswith("/"):
-            raise ConfigError(f"datastage.allowedNfsExports[{i}]: must be {{server: ADDRESS, path: /PREFIX}}")
-        out.append((str(entry["server"]), str(entry["path"])))
+                not str(entry.get("path", "")).startswith("/") or \
+                set(entry) - {"server", "path", "namespaces"}:
+            raise ConfigError(f"{where}: must be {{server: ADDRESS, path: /PREFIX, namespaces: [NAME, ...]}}")
+        path, names = str(entry["path"]), entry.get("namespaces") or []
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise ConfigError(f"{where}.namespaces: must be a list of namespace names (or [\"*\"])")
+        # The copy Job mounts an export read-write: one open to every namespace lets any of
+        # them overwrite another's staged data, so whose it is must be said.
+        if not names and NAMESPACE_PLACEHOLDER not in path:
+            raise ConfigError(f"{where}: say which namespaces may stage into {entry['server']}:{path} "
+                              f"(namespaces: [team-a]), or give each its own folder with "
+                              f"{NAMESPACE_PLACEHOLDER} in the path (/export/{NAMESPACE_PLACEHOLDER}); "
+                              f"namespaces: [\"*\"] shares it read-write between every namespace")
+        out.append(NfsExport(str(entry["server"]), path, tuple(names)))
     return tuple(out)
 
 
-def _cidrs(raw: dict) -> tuple[str, ...]:
+def _switch(raw: dict, section: str, key: str) -> bool:
+    value = (raw.get(section) or {}).get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{section}.{key}: must be true or false")
+    return value
+
+
+def _cidrs(raw: dict, section: str, key: str) -> tuple[str, ...]:
     out = []
-    for i, entry in enumerate(_list(raw, "datastage", "nfsClientCIDRs")):
+    for i, entry in enumerate(_list(raw, section, key)):
         try:
             out.append(str(ipaddress.ip_network(entry)))
         except (TypeError, ValueError):
-            raise ConfigError(f"datastage.nfsClientCIDRs[{i}]: {entry!r} is not a CIDR such as 10.224.0.0/16") from None
+            raise ConfigError(f"{section}.{key}[{i}]: {entry!r} is not a CIDR such as 10.224.0.0/16") from None
     return tuple(out)
 
 

@@ -414,6 +414,9 @@ class Controller:
             # its PV, read by name (cluster-scoped, not watched): is the name ours?
             snap.volume = apply.kube.get("v1", "PersistentVolume",
                                          stagesync.render.volume_name(snap.body["metadata"]["uid"]))
+        if snap.copy_jobs:  # the stager's report, read by name (ConfigMaps are watched by the job label only)
+            snap.progress = apply.kube.get("v1", "ConfigMap",
+                                           stagesync.render.progress_name(snap.body["metadata"]["name"]), key[1])
         now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         outcome = stagesync.decide(snap, self.cfg, now)
         return outcome, self._act(key, snap.body, outcome)

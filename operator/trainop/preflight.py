@@ -11,7 +11,10 @@ checked like the progress ConfigMap: known keys, numbers, worker indexes within 
 worst a forged report can do is fail its own job's check, or name one of its own workers: the
 node to taint is looked up here from the pod the operator created for that worker
 (`spec.nodeName`), never taken from the report, so a job can taint only a node its own pod
-runs on, and only where the admin enabled tainting (docs/security.md).
+runs on, and only where the admin enabled tainting (docs/security.md), and never more than
+`preflight.maxTaintedNodes` nodes in the whole cluster: `taint_refused` counts the nodes that
+already carry the taint (the cluster's own state, not a job's), so deleting and re-creating a
+job, or many jobs at once, cannot taint more.
 """
 
 from __future__ import annotations
@@ -140,6 +143,16 @@ def judge(rep: Report, threshold: float, pods_by_index: dict[int, dict]) -> Verd
     node = ((pods_by_index.get(worker) or {}).get("spec") or {}).get("nodeName")
     return Verdict(False, worker, node, f"{below}; worker {worker} (node {node or 'unknown'}) "
                                         f"was slow in every pair: {_pairs_text(rep.pairs)}")
+
+
+def taint_refused(nodes: list[dict], key: str, limit: int) -> str | None:
+    """Why one more node may not get the taint `key` (None: it may): `limit` nodes carry it."""
+    tainted = sorted(n["metadata"]["name"] for n in nodes
+                     if any(t.get("key") == key for t in (n.get("spec") or {}).get("taints") or []))
+    if len(tainted) < limit:
+        return None
+    return (f"{len(tainted)} node(s) already carry {key} ({', '.join(tainted[:10])}), the cluster's cap "
+            f"preflight.maxTaintedNodes={limit}; an admin must look at them and remove the taint")
 
 
 def _pairs_text(pairs: tuple[Pair, ...]) -> str:

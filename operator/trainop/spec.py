@@ -259,6 +259,7 @@ class Job:
     preflight: Preflight = Preflight(False, 0.0, "")  # spec.preflight
     topology_file: str | None = None  # NCCL_TOPO_FILE on the node (IB, known instance type)
     fabric: Fabric = Fabric()          # the operator's infiniband/preflight sections
+    denied_egress: tuple[str, ...] = ()  # jobNetwork.deniedEgressCIDRs (render/dtj.py)
     # Kueue's admitted flavors per pod set ("workers", "launcher"), set by kueue.place once the
     # Workload is admitted; render/dtj.py adds them to the pods' placement.
     flavors: tuple[tuple[str, FlavorPlacement], ...] = ()
@@ -670,7 +671,7 @@ def parse(body: dict, cfg: Config) -> Job:
         scheduling_policy=_scheduling_policy(run.get("schedulingPolicy") or {}),
         fallback=_fallback(spec, cfg, placement),
         preflight=_preflight(spec, cfg), topology_file=_topology_file(spec, cfg),
-        fabric=cfg.fabric,
+        fabric=cfg.fabric, denied_egress=cfg.denied_egress_cidrs,
         checkpoint=_checkpoint(spec, meta["name"], meta.get("uid")),
     )
     if job.pod_template:

@@ -23,10 +23,12 @@ still has the recorded size and mtime (with `--verify`, also the recorded MD5, r
 is missing, changed in Blob Storage or changed on the share is copied again.
 
 Output: JSON progress lines on stdout (at most one per `--progress-interval`, plus the first and
-the last), and, with `--datastage ns/name`, the same counters patched into that DataStage's
-status subresource. A failure prints ONE line to stderr (no secret, no traceback), is written to
-the DataStage's `status.lastError`, and exits non-zero: 2 for configuration/auth, 3 for network,
-1 otherwise. Nothing is written to the share before the listing has succeeded.
+the last), and, with `--progress-configmap ns/name`, the same counters as one JSON report in that
+ConfigMap (the DataStage's progress ConfigMap: its only right; the operator checks the report and
+writes the DataStage's status, render/datastage.progress_report). A failure prints ONE line to
+stderr (no secret, no traceback), is reported as `lastError`, and exits non-zero: 2 for
+configuration/auth, 3 for network, 1 otherwise. Nothing is written to the share before the
+listing has succeeded.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from pathlib import Path, PurePosixPath
 from azure.core import MatchConditions
 from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 
-from trainop import GROUP, VERSION, blob
+from trainop import blob
 
 log = logging.getLogger("trainop.stager")
 
@@ -350,29 +352,34 @@ class Stager:
         self.manifest.record(Entry(item.name, item.etag, item.size, None, target.stat().st_mtime_ns, "extracted"))
 
 
-class StatusSink:
-    """Patches a DataStage's status subresource (in-cluster, or via $KUBECONFIG for tests)."""
+class ProgressSink:
+    """Reports into the DataStage's progress ConfigMap (in-cluster, or via $KUBECONFIG for tests):
+    the whole latest report under one key, merged with what was reported before (counters, then
+    lastError), so the operator always reads one complete JSON object."""
+
+    KEY = "status"  # render/datastage.PROGRESS_KEY (the stager's image need not import render/)
 
     def __init__(self, ref: str):
         from kubernetes import client, config
         try:
             self.namespace, self.name = ref.split("/", 1)
         except ValueError:
-            raise blob.BlobConfigError(f"--datastage: {ref!r} is not NAMESPACE/NAME") from None
+            raise blob.BlobConfigError(f"--progress-configmap: {ref!r} is not NAMESPACE/NAME") from None
         config.load_config()
-        self.api = client.CustomObjectsApi()
+        self.api = client.CoreV1Api()
+        self.report: dict = {}
+        self._lock = threading.Lock()
         self._warned = False
 
     def __call__(self, status: dict) -> None:
-        if "filesTotal" in status:  # a one-glance summary for `kubectl get dstage`
-            percent = 100 * status["bytesCopied"] // status["bytesTotal"] if status["bytesTotal"] else 100
-            status = {**status, "progress": f"{status['filesCopied']}/{status['filesTotal']} files, {percent}%"}
+        with self._lock:
+            self.report |= status
+            body = {"data": {self.KEY: json.dumps(self.report, sort_keys=True)}}
         try:
-            self.api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, self.namespace, "datastages", self.name, {"status": status})
+            self.api.patch_namespaced_config_map(self.name, self.namespace, body)
         except Exception as exc:  # progress is best effort: the copy must not fail on it
             if not self._warned:
-                log.warning("cannot update DataStage %s/%s status: %s", self.namespace, self.name,
+                log.warning("cannot report progress to ConfigMap %s/%s: %s", self.namespace, self.name,
                             getattr(exc, "reason", None) or type(exc).__name__)
                 self._warned = True
 
@@ -391,7 +398,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--range-concurrency", type=int, default=4, help="ranges in flight per large blob")
     p.add_argument("--verify", action="store_true", help="check MD5s: downloaded against Content-MD5, and local files on re-runs")
     p.add_argument("--extract", action="store_true", help="unpack .tar/.tar.gz/.tgz blobs into <name>.d/")
-    p.add_argument("--datastage", metavar="NAMESPACE/NAME", help="report progress to this DataStage's status")
+    p.add_argument("--progress-configmap", metavar="NAMESPACE/NAME",
+                   help="report progress to this ConfigMap (the DataStage's, render/datastage.py)")
     p.add_argument("--progress-interval", type=float, default=5.0, help="seconds between progress reports")
     args = p.parse_args(argv)
     if args.concurrency < 1 or args.range_concurrency < 1:
@@ -407,8 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     secret = None
     status_sink = None
     try:
-        if args.datastage:
-            status_sink = StatusSink(args.datastage)
+        if args.progress_configmap:
+            status_sink = ProgressSink(args.progress_configmap)
         sinks = [stdout_sink] + ([status_sink] if status_sink else [])
         progress = Progress(lambda s: [sink(s) for sink in sinks], args.progress_interval)
         method, secret = blob.auth_from_env()

@@ -21,8 +21,12 @@ mounts the claim needs no credential), and only a new copy (an edited spec, a de
 asks for it again.
 
 Status keys written here: phase, conditions, claimName, volumeName, server, copyJobName,
-observedGeneration. The copy Job's stager writes the progress counters and lastError itself
-(status subresource), so the two writers never touch the same key.
+observedGeneration, and the copy's progress (counters, skipped, lastError, progress): the copy
+Job's stager reports those into the DataStage's progress ConfigMap (render/datastage.py), which
+the controller reads by name for each reconcile (it is not watched: ConfigMaps are watched by
+the job label only); the operator checks the report and writes the status, so the stager's
+identity has no right on the DataStage at all. While a copy runs, the DataStage is looked at
+again every `datastage.progressIntervalSeconds`, the stager's reporting interval.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ NFS_FIELD = "spec.destination.nfs"
 SECRET_RECHECK_SECONDS = 10.0  # also how often a PV name held by a foreign PV is looked at again
 FINALIZER = "trainop.io/finalizer"  # what earlier versions' kopf handler put on: the same name
 OWNED_KEYS = ("phase", "conditions", "claimName", "volumeName", "server", "copyJobName",
-              "observedGeneration")
+              "observedGeneration", "bytesCopied", "bytesTotal", "filesCopied", "filesTotal",
+              "skippedBlobs", "skipped", "lastError", "progress")
 
 
 @dataclass
@@ -68,6 +73,7 @@ class StageSnapshot:
     statefulset: dict | None = None  # ... and StatefulSet
     copy_jobs: list[dict] = field(default_factory=list)  # label trainop.io/datastage=<name>
     volume: dict | None = None  # the PV named render.volume_name(uid), read by name (not watched)
+    progress: dict | None = None  # the stager's progress ConfigMap, read by name (not watched)
 
 
 class _Status:
@@ -122,26 +128,64 @@ def check_references(stage: Stage, snap: StageSnapshot) -> None:
         raise MissingSecret(f"{where}.key", f"Secret {auth.secret_name!r} has no key {auth.secret_key!r}; add it or fix the key")
 
 
+# NFS mount options a DataStage may set (the kubelet mounts its PV on the node). Left out on
+# purpose: addr=/mountaddr=/mounthost=/port=/mountport= (they point the mount at another server
+# than the one allowed), rw (the PV is read-only), suid/dev/exec-style widenings, context= and
+# other security labels, and anything unknown.
+MOUNT_OPTIONS = frozenset({"hard", "soft", "intr", "nointr", "ac", "noac", "cto", "nocto",
+                           "lock", "nolock", "sharecache", "nosharecache", "resvport", "noresvport",
+                           "ro", "nosuid", "nodev", "noexec", "noatime", "nodiratime", "relatime",
+                           "fsc", "nofsc", "rdirplus", "nordirplus", "tcp"})
+MOUNT_OPTION_VALUES = frozenset({"vers", "nfsvers", "minorversion", "nconnect", "rsize", "wsize",
+                                 "timeo", "retrans", "acregmin", "acregmax", "acdirmin",
+                                 "acdirmax", "actimeo", "lookupcache", "proto", "local_lock",
+                                 "max_connect", "retry", "sec"})
+MOUNT_FIELD = "spec.destination.mountOptions"
+
+
+def check_mount_options(options: tuple[str, ...]) -> None:
+    for i, option in enumerate(options):
+        key, eq, _value = option.partition("=")
+        if (option in MOUNT_OPTIONS) if not eq else (key in MOUNT_OPTION_VALUES):
+            continue
+        raise SpecError(f"{MOUNT_FIELD}[{i}]", f"{option!r} is not an allowed NFS mount option; use "
+                                              f"{', '.join(sorted(MOUNT_OPTION_VALUES))} (as key=value) "
+                                              f"or {', '.join(sorted(MOUNT_OPTIONS))}")
+
+
 def check_allowed(stage: Stage, cfg: Config) -> None:
-    """What only the cluster admin may open up: the account endpoint credentials are sent to, and
-    the existing NFS exports a namespace may mount (a PV is cluster-wide: without this, any
-    namespace could mount any export the nodes reach). A provisioned server is always allowed."""
+    """What only the cluster admin may open up: the account endpoint credentials are sent to, the
+    existing NFS exports a namespace may mount (a PV is cluster-wide, and the copy Job mounts the
+    export read-write: without this, any namespace could overwrite any export the nodes reach),
+    provisioned servers (a privileged pod in the tenant's namespace), and the mount options."""
     try:
         blob.check_endpoint_allowed(stage.account_url, "spec.source.blob.accountURL",
                                     cfg.allowed_account_urls)
     except blob.BlobConfigError as exc:
         raise SpecError(*str(exc).split(": ", 1)) from None
+    check_mount_options(stage.mount_options)
+    if stage.provisioned and not cfg.allow_provisioned_servers:
+        raise SpecError("spec.destination.provision",
+                        "provisioned NFS servers are off in this cluster (they run a privileged pod "
+                        "in your namespace); use destination.volumeClaim or an allowed "
+                        "destination.nfs export, or ask the cluster admin to set "
+                        "datastage.allowProvisionedServers")
     if stage.nfs_server is None:
         return
-    servers = [path for server, path in cfg.allowed_nfs_exports if server == stage.nfs_server]
     ask = ("ask the cluster admin to add it to datastage.allowedNfsExports in the operator "
-           "configuration, or use destination.provision or destination.volumeClaim")
-    if not servers:
+           "configuration, or use destination.volumeClaim")
+    exports = [e for e in cfg.allowed_nfs_exports if e.server == stage.nfs_server]
+    if not exports:
         raise SpecError(f"{NFS_FIELD}.server", f"NFS server {stage.nfs_server!r} is not an allowed "
                                                f"export server; {ask}")
-    if not any(_under(stage.nfs_path, prefix) for prefix in servers):
+    mine = [p for p in (e.prefix_for(stage.namespace) for e in exports) if p is not None]
+    if not mine:
+        raise SpecError(f"{NFS_FIELD}.server", f"no export on {stage.nfs_server} is allowed for "
+                                               f"namespace {stage.namespace}; {ask}")
+    if not any(_under(stage.nfs_path, prefix) for prefix in mine):
         raise SpecError(f"{NFS_FIELD}.path", f"{stage.nfs_path!r} on {stage.nfs_server} is not under an "
-                                             f"allowed export path ({', '.join(servers)}); {ask}")
+                                             f"export path allowed for namespace {stage.namespace} "
+                                             f"({', '.join(mine)}); {ask}")
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -247,7 +291,12 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
     if current is None:  # a Job's template is immutable: created once per spec
         actions.append(Create(render.copy_job(stage, server, cfg), body))
     st.data["copyJobName"] = job_name
-    return _copy_phase(st, current, body, actions)
+    if snap.progress is not None and kube.controlled_by(snap.progress, body):  # ours, not a look-alike
+        st.data |= render.progress_report(snap.progress)
+    out = _copy_phase(st, current, actions)
+    if out.status["phase"] == "Copying":  # the report is read, not watched: look again
+        out.requeue_after = float(render.stage_settings(cfg)["progressIntervalSeconds"])
+    return out
 
 
 def _released(volume: dict | None, uid: str) -> bool:
@@ -267,18 +316,18 @@ def _succeeded(job: dict | None) -> bool:
                                 ((job.get("status") or {}).get("succeeded") or 0) >= 1)
 
 
-def _copy_phase(st: _Status, job: dict | None, body: dict, actions: list) -> Outcome:
+def _copy_phase(st: _Status, job: dict | None, actions: list) -> Outcome:
     finished = _finished(job)
     name = (job or {}).get("metadata", {}).get("name") or st.data["copyJobName"]
     if _succeeded(job):
         st.cond("Copied", True, "CopyComplete", f"copy Job {name} succeeded")
-        skipped = (body.get("status") or {}).get("skippedBlobs") or 0
+        skipped = st.data.get("skippedBlobs") or 0
         note = f"; {skipped} blob(s) skipped, see status.skipped" if skipped else ""
         st.phase("Ready", "CopyComplete", f"data staged; claim {st.data['claimName']} is ready to "
                                           f"mount read-only{note}")
         return st.outcome(actions)
     if "Failed" in finished:
-        why = (body.get("status") or {}).get("lastError") or finished["Failed"].get("message") or "failed"
+        why = st.data.get("lastError") or finished["Failed"].get("message") or "failed"
         message = f"copy Job {name} failed: {why}; fix the cause, then delete the Job to retry (the copy resumes)"
         st.cond("Copied", False, "CopyFailed", message)
         st.phase("Failed", "CopyFailed", message, warning=True)

@@ -27,9 +27,13 @@ from trainop import blob
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 GROUP, VERSION, PLURAL = "trainop.io", "v1alpha1", "datastages"
-# The admin allows the exports these tests and examples/datastage-nfs-sas.yaml name.
-FAST = {"resyncSeconds": 0.5, "datastage": {"allowedNfsExports": [{"server": "10.240.0.4", "path": "/export"},
-                                                                   {"server": "10.240.0.4", "path": "/datasets"}]}}
+# The admin allows the exports these tests and examples/datastage-nfs-sas.yaml name (to every
+# namespace: each test has its own), and provisioned servers.
+FAST = {"resyncSeconds": 0.5, "datastage": {
+    "allowedNfsExports": [{"server": "10.240.0.4", "path": "/export", "namespaces": ["*"]},
+                          {"server": "10.240.0.4", "path": "/datasets", "namespaces": ["*"]}],
+    "allowProvisionedServers": True,
+    "progressIntervalSeconds": 1}}  # how often the stager reports and a copying stage is looked at
 BLOBS = {f"train/n{i:02d}/img{i}.JPEG": os.urandom(1000 + 37 * i) for i in range(12)}
 
 
@@ -202,7 +206,9 @@ def test_copy_reports_progress_then_ready_and_deletion_removes_the_pv(cluster, n
     proc = run_pod_process(cluster, api, "imagenet", sas, share, tmp_path)
     assert proc.returncode == 0, proc.stderr
     total = sum(len(b) for b in BLOBS.values())
-    status = api.status("imagenet")
+    # the stager reported into its progress ConfigMap; the operator checked it into the status
+    status = wait_until(lambda: (s := api.status("imagenet")).get("bytesCopied") == total and s, timeout=30,
+                        what=f"the stager's report in the status ({api.status('imagenet')})")
     assert (status["bytesCopied"], status["bytesTotal"], status["filesCopied"], status["filesTotal"]) == \
         (total, total, len(BLOBS), len(BLOBS))
     assert status["progress"] == f"{len(BLOBS)}/{len(BLOBS)} files, 100%"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.test_datastage import FAST, GROUP, SAS_REF, VERSION, Api, datastage, sas_secret
 from tests.fixtures.cluster import server_disk
@@ -249,3 +250,76 @@ def test_a_running_job_survives_its_stage_losing_its_secret_and_being_edited(clu
     cluster.end_pod(namespace, wait_until(lambda: api.copy_pod("data"), timeout=60, what="new copy pod").metadata.name, 0)
     api.wait_phase("data", "Ready")
     wait_until(lambda: status("late").get("phase") in ("Starting", "Running"), timeout=60, what="job late started")
+
+
+def test_the_stagers_identity_cannot_write_the_datastage_status(cluster, namespace, operator_factory):
+    """Left from issue 15: the copy pod's ServiceAccount may patch its DataStage's progress
+    ConfigMap and nothing else; it is refused the DataStage's status (where it could say Ready
+    while the data is half there). tests/cluster/test_datastage.py shows the progress still
+    reaching the status through the operator."""
+    operator_factory(config=FAST)
+    api = Api(cluster, namespace)
+    sas_secret(cluster, namespace, "sv=2024&sig=abc")
+    cluster.apply(datastage("reported", ACCOUNT, SAS_REF), namespace)
+    api.wait_phase("reported", "Copying")
+    # the API as the stager's ServiceAccount (impersonated: kubectl patch would GET first, which
+    # the stager never does and may not)
+    client = cluster.api_client()
+    client.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:reported-stager")
+    custom, core = k8s.CustomObjectsApi(client), k8s.CoreV1Api(client)
+
+    def refused(call, *args) -> bool:
+        try:
+            call(*args)
+        except ApiException as exc:
+            return exc.status == 403
+        return False
+    forged = {"status": {"phase": "Ready", "bytesCopied": 1}}
+    assert refused(custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, "datastages", "reported", forged)
+    assert refused(custom.patch_namespaced_custom_object, GROUP, VERSION, namespace, "datastages", "reported",
+                   {"spec": {"verify": False}})
+    assert api.status("reported")["phase"] == "Copying" and "bytesCopied" not in api.status("reported")
+    # its one right: its own progress ConfigMap (made by the operator, owned by the DataStage)
+    report = {"data": {"status": "{}"}}
+    core.patch_namespaced_config_map("reported-progress", namespace, report)
+    cluster.kubectl("create", "configmap", "other", "-n", namespace)
+    assert refused(core.patch_namespaced_config_map, "other", namespace, report)
+    assert refused(core.read_namespaced_config_map, "reported-progress", namespace)
+
+
+def test_another_namespaces_export_is_refused(cluster, namespace, other_namespace, operator_factory):
+    """Issue 22 M4: the copy Job mounts an export read-write, so each export is one namespace's.
+    A DataStage in namespace B naming A's export (A's folder of a per-namespace export, or an
+    export listed for A only) is refused naming the field, and nothing is created; so is a mount
+    option that would point the volume at another server. A's own export proceeds."""
+    config = {"resyncSeconds": 0.5, "datastage": {"allowedNfsExports": [
+        {"server": "10.240.0.4", "path": "/export/{namespace}"},
+        {"server": "10.240.0.5", "path": "/teams/a", "namespaces": [namespace]}]}}
+    operator_factory(config=config, namespaces=[namespace, other_namespace])
+    a, b = Api(cluster, namespace), Api(cluster, other_namespace)
+    for api in (a, b):
+        sas_secret(cluster, api.ns, "sv=2024&sig=abc")
+    attacks = {
+        "folder": ({"nfs": {"server": "10.240.0.4", "path": f"/export/{namespace}/imagenet"}}, "spec.destination.nfs.path"),
+        "climb": ({"nfs": {"server": "10.240.0.4", "path": f"/export/{other_namespace}/../{namespace}"}},
+                  "spec.destination.nfs.path"),
+        "listed": ({"nfs": {"server": "10.240.0.5", "path": "/teams/a"}}, "spec.destination.nfs.server"),
+        "redirect": ({"nfs": {"server": "10.240.0.4", "path": f"/export/{other_namespace}"},
+                      "mountOptions": ["nfsvers=4.1", "addr=10.240.0.5"]}, "spec.destination.mountOptions[1]"),
+    }
+    for name, (destination, _) in attacks.items():
+        cluster.apply(datastage(name, ACCOUNT, SAS_REF, destination), other_namespace)
+    for name, (_, field) in attacks.items():
+        b.wait_phase(name, "Failed")
+        ready = b.condition(name, "Ready")
+        assert ready["reason"] == "InvalidSpec" and ready["message"].startswith(f"{field}: "), ready
+        assert not any(b.children(name).values()) and b.pv(name) is None
+    assert "allowed for namespace" in b.condition("listed", "Ready")["message"]
+    # the owners' own exports: A's folder, A's listed export, B's own folder
+    cluster.apply(datastage("mine", ACCOUNT, SAS_REF, attacks["folder"][0]), namespace)
+    cluster.apply(datastage("listed", ACCOUNT, SAS_REF, attacks["listed"][0]), namespace)
+    cluster.apply(datastage("own", ACCOUNT, SAS_REF, {"nfs": {"server": "10.240.0.4",
+                                                              "path": f"/export/{other_namespace}/x"}}), other_namespace)
+    a.wait_phase("mine", "Copying")
+    a.wait_phase("listed", "Copying")
+    b.wait_phase("own", "Copying")

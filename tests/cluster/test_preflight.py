@@ -129,6 +129,47 @@ def test_without_the_admins_consent_no_node_is_tainted(cluster, namespace, api, 
     assert not [t for t in taints(api, nodes[1]) if t["key"] == UNHEALTHY_TAINT]
 
 
+SLOW_1 = {"busBandwidthGBps": 11.0, "minBusBandwidthGBps": 100, "passed": False, "sizeBytes": 67108864,
+          "worldSize": 24, "workers": 3, "backend": "nccl", "transport": "IB",
+          "pairs": [{"workers": [0, 1], "busBandwidthGBps": 10.5}, {"workers": [1, 2], "busBandwidthGBps": 9.8},
+                    {"workers": [0, 2], "busBandwidthGBps": 181.0}]}
+
+
+def test_recreating_the_job_cannot_taint_past_the_clusters_cap(cluster, namespace, api, operator_factory):
+    """Issue 22 M5: the attack is a job that blames a node, deleted and made again to blame the
+    next one. preflight.maxTaintedNodes=1 is counted from the nodes' own taints: the first node
+    is tainted, the re-created job's suspect is not (and its restart, the job's own, is bounded
+    per job as before)."""
+    op = operator_factory({"preflight": {"taintUnhealthyNodes": True, "maxTaintedNodes": 1}})
+    tainted = []
+    try:
+        for round_ in range(2):
+            cluster.apply(manifest("pf", workers=3, gpusPerWorker=8, infiniband=True, launcher="torchrun",
+                                   preflight={"enabled": True, "minBusBandwidthGBps": 100},
+                                   runPolicy={"backoffLimit": 0}), namespace)
+            nodes = placed(api, "pf", 3, attempt=0)
+            slow = nodes[1]
+            assert slow not in tainted
+            report_preflight(api, "pf-worker-0", SLOW_1, exit_code=1)
+            wait_until(lambda: ((api.status("pf").get("restarts") or {}).get("unhealthyNodes") == 1),
+                       timeout=60, what="the preflight judged")
+            if round_ == 0:  # within the cap: tainted
+                wait_until(lambda: any(t["key"] == UNHEALTHY_TAINT for t in taints(api, slow)),
+                           timeout=30, what=f"{slow} tainted")
+                tainted.append(slow)
+                cluster.kubectl("delete", "dtj", "pf", "-n", namespace, "--wait=true")
+                wait_until(lambda: not api.pods("pf", "worker"), timeout=60, what="the job's pods gone")
+        # the re-created job's suspect: refused, the operator says why
+        wait_until(lambda: f"node {slow} not tainted: 1 node(s) already carry {UNHEALTHY_TAINT}" in op.logs(),
+                   timeout=30, what="the cap's refusal in the operator log")
+        assert not [t for t in taints(api, slow) if t["key"] == UNHEALTHY_TAINT]
+        assert [n.metadata.name for n in api.core.list_node().items
+                if any(t.key == UNHEALTHY_TAINT for t in n.spec.taints or [])] == tainted
+    finally:
+        for node in tainted:
+            untaint(api, node)
+
+
 def test_ipc_lock_needs_a_privileged_namespace_and_the_condition_says_which_label(
         cluster, namespace, api, operator_factory):
     cluster.kubectl("label", "--overwrite", "ns", namespace, "pod-security.kubernetes.io/enforce=baseline")

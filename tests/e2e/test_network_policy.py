@@ -151,3 +151,58 @@ def test_the_operators_job_policy_admits_only_the_jobs_own_pods(real_cluster, re
                what="another job's pod refused at the job's sshd port")
     assert not connects("b-worker-0", dtj.RDZV_PORT)
     assert connects("a-launcher", dtj.SSH_PORT) and connects("a-launcher", dtj.RDZV_PORT)
+
+
+IMDS = "169.254.169.254"  # Azure's Instance Metadata Service: the node's managed identity
+RESOLVE = "import socket, sys; socket.getaddrinfo(sys.argv[1], 443)"
+
+
+@pytest.fixture
+def imds_stand_in():
+    """An HTTP server on IMDS's address and port, on this machine's loopback: the real nodes'
+    network namespace (they share the host's, tests/e2e/conftest.py), so a pod reaches it the way
+    a pod on AKS reaches the real IMDS, through its node. Nothing leaves the machine."""
+    added = IMDS not in nodes.sh("ip", "-o", "addr", "show", "dev", "lo").stdout
+    if added:
+        nodes.sh("ip", "addr", "add", f"{IMDS}/32", "dev", "lo")
+    server = subprocess.Popen(["python3", "-m", "http.server", "80", "--bind", IMDS],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield IMDS
+    finally:
+        server.kill()
+        server.wait()
+        if added:
+            nodes.sh("ip", "addr", "del", f"{IMDS}/32", "dev", "lo", check=False)
+
+
+def test_a_jobs_pods_cannot_reach_the_node_metadata_service(real_cluster, real_namespace, imds_stand_in):
+    """Issue 22 M9: the job's NetworkPolicy (render/dtj.py, the default jobNetwork.deniedEgressCIDRs)
+    keeps the job's pods from IMDS, where the node's managed identity is one GET away; a pod of no
+    job still reaches it (the stand-in answers), and the job's pods still resolve names and reach
+    the API server (the log shipper needs it)."""
+    ns = real_namespace
+    manifest = yaml.safe_load((EXAMPLES / "pytorch-torchrun-synthetic.yaml").read_text())
+    job = spec.parse(manifest | {"metadata": {"name": "a", "namespace": ns}}, config.load())
+    assert job.denied_egress  # the default
+    start(real_cluster, ns, [pod("a-worker-0", dtj._labels(job, dtj.WORKER, 0), "system", IDLE),
+                             pod("bystander", {"role": "other"}, "system", IDLE)])
+    api_ip = real_cluster.get("service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
+
+    def reaches(client: str, ip: str, port: int) -> bool:
+        return can_connect(real_cluster, ns, client, ip, port)
+
+    assert reaches("a-worker-0", IMDS, 80) and reaches("bystander", IMDS, 80)  # the stand-in serves
+    real_cluster.apply(dtj.render_network_policy(job), ns)
+    wait_until(lambda: not reaches("a-worker-0", IMDS, 80), timeout=60, what="the job's pod refused at IMDS")
+    assert reaches("bystander", IMDS, 80)
+    assert reaches("a-worker-0", api_ip, 443)
+    resolve = real_cluster.kubectl("exec", "-n", ns, "a-worker-0", "--", "python", "-c", RESOLVE,
+                                   "kubernetes.default.svc.cluster.local", check=False)
+    assert resolve.returncode == 0, resolve.stderr
+
+    # the admin's switch: jobNetwork.deniedEgressCIDRs: [] renders no Egress rule at all
+    open_job = spec.parse(manifest | {"metadata": {"name": "a", "namespace": ns}},
+                          config.from_dict({"jobNetwork": {"deniedEgressCIDRs": []}}))
+    real_cluster.apply(dtj.render_network_policy(open_job), ns)
+    wait_until(lambda: reaches("a-worker-0", IMDS, 80), timeout=60, what="IMDS open again by the admin's switch")

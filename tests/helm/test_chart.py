@@ -22,7 +22,6 @@ IMAGE = "trainop/operator:0.1.0"
 # The operator's whole permission set, as the chart must render it (resource -> verbs).
 CLUSTER_RULES = {
     ("", "nodes"): ["list", "watch"],
-    ("", "persistentvolumes"): ["get", "create", "patch", "delete"],
     ("scheduling.k8s.io", "priorityclasses"): ["get", "list", "watch"],
     ("kueue.x-k8s.io", "workloadpriorityclasses"): ["get", "list", "watch"],
     ("kueue.x-k8s.io", "resourceflavors"): ["get", "list", "watch"],
@@ -57,6 +56,7 @@ NAMESPACED_RULES = {
 LEADER_RULES = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
                 {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["trainop"],
                  "verbs": ["get", "update"]}]
+VOLUMES = {("", "persistentvolumes"): ["get", "create", "patch", "delete"]}  # only with NFS destinations
 
 
 def rule_table(role: dict) -> dict:
@@ -75,12 +75,28 @@ def test_helm_lint(helm):
     assert "1 chart(s) linted, 0 chart(s) failed" in out.stdout
 
 
-def test_default_render_serves_every_namespace(render):
+def test_default_render_serves_only_the_default_namespace(render):
+    """Issue 22 M11: a plain install is namespaced (watchNamespaces: [default])."""
     objs = render()
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == sorted(["CustomResourceDefinition"] * 2 + [
+        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "RoleBinding", "Role", "RoleBinding",
+        "ConfigMap", "Deployment", "Service", "ServiceAccount", "NetworkPolicy"])
+    assert find(objs, "RoleBinding")["metadata"]["namespace"] == "default"
+    args = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["operator", "--namespace=default"]
+    assert rule_table(find(objs, "ClusterRole", "trainop-cluster")) == CLUSTER_RULES  # no PV rights
+
+
+def test_cluster_wide_only_when_the_admin_says_so(render, helm):
+    out = helm("template", "trainop", str(CHART), values={"watchNamespaces": []}, check=False)
+    assert out.returncode != 0
+    assert "watchNamespaces: list the namespaces that train" in out.stderr and "clusterWide=true" in out.stderr
+    objs = render({"clusterWide": True, "watchNamespaces": []})
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == sorted(["CustomResourceDefinition"] * 2 + [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "Role", "RoleBinding",
-        "ConfigMap", "Deployment", "Service", "ServiceAccount"])
+        "ConfigMap", "Deployment", "Service", "ServiceAccount", "NetworkPolicy"])
     args = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args == ["operator", "--all-namespaces", "--lease=trainop", "--lease-namespace=trainop-system",
                     "--liveness=http://0.0.0.0:8080/healthz", "--metrics-port=9090", "--log-format=json"]
@@ -181,15 +197,17 @@ def test_rendered_config_is_what_the_operator_loads(render):
     for attr in ("resync_seconds", "safety_resync_seconds", "node_pools", "default_node_pools", "images", "launcher_resources",
                  "max_gpus_per_job", "scheduling_timeout_seconds", "allowed_account_urls", "allowed_nfs_exports", "nfs_client_cidrs"):
         assert getattr(loaded, attr) == getattr(defaults, attr), attr
-    assert loaded.section("datastage") == {"image": IMAGE, "allowedNfsExports": [], "nfsClientCIDRs": []}
+    assert loaded.section("datastage") == {"image": IMAGE, "allowedNfsExports": [], "nfsClientCIDRs": [],
+                                           "allowProvisionedServers": False}
     assert loaded.section("logship") == {"image": IMAGE}
 
     allowed = render({"config": {"blob": {"allowedAccountURLs": ["https://*.blob.local.azurestack.external"]},
-                                 "datastage": {"allowedNfsExports": [{"server": "10.240.0.4", "path": "/export"}],
+                                 "datastage": {"allowedNfsExports": [{"server": "10.240.0.4", "path": "/export",
+                                                                      "namespaces": ["team-a"]}],
                                                "nfsClientCIDRs": ["10.224.0.0/16"]}}})
     cfg = config.from_dict(yaml.safe_load(find(allowed, "ConfigMap")["data"]["config.yaml"]))
     assert cfg.allowed_account_urls == ("https://*.blob.local.azurestack.external",)
-    assert cfg.allowed_nfs_exports == (("10.240.0.4", "/export"),) and cfg.nfs_client_cidrs == ("10.224.0.0/16",)
+    assert cfg.allowed_nfs_exports == (config.NfsExport("10.240.0.4", "/export", ("team-a",)),) and cfg.nfs_client_cidrs == ("10.224.0.0/16",)
 
     custom = render({"config": {"nodePools": {"ibgpu": None, "a100": {
         "nodeSelector": {"pool": "a100"}, "infiniband": True, "rdmaResource": "rdma/hca"}},
@@ -203,11 +221,18 @@ def test_rendered_config_is_what_the_operator_loads(render):
 
 def test_nodes_are_patched_only_where_the_admin_enabled_tainting(render):
     """spec.preflight may taint a slow node trainop.io/unhealthy (docs/security.md): the
-    operator holds get and patch on nodes only with config.preflight.taintUnhealthyNodes."""
+    operator holds get and patch on nodes only with config.preflight.taintUnhealthyNodes, and an
+    admission policy on its ServiceAccount narrows that patch to the taint (tests/helm/test_install.py
+    tries the rest against the API server)."""
+    assert not [o for o in render() if o["kind"].startswith("ValidatingAdmissionPolicy")]
     objs = render({"config": {"preflight": {"taintUnhealthyNodes": True}},
                    "watchNamespaces": ["team-a"]})
     assert rule_table(find(objs, "ClusterRole", "trainop-cluster")) == \
         CLUSTER_RULES | {("", "nodes"): ["list", "watch", "get", "patch"]}
+    policy = find(objs, "ValidatingAdmissionPolicy", "trainop-node-taint")
+    assert policy["spec"]["matchConditions"] == [
+        {"name": "the-operator", "expression": 'request.userInfo.username == "system:serviceaccount:trainop-system:trainop"'}]
+    assert find(objs, "ValidatingAdmissionPolicyBinding", "trainop-node-taint")["spec"]["validationActions"] == ["Deny"]
     loaded = config.from_dict(yaml.safe_load(find(objs, "ConfigMap")["data"]["config.yaml"]))
     assert loaded.fabric.taint_unhealthy_nodes is True
     ib = render({"config": {"infiniband": {"ipcLock": True, "socketTransport": "fail",
@@ -219,6 +244,31 @@ def test_nodes_are_patched_only_where_the_admin_enabled_tainting(render):
     assert (loaded.fabric.ipc_lock, loaded.fabric.socket_transport) == (True, "fail")
     assert loaded.fabric.topology_files["Standard_ND96asr_v4"] == "/opt/hpc/ndv4.xml"
     assert loaded.node_pools["ibgpu"].preflight_min_busbw == 100
+
+
+def test_persistent_volumes_only_with_nfs_destinations(render):
+    """Issue 22 M11: no PV right unless a DataStage may make an NFS PV; then only NFS PVs."""
+    for values in ({"allowProvisionedServers": True},
+                   {"allowedNfsExports": [{"server": "10.0.0.4", "path": "/export/{namespace}"}]}):
+        objs = render({"config": {"datastage": values}})
+        assert rule_table(find(objs, "ClusterRole", "trainop-cluster")) == CLUSTER_RULES | VOLUMES
+        rule = find(objs, "ValidatingAdmissionPolicy", "trainop-nfs-volumes")["spec"]["validations"][0]
+        assert rule["expression"].startswith("has(object.spec.nfs)")
+
+
+def test_operator_pod_network_policy_admits_only_the_scrapers(render):
+    """Issue 22 L8: /metrics and /healthz have no authentication."""
+    policy = find(render(), "NetworkPolicy")
+    assert policy["spec"]["podSelector"]["matchLabels"] == find(render(), "Deployment")["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and policy["spec"]["ingress"] == []
+    policy = find(render({"metrics": {"networkPolicy": {"scraperNamespaces": ["monitoring"],
+                                                         "probeCIDRs": ["10.224.0.0/16"]}}}), "NetworkPolicy")
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["monitoring"]}]}}],
+         "ports": [{"protocol": "TCP", "port": 9090}]},
+        {"from": [{"ipBlock": {"cidr": "10.224.0.0/16"}}], "ports": [{"protocol": "TCP", "port": 8080}]}]
+    assert not [o for o in render({"metrics": {"networkPolicy": {"enabled": False}}}) if o["kind"] == "NetworkPolicy"]
 
 
 @pytest.mark.parametrize("values, message", [
@@ -236,6 +286,8 @@ def test_nodes_are_patched_only_where_the_admin_enabled_tainting(render):
      "at '/config/nodePools/big/autoscale': missing property 'maxNodes'"),
     ({"config": {"nodePools": {"big": {"nodeSelector": {"a": "b"}, "spot": "yes"}}}},
      "/config/nodePools/big/spot"),
+    ({"config": {"datastage": {"allowedNfsExports": [{"server": "10.0.0.4", "path": "/export"}]}}},
+     "/config/datastage/allowedNfsExports/0"),
 ])
 def test_wrong_values_fail_with_the_schema_message(helm, values, message):
     out = helm("template", "trainop", str(CHART), values=values, check=False)

@@ -39,7 +39,11 @@ def install(cluster, helm_bin, tmp_path_factory):
     cluster.kubectl("label", "namespace", system, *(f"{k}={v}" for k, v in RESTRICTED.items()))
     cluster.kubectl("create", "namespace", jobs)
     values = tmp_path_factory.mktemp("helm") / "values.yaml"
-    values.write_text(yaml.safe_dump({"watchNamespaces": [jobs], "config": {"resyncSeconds": 0.5}}))
+    # tainting and provisioned servers on: the rights they need, and the admission policies that
+    # narrow them, are installed and tried (test_operator_identity_is_narrowed_by_admission)
+    values.write_text(yaml.safe_dump({"watchNamespaces": [jobs], "config": {
+        "resyncSeconds": 0.5, "preflight": {"taintUnhealthyNodes": True},
+        "datastage": {"allowProvisionedServers": True}}}))
     helm = [str(helm_bin), "--kubeconfig", str(cluster.kubeconfig)]
     out = subprocess.run([*helm, "install", RELEASE, str(CHART), "-n", system, "-f", str(values),
                           "--wait", "--timeout", "120s"], capture_output=True, text=True)
@@ -82,7 +86,11 @@ def test_operator_pod_admitted_under_the_restricted_profile(cluster, install):
     assert pod["spec"]["serviceAccountName"] == SA
 
 
-@pytest.mark.parametrize("mode", [{"watchNamespaces": ["default"]}, {}], ids=["namespaced", "clusterwide"])
+@pytest.mark.parametrize("mode", [{"watchNamespaces": ["default"]}, {"clusterWide": True, "watchNamespaces": []},
+                                  {"config": {"preflight": {"taintUnhealthyNodes": True},
+                                              "datastage": {"allowProvisionedServers": True}},
+                                   "metrics": {"networkPolicy": {"scraperNamespaces": ["monitoring"]}}}],
+                         ids=["namespaced", "clusterwide", "policies"])
 def test_rendered_manifests_pass_server_side_dry_run(cluster, install, mode, tmp_path):
     """The API server's own schemas (strict field validation) and admission (Pod Security
     `restricted`, warn mode) accept every rendered object."""
@@ -277,13 +285,14 @@ def test_rbac_is_not_broader_than_listed(cluster, install):
                           ("update", "distributedtrainingjobs"), ("create", "distributedtrainingjobs"),
                           ("delete", "roles"), ("escalate", "roles"), ("bind", "clusterroles"),
                           ("create", "pods", "--subresource=exec"),
-                          ("get", "pods", "--subresource=log"), ("update", "distributedtrainingjobs", "--subresource=status"), ("delete", "namespaces"), ("patch", "nodes"),
+                          ("get", "pods", "--subresource=log"), ("update", "distributedtrainingjobs", "--subresource=status"), ("delete", "namespaces"), ("patch", "nodes"), ("patch", "nodes", "--subresource=status"),
                           ("create", "clusterroles"), ("update", "leases")):
         assert not can_i(cluster, system, *verb_resource, "-n", jobs), verb_resource
     assert not can_i(cluster, system, "*", "*", "--all-namespaces")
 
 
-@pytest.mark.parametrize("values, warned", [(None, True), ({"watchNamespaces": ["team-a"]}, False)])
+@pytest.mark.parametrize("values, warned", [({"clusterWide": True, "watchNamespaces": []}, True), (None, False),
+                                            ({"watchNamespaces": ["team-a"]}, False)])
 def test_a_cluster_wide_install_warns_in_its_notes(cluster, install, helm, values, warned):
     """Serving every namespace binds the operator's rights in kube-system too: the install says so.
     (`install`: the chart's CRDs, which a dry run maps its objects against.)"""
@@ -308,3 +317,89 @@ def test_wrong_value_fails_helm_install_and_creates_nothing(cluster, install, va
     assert "values don't meet the specifications of the schema" in out.stderr and message in out.stderr, out.stderr
     left = cluster.kubectl("get", "configmap,secret,deployment", "-n", install.system, "-o", "name").stdout
     assert "bad" not in left, left
+
+
+def as_operator(cluster, system: str, *args: str, input: str | None = None):
+    return cluster.kubectl(f"--as=system:serviceaccount:{system}:{SA}", *args, input=input, check=False)
+
+
+def test_operator_identity_is_narrowed_by_admission(cluster, install):
+    """Issue 22 M11: what RBAC cannot narrow, Kubernetes' ValidatingAdmissionPolicies do. With
+    tainting on, the chart's ServiceAccount may patch nodes: it tries to label a node, cordon it,
+    add another taint, and is refused; the trainop.io/unhealthy taint alone is admitted. With
+    provisioned servers on, it may create PersistentVolumes: a hostPath one (root on a node) and
+    an NFS one without the DataStage label are refused."""
+    system = install.system
+    node = next(n for n in cluster.get("nodes")["items"] if "kwok.x-k8s.io/node" in n["metadata"].get("annotations", {}))
+    name = node["metadata"]["name"]
+    taints = (node.get("spec") or {}).get("taints") or []
+    assert can_i(cluster, system, "patch", "nodes")  # RBAC says yes: the policy decides
+    for patch in ({"metadata": {"labels": {"kubernetes.azure.com/agentpool": "stolen"}}},
+                  {"metadata": {"annotations": {"x": "y"}}},
+                  {"spec": {"unschedulable": True}},
+                  {"spec": {"taints": [*taints, {"key": "other", "effect": "NoSchedule"}]}},
+                  {"spec": {"taints": [*taints, {"key": "trainop.io/unhealthy", "value": "preflight", "effect": "NoSchedule"}],
+                            "unschedulable": True}}):
+        out = as_operator(cluster, system, "patch", "node", name, "--type=merge", "-p", json.dumps(patch))
+        assert out.returncode != 0 and "ValidatingAdmissionPolicy" in out.stderr and "trainop" in out.stderr, (patch, out.stderr)
+    assert cluster.get("node", name)["metadata"]["labels"].get("kubernetes.azure.com/agentpool") != "stolen"
+    ours = {"spec": {"taints": [*taints, {"key": "trainop.io/unhealthy", "value": "preflight", "effect": "NoSchedule"}]}}
+    out = as_operator(cluster, system, "patch", "node", name, "--type=merge", "-p", json.dumps(ours))
+    try:
+        assert out.returncode == 0, out.stderr
+    finally:
+        cluster.kubectl("patch", "node", name, "--type=merge", "-p", json.dumps({"spec": {"taints": taints or None}}))
+
+    def pv(name: str, source: dict, labels: dict) -> str:
+        return json.dumps({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name, "labels": labels},
+                           "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                                    "storageClassName": "", **source}})
+    uid = {"trainop.io/datastage-uid": "x"}
+    suffix = system.rsplit("-", 1)[1]
+    for name_, source, labels in ((f"root-{suffix}", {"hostPath": {"path": "/"}}, uid),
+                                  (f"unlabelled-{suffix}", {"nfs": {"server": "10.0.0.4", "path": "/x"}}, {})):
+        out = as_operator(cluster, system, "create", "-f", "-", input=pv(name_, source, labels))
+        assert out.returncode != 0 and "ValidatingAdmissionPolicy" in out.stderr, out.stderr
+        assert cluster.kubectl("get", "pv", name_, check=False).returncode != 0
+    ok = f"nfs-{suffix}"
+    out = as_operator(cluster, system, "create", "-f", "-", input=pv(ok, {"nfs": {"server": "10.0.0.4", "path": "/x"}}, uid))
+    cluster.kubectl("delete", "pv", ok, "--wait=false", check=False)
+    assert out.returncode == 0, out.stderr
+
+
+def test_a_default_install_has_no_node_or_volume_rights(cluster, install, tmp_path):
+    """Issue 22 M11: the chart's defaults: namespaced (default only), no PersistentVolume right
+    (no DataStage NFS destination allowed), no node patch, and the operator pod's NetworkPolicy
+    selects the operator pod (issue 22 L8)."""
+    suffix = secrets.token_hex(3)
+    system = f"plain-{suffix}"
+    cluster.kubectl("create", "namespace", system)
+    release = f"plain{suffix}"
+    out = subprocess.run([*install.helm, "install", release, str(CHART), "-n", system, "--wait", "--timeout", "120s"],
+                         capture_output=True, text=True)
+    try:
+        assert out.returncode == 0, out.stderr
+        user = f"--as=system:serviceaccount:{system}:{release}-trainop"
+
+        def allowed(*args: str) -> bool:
+            return cluster.kubectl("auth", "can-i", user, *args, check=False).stdout.strip() == "yes"
+        assert allowed("create", "pods", "-n", "default")  # positive control: it serves default
+        assert not allowed("create", "pods", "-n", "kube-system")
+        for verb in ("create", "get", "delete", "patch"):
+            assert not allowed(verb, "persistentvolumes"), verb
+        assert not allowed("patch", "nodes")
+        hostpath = json.dumps({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"root-{suffix}"},
+                               "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                                        "hostPath": {"path": "/"}}})
+        out = cluster.kubectl(user, "create", "-f", "-", input=hostpath, check=False)
+        assert out.returncode != 0 and "forbidden" in out.stderr, out.stderr
+        # L8: the policy in the operator's namespace selects its pod and admits nobody by default
+        policy = cluster.get("networkpolicy", f"{release}-trainop", "-n", system)
+        selector = ",".join(f"{k}={v}" for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
+        pods = cluster.get("pods", "-n", system, "-l", selector)["items"]
+        assert [p["metadata"]["name"] for p in pods] and all(
+            p["metadata"]["name"].startswith(f"{release}-trainop") for p in pods)
+        assert policy["spec"]["policyTypes"] == ["Ingress"] and not policy["spec"].get("ingress")
+    finally:
+        subprocess.run([*install.helm, "uninstall", release, "-n", system, "--wait"], capture_output=True)
+        cluster.kubectl("delete", "namespace", system, "--wait=false", check=False)

@@ -217,7 +217,7 @@ TAINTING = cfg(preflight={"taintUnhealthyNodes": True})
 
 def test_a_slow_node_is_tainted_and_the_restart_is_not_counted():
     out = decide(snap(fabric_job(), pods=preflight_pods(GOOD), **shared()), TAINTING, NOW)
-    assert TaintNode("aks-ndv5-2", preflight.TAINT) in out.actions
+    assert TaintNode("aks-ndv5-2", preflight.TAINT, limit=2) in out.actions  # preflight.maxTaintedNodes
     assert preflight.TAINT == {"key": "trainop.io/unhealthy", "value": "preflight", "effect": "NoSchedule"}
     st = out.status
     assert (st["attempt"], st["restarts"]["disruptions"], st["restarts"]["unhealthyNodes"], st["phase"]) == \
@@ -302,7 +302,7 @@ def test_a_worker_whose_preflight_ended_first_waits_for_worker_0s_verdict():
 
     pods[0] = preflight_pods(GOOD, exit_code=1)[0]  # worker 0 ends: its verdict decides
     out = decide(snap(fabric_job(), pods=pods, **shared()), TAINTING, NOW)
-    assert TaintNode("aks-ndv5-2", preflight.TAINT) in out.actions and out.status["restarts"]["unhealthyNodes"] == 1
+    assert TaintNode("aks-ndv5-2", preflight.TAINT, limit=2) in out.actions  # preflight.maxTaintedNodes and out.status["restarts"]["unhealthyNodes"] == 1
 
     late = dt.datetime(2026, 5, 1, 12, 1, 0, tzinfo=dt.timezone.utc)  # 70 s on, still no report
     pods[0] = {**pods[0], "status": {"phase": "Pending", "initContainerStatuses": [{"name": "preflight", "state": {"running": {}}}]}}
@@ -470,3 +470,16 @@ def test_the_preflight_container_passes_sigterm_on_to_torchrun(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 143
     assert mark.exists()
+
+
+# issue 22 M5: the cluster's cap on tainted nodes, counted from the nodes themselves
+def test_taint_is_refused_once_the_cap_of_tainted_nodes_is_reached():
+    from trainop import preflight
+
+    def node(name, *keys):
+        return {"metadata": {"name": name}, "spec": {"taints": [{"key": k, "effect": "NoSchedule"} for k in keys]}}
+    key = preflight.TAINT["key"]
+    nodes = [node("a", key), node("b", "other"), node("c")]
+    assert preflight.taint_refused(nodes, key, 2) is None
+    why = preflight.taint_refused(nodes + [node("d", key)], key, 2)
+    assert why.startswith(f"2 node(s) already carry {key} (a, d), the cluster's cap preflight.maxTaintedNodes=2")

@@ -116,7 +116,7 @@ def test_copy_job_mounts_the_export_read_write_and_gets_the_secret_by_reference(
     assert container["command"] == ["python", "-m", "trainop.stager"]
     assert container["args"] == [
         "--account-url", ACCOUNT, "--container", "imagenet", "--dest", "/share", "--concurrency", "16",
-        "--range-concurrency", "4", "--datastage", "team-a/imagenet", "--progress-interval", "5",
+        "--range-concurrency", "4", "--progress-configmap", "team-a/imagenet-progress", "--progress-interval", "5",
         "--prefix", "train/", "--verify", "--extract"]
     assert container["env"] == [
         {"name": "TRAINOP_BLOB_AUTH_METHOD", "value": "SASToken"},
@@ -134,13 +134,14 @@ def test_a_spec_change_renames_the_copy_job_and_metadata_does_not():
     assert render.copy_job_name(parse_stage(body(verify=False))) != render.copy_job_name(first)
 
 
-def test_stager_identity_may_patch_only_its_own_status():
+def test_stager_identity_may_patch_only_its_progress_config_map():
+    """Issue 15/22: never the DataStage's status (tests/cluster/test_datastage_tenancy.py tries it)."""
     sa, role, binding = render.rbac_objects(parse_stage(body()))
     assert sa == {"apiVersion": "v1", "kind": "ServiceAccount",
                   "metadata": {"name": "imagenet-stager", "namespace": "team-a",
                                "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "copy"}}}
-    assert role["rules"] == [{"apiGroups": ["trainop.io"], "resources": ["datastages/status"],
-                              "resourceNames": ["imagenet"], "verbs": ["get", "patch"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": ["imagenet-progress"], "verbs": ["patch"]}]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "imagenet-stager", "namespace": "team-a"}]
 
 

@@ -295,3 +295,20 @@ def test_workload_identity_token_skips_the_training_container():
     assert template["metadata"]["annotations"] == {"azure.workload.identity/skip-containers": "launcher"}
     assert template["spec"]["containers"][0]["name"] == "launcher"
     assert "annotations" not in dtj.render_worker(job(workers=1, output=BLOB_OUTPUT), 0, attempt=0)["metadata"]
+
+
+def test_the_job_policy_denies_link_local_egress_unless_the_admin_opens_it():
+    """Issue 22 M9 (the rendering; tests/e2e/test_network_policy.py tries the connection)."""
+    from trainop import config as config_
+    from trainop import spec as spec_
+    from trainop.render import dtj as dtj_
+    body = {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+            "metadata": {"name": "a", "namespace": "ns", "uid": "u"},
+            "spec": {"workers": 1, "gpusPerWorker": 1}}
+    pol = dtj_.render_network_policy(spec_.parse(body, config_.from_dict(None)))["spec"]
+    assert pol["policyTypes"] == ["Ingress", "Egress"]
+    assert pol["egress"][2]["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16", "168.63.129.16/32"]}},
+                                      {"ipBlock": {"cidr": "::/0", "except": ["fe80::/10"]}}]
+    assert {p["port"] for p in pol["egress"][1]["ports"]} == {53} and "to" not in pol["egress"][1]
+    opened = dtj_.render_network_policy(spec_.parse(body, config_.from_dict({"jobNetwork": {"deniedEgressCIDRs": []}})))
+    assert opened["spec"]["policyTypes"] == ["Ingress"] and "egress" not in opened["spec"]

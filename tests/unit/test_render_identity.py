@@ -45,7 +45,7 @@ def test_stager_and_shipper_both_come_from_here():
         "destination": {"volumeClaim": {"claimName": "mine"}}}})
     assert datastage.rbac_objects(stage) == identity.objects(
         "data-stager", "team-a", {"trainop.io/datastage": "data", "trainop.io/role": "copy"},
-        [rule("trainop.io", "datastages/status", "data", ["get", "patch"])])
+        [rule("", "configmaps", "data-progress", ["patch"])])
     j = spec.parse({"metadata": {"name": "j1", "namespace": "team-a"}, "spec": {"workers": 1, "output": {"blob": {
         "accountURL": "https://a.blob.core.windows.net", "container": "results",
         "auth": {"sasSecretRef": {"name": "s", "key": "sas"}}}}}}, config.from_dict(None))

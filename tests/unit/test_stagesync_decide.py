@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -11,7 +12,9 @@ from trainop.actions import AddFinalizer, Apply, Create, Delete, DropFinalizer, 
 from trainop.spec import parse_stage
 from trainop.stagesync import FINALIZER, SECRET_RECHECK_SECONDS, StageSnapshot, decide
 
-CFG = config.from_dict({"datastage": {"allowedNfsExports": [{"server": "10.1.2.3", "path": "/export"}]}})
+CFG = config.from_dict({"datastage": {"allowedNfsExports": [
+    {"server": "10.1.2.3", "path": "/export", "namespaces": ["team-a"]},
+    {"server": "10.1.2.4", "path": "/tenants/{namespace}"}], "allowProvisionedServers": True}})
 NOW = "2026-05-01T12:00:00Z"
 UID = "stage-uid"
 SAS = {"sasSecretRef": {"name": "storage", "key": "sas"}}
@@ -21,8 +24,9 @@ PROVISION = {"provision": {"size": "100Gi"}}
 
 
 def body(destination=None, auth=SAS, status=None, deleting=False,
-         url="https://acct.blob.core.windows.net", finalizers=(FINALIZER,)) -> dict:
-    meta = {"name": "imagenet", "namespace": "team-a", "uid": UID, "generation": 1,
+         url="https://acct.blob.core.windows.net", finalizers=(FINALIZER,),
+         namespace="team-a") -> dict:
+    meta = {"name": "imagenet", "namespace": namespace, "uid": UID, "generation": 1,
             "resourceVersion": "5", "finalizers": list(finalizers)}
     if deleting:
         meta["deletionTimestamp"] = NOW
@@ -57,7 +61,7 @@ def summary(actions) -> list[str]:
 
 
 COPY = ["apply PersistentVolume", "apply PersistentVolumeClaim", "apply ServiceAccount",
-        "apply Role", "apply RoleBinding"]
+        "apply Role", "apply RoleBinding", "apply ConfigMap"]
 
 
 def _job_name() -> str:
@@ -90,7 +94,8 @@ CASES = [
      "cluster admin to add it to datastage.allowedNfsExports"),
     ("a path outside the allowed prefix is refused naming the path",
      snap(body({"nfs": {"server": "10.1.2.3", "path": "/exports-of-others/x"}})), [], "Failed", "InvalidSpec",
-     "spec.destination.nfs.path: '/exports-of-others/x' on 10.1.2.3 is not under an allowed export path (/export)"),
+     "spec.destination.nfs.path: '/exports-of-others/x' on 10.1.2.3 is not under an export path allowed "
+     "for namespace team-a (/export)"),
     (".. cannot climb out of the allowed prefix",
      snap(body({"nfs": {"server": "10.1.2.3", "path": "/export/../etc"}})), [], "Failed", "InvalidSpec",
      "spec.destination.nfs.path"),
@@ -121,8 +126,9 @@ def test_decide(case):
     assert [t for t, _, _ in out.events] == ["Warning" if phase == "Failed" else "Normal"]
     # Secrets and PVs are not watched: a missing Secret (or key) or a foreign PV makes it look
     # again by itself
+    # the stager's report is read, not watched: a copying stage looks again at its interval
     assert out.requeue_after == (SECRET_RECHECK_SECONDS if "Secret '" in words or "PersistentVolume" in words
-                                 or reason == "VolumeConflict" else None)
+                                 or reason == "VolumeConflict" else 5.0 if phase == "Copying" else None)
 
 
 def test_provisioned_server_ready_gives_its_address_to_the_volume():
@@ -196,7 +202,7 @@ def test_an_existing_claim_is_waited_for_then_copied_into():
     assert (out.status["phase"], out.events[0][1], out.actions) == ("Pending", "ClaimMissing", [])
     out = decide(snap(b, claims={"team-data"}), CFG, NOW)
     assert summary(out.actions) == ["apply ServiceAccount", "apply Role", "apply RoleBinding",
-                                    "create Job"]  # no NFS, no PV: the user's claim
+                                    "apply ConfigMap", "create Job"]  # no NFS, no PV: the user's claim
     assert out.status["claimName"] == "team-data" and "volumeName" not in out.status
 
 
@@ -214,12 +220,51 @@ def test_the_pv_is_applied_only_with_our_uid_label_as_guard():
 
 def test_admin_lists_open_other_endpoints_and_exports():
     cfg = config.from_dict({"blob": {"allowedAccountURLs": ["http://127.0.0.1:10000"]},
-                            "datastage": {"allowedNfsExports": [{"server": "10.9.9.9", "path": "/"}]}})
+                            "datastage": {"allowedNfsExports": [{"server": "10.9.9.9", "path": "/",
+                                                                 "namespaces": ["*"]}]}})
     b = body({"nfs": {"server": "10.9.9.9", "path": "/anything"}}, url="http://127.0.0.1:10000/devstoreaccount1")
     assert decide(snap(b), cfg, NOW).status["phase"] == "Copying"
     b = body(url="http://127.0.0.1:10001/devstoreaccount1")  # another port is another endpoint
     assert decide(snap(b), cfg, NOW).status["phase"] == "Failed"
-    assert decide(snap(body(PROVISION)), cfg, NOW).status["phase"] == "Provisioning"  # always allowed
+    # provisioned servers are the admin's choice too (a privileged pod in the namespace): off
+    out = decide(snap(body(PROVISION)), cfg, NOW)
+    assert out.status["phase"] == "Failed" and out.actions == []
+    assert out.status["conditions"][0]["message"].startswith(
+        "spec.destination.provision: provisioned NFS servers are off in this cluster")
+    assert "datastage.allowProvisionedServers" in out.status["conditions"][0]["message"]
+
+
+# issue 22 M4: an export is whose the admin says (the copy Job mounts it read-write)
+@pytest.mark.parametrize("namespace,destination,field", [
+    ("team-b", {"nfs": {"server": "10.1.2.3", "path": "/export/data"}}, "spec.destination.nfs.server"),
+    ("team-b", {"nfs": {"server": "10.1.2.4", "path": "/tenants/team-a/data"}}, "spec.destination.nfs.path"),
+    ("team-b", {"nfs": {"server": "10.1.2.4", "path": "/tenants/team-b/../team-a"}}, "spec.destination.nfs.path"),
+    ("team", {"nfs": {"server": "10.1.2.4", "path": "/tenants/team-a"}}, "spec.destination.nfs.path"),
+], ids=["listed-for-another", "another's-folder", "dotdot", "name-prefix"])
+def test_another_namespaces_export_is_refused(namespace, destination, field):
+    out = decide(snap(body(destination, namespace=namespace)), CFG, NOW)
+    assert out.status["phase"] == "Failed" and out.actions == []
+    assert out.status["conditions"][0]["message"].startswith(f"{field}: ")
+    ok = body({"nfs": {"server": "10.1.2.4", "path": f"/tenants/{namespace}/data"}}, namespace=namespace)
+    assert decide(snap(ok), CFG, NOW).status["phase"] == "Copying"
+
+
+@pytest.mark.parametrize("option", ["addr=10.9.9.9", "mountaddr=10.9.9.9", "port=2050", "rw", "suid",
+                                    "context=system_u:object_r:container_file_t:s0", "nfsvers"])
+def test_mount_options_outside_the_allow_list_are_refused(option):
+    b = body()
+    b["spec"]["destination"]["mountOptions"] = ["nfsvers=4.1", "hard", option]
+    out = decide(snap(b), CFG, NOW)
+    assert out.status["phase"] == "Failed" and out.actions == []
+    assert out.status["conditions"][0]["message"].startswith(
+        f"spec.destination.mountOptions[2]: {option!r} is not an allowed NFS mount option")
+    b["spec"]["destination"]["mountOptions"] = ["nfsvers=4.1", "hard", "nconnect=8", "noatime", "ro"]
+    assert decide(snap(b), CFG, NOW).status["phase"] == "Copying"
+
+
+def test_an_export_without_an_owner_is_a_config_error():
+    with pytest.raises(config.ConfigError, match=r"datastage.allowedNfsExports\[0\]: say which namespaces"):
+        config.from_dict({"datastage": {"allowedNfsExports": [{"server": "10.1.2.3", "path": "/export"}]}})
 
 
 # issue 15 (11b): the Secret is needed only while there is copying to do
@@ -249,3 +294,44 @@ def test_a_released_pv_of_ours_is_freed_for_its_claim_made_again():
                            {"spec": {"claimRef": {"uid": None, "resourceVersion": None}}})]
     bound = {**released, "status": {"phase": "Bound"}}
     assert not [a for a in decide(snap(body(), volume=bound), CFG, NOW).actions if isinstance(a, Patch)]
+
+
+def report(**status) -> dict:
+    return {"metadata": {"name": "imagenet-progress", "ownerReferences": [{"controller": True, "uid": UID}]},
+            "data": {"status": json.dumps(status)}}
+
+
+def test_the_stagers_report_becomes_the_status_checked():
+    """Left from issue 15: the stager reports into a ConfigMap; the operator checks it and writes
+    the status (the stager's identity has no right on the DataStage)."""
+    out = decide(snap(body(), progress=report(bytesCopied=50, bytesTotal=200, filesCopied=1, filesTotal=4,
+                                              skippedBlobs=1, skipped=["a//b: maps to the same file"])), CFG, NOW)
+    assert out.status["phase"] == "Copying"
+    assert {k: out.status[k] for k in ("bytesCopied", "bytesTotal", "filesCopied", "filesTotal", "progress")} == \
+        {"bytesCopied": 50, "bytesTotal": 200, "filesCopied": 1, "filesTotal": 4, "progress": "1/4 files, 25%"}
+    name = _job_name()
+    failed = decide(snap(body(), copy_jobs=[copy_job(name, "Failed")],
+                         progress=report(lastError="authentication failed (403)\nmore")), CFG, NOW)
+    assert failed.status["lastError"] == "authentication failed (403)"
+    assert "failed: authentication failed (403); fix the cause" in failed.status["conditions"][-1]["message"]
+    ok = decide(snap(body(status={"lastError": "old"}), copy_jobs=[copy_job(name, "Complete")],
+                     progress=report(lastError=None, skippedBlobs=2)), CFG, NOW)
+    assert ok.status["lastError"] is None and "2 blob(s) skipped" in ok.events[0][2]
+
+
+@pytest.mark.parametrize("forged", [
+    {"phase": "Ready", "bytesCopied": -1, "filesTotal": True, "conditions": [], "claimName": "other"},
+    "not an object", {"skipped": "x" * 20000},
+], ids=["keys", "shape", "size"])
+def test_a_forged_report_cannot_set_what_the_operator_decides(forged):
+    cm = report()
+    cm["data"]["status"] = json.dumps(forged)
+    out = decide(snap(body(), progress=cm), CFG, NOW)
+    assert out.status["phase"] == "Copying" and out.status["claimName"] == "imagenet-data"
+    assert not {"bytesCopied", "filesTotal", "skipped"} & set(out.status)
+
+
+def test_a_look_alike_config_map_not_owned_by_the_stage_is_not_read():
+    cm = report(bytesCopied=5, bytesTotal=5, filesCopied=1, filesTotal=1)
+    cm["metadata"]["ownerReferences"] = [{"controller": True, "uid": "someone-else"}]
+    assert "bytesCopied" not in decide(snap(body(), progress=cm), CFG, NOW).status

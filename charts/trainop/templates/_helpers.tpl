@@ -51,3 +51,23 @@ app.kubernetes.io/component: operator
 {{- $_ := set $config "logship" (merge (dict) (default (dict) $config.logship) (dict "image" $image)) }}
 {{- toYaml $config }}
 {{- end }}
+
+{{/* "true" when the operator serves every namespace: only on the admin's explicit clusterWide. */}}
+{{- define "trainop.clusterWide" -}}
+{{- if .Values.clusterWide }}true
+{{- else if empty .Values.watchNamespaces }}
+{{- fail "watchNamespaces: list the namespaces that train (--set 'watchNamespaces={team-a,team-b}'), or set clusterWide=true to serve every namespace" }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's identity as the API server names it (admission policies match on it). */}}
+{{- define "trainop.username" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "trainop.serviceAccountName" . }}
+{{- end }}
+
+{{/* The operator creates PersistentVolumes only for DataStages onto NFS: an allowed export or
+a provisioned server. Without either it needs no right on PVs at all. */}}
+{{- define "trainop.managesVolumes" -}}
+{{- $ds := default (dict) ((.Values.config).datastage) }}
+{{- if or $ds.allowedNfsExports $ds.allowProvisionedServers }}true{{ end }}
+{{- end }}

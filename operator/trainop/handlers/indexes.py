@@ -12,7 +12,9 @@ children then fit in tens of MB.
     dtj_pods             (ns, job-name)           its pods (server-side label selector)
     dtj_launchers        (ns, job-name)           its launcher batch/v1 Job
     dtj_services         (ns, job-name)           its headless Service
-    dtj_configmaps       (ns, job-name)           its hostfile ConfigMap, its progress ConfigMap (data kept, less its history)
+    dtj_configmaps       (ns, job-name)           its hostfile ConfigMap, its progress ConfigMap (only the
+                                                  keys decide reads, each at most MAX_PROGRESS_VALUE);
+                                                  only these two names, controlled by a job
     dtj_netpols          (ns, job-name)           its NetworkPolicy (restored if edited/deleted)
     dtj_endpointslices   (ns, job-name)           its Service's EndpointSlices (labels mirrored)
     dtj_workloads        (ns, job-name)           its Kueue Workload (conditions, admission, the pod
@@ -46,6 +48,7 @@ reconciles, so the safety resync puts back a deleted one).
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import kopf
 
@@ -55,9 +58,11 @@ from trainop.kueue import GROUP as KUEUE_GROUP
 from trainop.kueue import VERSION as KUEUE_VERSION
 from trainop.render import common
 from trainop.render import datastage as render_stage
+from trainop.render import dtj as render_dtj
 from trainop.render import logship as render_logship
 from trainop.render import podgroup as render_podgroup
 from trainop.render.fabric import PREFLIGHT
+from trainop.resume import CHECKPOINT_KEY
 
 LABEL_JOB = common.LABEL_JOB
 JOB_KIND, STAGE_KIND = "DistributedTrainingJob", "DataStage"  # controller.py's key kinds
@@ -190,11 +195,33 @@ async def dtj_services(body, namespace, **_):
     return {_job_key(body, namespace): _obj(body)}
 
 
+# What decide reads of the progress ConfigMap (render/logship.py, resume.py), each value at most
+# this long (the shipper writes a few hundred bytes): the rest (the history `trainop describe`
+# draws, anything a user adds) is not held in the operator's memory.
+PROGRESS_KEYS = (render_logship.PROGRESS_KEY, CHECKPOINT_KEY)
+MAX_PROGRESS_VALUE = 4096
+
+
+def _jobs_config_map(body) -> bool:
+    """One of the two ConfigMaps a job has (its hostfile, its progress), controlled by a job.
+    Anyone who may create ConfigMaps can put the job-name label on one: without this a flood of
+    labelled ConfigMaps would fill the shared operator's memory (issue 22 M7)."""
+    meta = body["metadata"]
+    job = SimpleNamespace(name=meta["labels"][LABEL_JOB])  # what the name renderers read
+    if meta["name"] not in (render_dtj.config_map_name(job), render_logship.progress_name(job)):
+        return False
+    return any(ref.get("controller") and ref.get("kind") == "DistributedTrainingJob"
+               and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/")
+               for ref in meta.get("ownerReferences") or [])
+
+
 @kopf.index("v1", "configmaps", labels=_HAS_JOB)
 async def dtj_configmaps(body, namespace, **_):
+    if not _jobs_config_map(body):
+        return {}  # not indexed (and dropped if it was)
     if body["metadata"]["labels"].get(common.LABEL_ROLE) == render_logship.PROGRESS_ROLE:
-        # the shipper's history is for `trainop describe` only: not held in the operator's memory
-        data = {k: v for k, v in (body.get("data") or {}).items() if k != render_logship.HISTORY_KEY}
+        data = {k: v for k, v in (body.get("data") or {}).items()
+                if k in PROGRESS_KEYS and isinstance(v, str) and len(v) <= MAX_PROGRESS_VALUE}
         return {_job_key(body, namespace): _obj(body, data=data)}
     return {_job_key(body, namespace): _obj(body)}
 

@@ -45,7 +45,8 @@ def _fabric(plan: _Plan, job: Job, st: _Status, workers: dict[int, dict], attemp
     if verdict.passed:
         return None
     if uncounted:
-        plan.out.actions.append(TaintNode(verdict.node, preflight.TAINT))
+        plan.out.actions.append(TaintNode(verdict.node, preflight.TAINT,
+                                          limit=job.fabric.max_tainted_nodes))
     pod0 = render.worker_name(job, 0)
     cause = next((f for f in failures if f.pod == pod0 and f.container == "preflight"), None)
     failure = Failure(pod0, "preflight", cause.exit_code if cause else None, "FabricCheckFailed",

@@ -5,6 +5,7 @@
     datastage.network_policy(stage, cfg)              # provision only: who may reach the server
     datastage.volume_objects(stage, server)           # the NFS PV (cluster-scoped) + ROX claim
     datastage.copy_objects(stage, server, cfg)        # stager identity (SA/Role/Binding) + copy Job
+    datastage.progress_config_map(stage)              # where the stager reports (progress_report reads it)
 
 Children are named after the DataStage (see the *_name functions). Namespaced children get the
 DataStage as owner (kube.ensure); the PersistentVolume is cluster-scoped and cannot, so it is
@@ -17,6 +18,8 @@ server's disk directly (its claim, on the server's node), since that server expo
 """
 
 from __future__ import annotations
+
+import json
 
 from trainop import GROUP
 from trainop.config import Config
@@ -74,6 +77,11 @@ def copy_job_name(stage: Stage) -> str:
     return f"{stage.name}-copy-{stage.spec_digest}"
 
 
+def progress_name(stage_name: str) -> str:
+    """The stager's progress ConfigMap; from the name alone (the controller reads it by name)."""
+    return f"{stage_name}-progress"
+
+
 def stager_identity_name(stage: Stage) -> str:
     return f"{stage.name}-stager"
 
@@ -93,7 +101,7 @@ def _placement(cfg: Config) -> dict:
     return out
 
 
-def _settings(cfg: Config) -> dict:
+def stage_settings(cfg: Config) -> dict:
     return {**DEFAULTS, **cfg.section("datastage")}
 
 
@@ -107,7 +115,7 @@ def server_objects(stage: Stage, cfg: Config, address: str | None = None) -> lis
     is immutable and mounted pods use it."""
     if not stage.provisioned:
         return []
-    name, lbl, settings = server_name(stage), labels(stage, "nfs-server"), _settings(cfg)
+    name, lbl, settings = server_name(stage), labels(stage, "nfs-server"), stage_settings(cfg)
     service = {
         "apiVersion": "v1", "kind": "Service",
         "metadata": common.metadata(name, stage.namespace, lbl),
@@ -220,18 +228,63 @@ def stager_service_account(stage: Stage) -> str:
 
 
 def rbac_objects(stage: Stage) -> list[dict]:
-    """What lets the copy pod report progress: patch the status of this one DataStage, nothing
-    else. The operator never needs the data's credentials for that."""
+    """What lets the copy pod report progress: patch this DataStage's progress ConfigMap, nothing
+    else; never the DataStage's status (a stager that could write it could say Ready while the
+    data is half there: the operator reads the report, checks it, and writes the status). The
+    operator never needs the data's credentials for that."""
     return identity.objects(
         stager_identity_name(stage), stage.namespace, labels(stage, "copy"),
-        [identity.rule(GROUP, "datastages/status", stage.name, ["get", "patch"])],
+        [identity.rule("", "configmaps", progress_name(stage.name), ["patch"])],
         account=stager_service_account(stage))
+
+
+def progress_config_map(stage: Stage) -> dict:
+    """Created empty by the operator (owned by the DataStage); the stager merge-patches its
+    PROGRESS_KEY with its counters and last error (stager.ProgressSink)."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": common.metadata(progress_name(stage.name), stage.namespace, labels(stage, "progress"))}
+
+
+PROGRESS_KEY = "status"  # the progress ConfigMap's key: the stager's report, as JSON
+MAX_REPORT = 16384       # a report is a few hundred bytes, plus up to SKIPPED_LISTED names
+_COUNTERS = ("bytesCopied", "bytesTotal", "filesCopied", "filesTotal", "skippedBlobs")
+SKIPPED_LISTED, MAX_LINE = 20, 1024
+
+
+def progress_report(config_map: dict | None) -> dict:
+    """The status keys the stager's report gives, checked as untrusted input (the copy pod runs
+    with the user's credential and image): known keys only, counters as non-negative integers,
+    at most SKIPPED_LISTED skipped names and one line of error, each cut to MAX_LINE; {} for
+    anything else. The one-glance `progress` text is made here, from the checked counters."""
+    text = ((config_map or {}).get("data") or {}).get(PROGRESS_KEY)
+    if not isinstance(text, str) or len(text) > MAX_REPORT:
+        return {}
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    out: dict = {k: raw[k] for k in _COUNTERS
+                 if isinstance(raw.get(k), int) and not isinstance(raw[k], bool) and raw[k] >= 0}
+    skipped = raw.get("skipped")
+    if isinstance(skipped, list):
+        out["skipped"] = [s[:MAX_LINE] for s in skipped[:SKIPPED_LISTED] if isinstance(s, str)]
+    if "lastError" in raw:
+        error = raw["lastError"]
+        out["lastError"] = error.splitlines()[0][:MAX_LINE] if isinstance(error, str) and error else None
+    if "filesTotal" in out and "filesCopied" in out and "bytesTotal" in out and "bytesCopied" in out:
+        total, done = out["bytesTotal"], min(out["bytesCopied"], out["bytesTotal"])
+        percent = 100 * done // total if total else 100
+        out["progress"] = f"{out['filesCopied']}/{out['filesTotal']} files, {percent}%"
+    return out
 
 
 def stager_args(stage: Stage, progress_interval: float) -> list[str]:
     args = ["--account-url", stage.account_url, "--container", stage.container, "--dest", SHARE_MOUNT,
             "--concurrency", str(stage.concurrency), "--range-concurrency", str(stage.range_concurrency),
-            "--datastage", f"{stage.namespace}/{stage.name}", "--progress-interval", str(progress_interval)]
+            "--progress-configmap", f"{stage.namespace}/{progress_name(stage.name)}",
+            "--progress-interval", str(progress_interval)]
     for prefix in stage.prefixes:
         if prefix:
             args += ["--prefix", prefix]
@@ -253,7 +306,7 @@ def _share_volume(stage: Stage, server: str | None) -> dict:
 
 
 def copy_job(stage: Stage, server: str | None, cfg: Config) -> dict:
-    settings = _settings(cfg)
+    settings = stage_settings(cfg)
     lbl = labels(stage, "copy")
     pod_labels = {**lbl, **stage.auth.pod_labels()}
     return {
@@ -297,4 +350,4 @@ def _with_server(stage: Stage) -> dict:
 
 
 def copy_objects(stage: Stage, server: str, cfg: Config) -> list[dict]:
-    return [*rbac_objects(stage), copy_job(stage, server, cfg)]
+    return [*rbac_objects(stage), progress_config_map(stage), copy_job(stage, server, cfg)]

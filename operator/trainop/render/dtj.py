@@ -329,13 +329,31 @@ def render_network_policy(job: Job) -> dict:
     torchrun rendezvous (29400) are then closed to every other pod of the cluster. All ports
     between the job's pods stay open, because the data plane needs them: Open MPI's daemons
     call back to mpirun on the launcher, and NCCL, Gloo and Horovod rings listen on ephemeral
-    ports. Policies add up, so a user who wants more in (a TensorBoard) adds their own."""
+    ports. Policies add up, so a user who wants more in (a TensorBoard) adds their own.
+
+    Egress: everything but the admin's jobNetwork.deniedEgressCIDRs (by default link-local, so
+    Azure IMDS and the node's managed identity, and WireServer); the job's own pods and DNS
+    (port 53, also a node-local cache on a link-local address) stay reachable. Policies add up
+    here too, but only the admin (through the operator's configuration) can re-open a denied
+    range: a user's policy that allows more egress to the job's pods does re-open it, so the
+    namespace's users must not be able to write NetworkPolicies (docs/security.md)."""
     own = {"matchLabels": _labels(job)}
+    spec: dict = {"podSelector": own, "policyTypes": ["Ingress"],
+                  "ingress": [{"from": [{"podSelector": own}]}]}
+    if job.denied_egress:
+        v4 = [c for c in job.denied_egress if ":" not in c]
+        v6 = [c for c in job.denied_egress if ":" in c]
+        spec["policyTypes"].append("Egress")
+        spec["egress"] = [
+            {"to": [{"podSelector": own}]},
+            {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+            {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", **({"except": v4} if v4 else {})}},
+                    {"ipBlock": {"cidr": "::/0", **({"except": v6} if v6 else {})}}]},
+        ]
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": common.metadata(network_policy_name(job), job.namespace, _labels(job)),
-        "spec": {"podSelector": own, "policyTypes": ["Ingress"],
-                 "ingress": [{"from": [{"podSelector": own}]}]},
+        "spec": spec,
     }
 
 

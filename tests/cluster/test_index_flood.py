@@ -1,0 +1,86 @@
+"""Issue 22 M7: one namespace must not be able to fill the shared operator's memory through its
+watch caches. The attack: anyone who may create ConfigMaps labels a flood of them
+trainop.io/job-name (the operator watches ConfigMaps by that label), with large data, some
+with the exact name of a job's progress ConfigMap but not owned by it, some owned by a real job
+(ownerReferences are not checked by the API server) under other names. The ConfigMaps are real
+objects on the real API server, listed with the operator's own label selector, and each goes
+through the operator's own index function (handlers/indexes.py); what the index would hold is
+measured."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from kubernetes import client as k8s
+
+from tests.fixtures.waiting import wait_until
+from trainop.handlers import indexes
+from trainop.render import logship
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+FLOOD = 60
+BIG = "x" * 200_000  # ~200 KB a ConfigMap: 12 MB in all
+
+
+def indexed(cluster, namespace: str) -> tuple[int, dict]:
+    """(bytes listed, what the index holds) for the namespace's labelled ConfigMaps."""
+    items = cluster.get("configmaps", "-n", namespace, "-l", indexes.LABEL_JOB)["items"]
+    held: dict = {}  # key -> values, as kopf's index stores them
+    for body in items:
+        for key, value in asyncio.run(indexes.dtj_configmaps(body=body, namespace=namespace)).items():
+            held.setdefault(key, []).append(value)
+    return sum(len(json.dumps(b)) for b in items), held
+
+
+def test_a_flood_of_labelled_config_maps_does_not_grow_the_index(cluster, namespace):
+    cluster.apply({"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+                   "metadata": {"name": "victim"}, "spec": {"workers": 1, "gpusPerWorker": 1}}, namespace)
+    job = cluster.get("dtj", "victim", "-n", namespace)
+    owner = {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob", "name": "victim",
+             "uid": job["metadata"]["uid"], "controller": True}
+
+    core = k8s.CoreV1Api(cluster.api_client())
+
+    def put(body: dict) -> None:  # not kubectl apply: its annotation would copy the data
+        name = body["metadata"]["name"]
+        if any(c.metadata.name == name for c in core.list_namespaced_config_map(namespace).items):
+            core.replace_namespaced_config_map(name, namespace, body)
+        else:
+            core.create_namespaced_config_map(namespace, body)
+
+    def cm(name: str, job_name: str, owned: bool, data: dict, role: str | None = None) -> dict:
+        labels = {indexes.LABEL_JOB: job_name, **({"trainop.io/role": role} if role else {})}
+        meta = {"name": name, "labels": labels, **({"ownerReferences": [owner]} if owned else {})}
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+    # the job's real progress ConfigMap, as the shipper fills it, plus what a user adds to it
+    metrics = json.dumps({"epoch": 1, "step": 10, "loss": 0.5})
+    put(cm("victim-progress", "victim", True, {logship.PROGRESS_KEY: metrics, "history": BIG, "extra": BIG},
+           role=logship.PROGRESS_ROLE))
+    flood = [cm(f"flood-{i}", f"job-{i % 7}", False, {"blob": BIG}) for i in range(FLOOD // 3)]
+    flood += [cm(f"owned-{i}", "victim", True, {"blob": BIG}, role=logship.PROGRESS_ROLE) for i in range(FLOOD // 3)]
+    flood += [cm(f"job-{i}-progress", f"job-{i}", False, {logship.PROGRESS_KEY: BIG}, role=logship.PROGRESS_ROLE)
+              for i in range(FLOOD // 3)]
+    for body in flood:
+        put(body)
+    wait_until(lambda: len(cluster.get("configmaps", "-n", namespace, "-l", indexes.LABEL_JOB)["items"]) == FLOOD + 1,
+               timeout=60, what="the flood listed")
+
+    listed, held = indexed(cluster, namespace)
+    size = len(json.dumps({repr(k): v for k, v in held.items()}))
+    print(f"labelled ConfigMaps listed: {listed} bytes; held by the index: {size} bytes")
+    assert listed > FLOOD * len(BIG)
+    # only the job's own progress ConfigMap, with only what decide reads
+    assert list(held) == [(namespace, "victim")]
+    (progress,) = held[(namespace, "victim")]
+    assert progress["metadata"]["name"] == "victim-progress" and progress["data"] == {logship.PROGRESS_KEY: metrics}
+    assert size < 4096
+
+    # the real key, but larger than any report the shipper writes: dropped, not held
+    put(cm("victim-progress", "victim", True, {logship.PROGRESS_KEY: BIG}, role=logship.PROGRESS_ROLE))
+    _, held = indexed(cluster, namespace)
+    assert [v["data"] for v in held[(namespace, "victim")]] == [{}]
+
