@@ -82,7 +82,7 @@ def test_default_render_serves_only_the_default_namespace(render):
     assert kinds == sorted(["CustomResourceDefinition"] * 2 + [
         "ClusterRole", "ClusterRole", "ClusterRoleBinding", "RoleBinding", "Role", "RoleBinding",
         "ConfigMap", "Deployment", "Service", "ServiceAccount", "NetworkPolicy"])
-    assert find(objs, "RoleBinding")["metadata"]["namespace"] == "default"
+    assert find(objs, "RoleBinding", "trainop")["metadata"]["namespace"] == "default"
     args = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["operator", "--namespace=default"]
     assert rule_table(find(objs, "ClusterRole", "trainop-cluster")) == CLUSTER_RULES  # no PV rights
