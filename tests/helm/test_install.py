@@ -285,7 +285,7 @@ def test_rbac_is_not_broader_than_listed(cluster, install):
                           ("update", "distributedtrainingjobs"), ("create", "distributedtrainingjobs"),
                           ("delete", "roles"), ("escalate", "roles"), ("bind", "clusterroles"),
                           ("create", "pods", "--subresource=exec"),
-                          ("get", "pods", "--subresource=log"), ("update", "distributedtrainingjobs", "--subresource=status"), ("delete", "namespaces"), ("patch", "nodes"), ("patch", "nodes", "--subresource=status"),
+                          ("get", "pods", "--subresource=log"), ("update", "distributedtrainingjobs", "--subresource=status"), ("delete", "namespaces"), ("patch", "nodes", "--subresource=status"),
                           ("create", "clusterroles"), ("update", "leases")):
         assert not can_i(cluster, system, *verb_resource, "-n", jobs), verb_resource
     assert not can_i(cluster, system, "*", "*", "--all-namespaces")
