@@ -316,7 +316,7 @@ def test_gang_fields_are_immutable_while_running(cluster, namespace, api, op):
     api.wait_running("imm")
     result = cluster.kubectl("patch", "dtj", "imm", "-n", namespace, "--type=merge",
                              "-p", '{"spec":{"workers":3}}', check=False)
-    assert result.returncode != 0 and "cannot change while the job is Starting or Running" in result.stderr
+    assert result.returncode != 0 and "cannot change once the job is admitted (Admitted) or Starting or Running" in result.stderr
 
 
 @pytest.mark.parametrize("spec,reason,message", [
