@@ -51,5 +51,8 @@ def test_claim_output_reports_progress_and_checkpoints(real_cluster, real_namesp
     assert (share / "logs" / name / "0" / f"{name}-worker-0.log").stat().st_size > 0
     worker0 = real_cluster.get("pod", f"{name}-worker-0", "-n", ns)
     sidecar = next(c for c in worker0["spec"]["initContainers"] if c["name"] == logship.SIDECAR)
-    assert all("fieldRef" in (e.get("valueFrom") or {}) for e in sidecar["env"]), sidecar["env"]
+    # (its only plain value: no GPU for a container without one, issue 22 M6)
+    assert all("fieldRef" in (e.get("valueFrom") or {}) for e in sidecar["env"]
+               if e["name"] != "NVIDIA_VISIBLE_DEVICES"), sidecar["env"]
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in sidecar["env"]
     assert "--container" not in sidecar["args"]
