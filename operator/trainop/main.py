@@ -73,6 +73,8 @@ async def stop(memo: kopf.Memo, **_) -> None:
         memo.election.cancel()
     if getattr(memo, "leadership", None) is not None:
         await memo.leadership.release()  # a standby takes over at once, not at expiry
+    if getattr(memo, "stop_flag", None) is not None:
+        memo.stop_flag.set()  # cli/operator.py says why: without it the process never exits
 
 
 def _no_stop() -> None:

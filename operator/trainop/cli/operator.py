@@ -63,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
     # kopf itself always runs standalone: its peering would pause the watches of a standby
     # (cold caches) and cannot hold back the controller's own tasks (leader.py says why)
     stop, lost = threading.Event(), threading.Event()
-    memo = kopf.Memo(stop=lambda: (lost.set(), stop.set()))
+    # stop_flag: main.py's cleanup raises it on any stop. kopf waits for this flag in a thread of
+    # asyncio's default executor, which asyncio.run joins at exit: left unset, SIGTERM would
+    # leave the process hanging until the kubelet's SIGKILL.
+    memo = kopf.Memo(stop=lambda: (lost.set(), stop.set()), stop_flag=stop)
     if args.lease:
         from trainop import leader
         namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE") or \
