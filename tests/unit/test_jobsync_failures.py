@@ -162,6 +162,20 @@ def test_unschedulable_workers_wait_for_nodes_with_an_exact_deadline():
     assert not [a for a in summary(out.actions) if a.startswith(("create", "delete"))]
 
 
+def test_no_count_while_the_scheduler_has_not_judged_every_worker():
+    """One worker judged Unschedulable, the other not yet tried: saying "1/2 wait" now would be
+    a line that the next moment's "2/2" contradicts. Nothing is said until both are judged."""
+    judged, unjudged = workers(2, ready=False, phase="Pending")
+    unjudged["status"]["conditions"] = []  # as the API server makes it: no verdict yet
+    pods = [unschedulable(judged), unjudged]
+    out = decide_(snap(spot_body(copy.deepcopy(STARTING)), pods=pods, **shared()))
+    assert conditions.get_condition(out.status["conditions"], "WaitingForNodes") is None
+    assert not [r for _, r, _ in out.events if r == "WaitingForNodes"]
+    both = decide_(snap(spot_body(copy.deepcopy(STARTING)), pods=[unschedulable(judged), unschedulable(unjudged)],
+                        **shared()))
+    assert conditions.get_condition(both.status["conditions"], "WaitingForNodes")["message"].startswith("2/2 ")
+
+
 def test_the_deadline_counts_from_the_schedulers_word_even_when_the_status_read_is_stale():
     """A reconcile may read a status from the cache without our last write (WaitingForNodes not
     yet there): the deadline, and so the condition's text and the one INFO line, still come out

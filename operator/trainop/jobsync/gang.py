@@ -257,6 +257,13 @@ def _unschedulable(pod: dict) -> bool:
         for c in (pod.get("status") or {}).get("conditions") or [])
 
 
+def _unjudged(pod: dict) -> bool:
+    """Pending, not bound and without the scheduler's PodScheduled verdict yet."""
+    status = pod.get("status") or {}
+    return status.get("phase", "Pending") == "Pending" and not (pod.get("spec") or {}).get("nodeName") and not any(
+        c.get("type") == "PodScheduled" for c in status.get("conditions") or [])
+
+
 def _waiting_since(st: _Status, pending: list[dict], was: bool) -> dt.datetime | None:
     """When the wait for nodes began: the earliest of the scheduler's own word on the pending
     pods (PodScheduled False since ...) and our WaitingForNodes condition. The pods' time keeps
@@ -278,6 +285,10 @@ def _nodes_waiting(plan: _Plan, job: Job, st: _Status,
     the autoscaler's cue); the WaitingForNodes condition says how many nodes are missing, and
     runPolicy.schedulingTimeoutSeconds (counted from when the wait began) fails the job at its
     exact moment if they never come."""
+    if any(_unjudged(p) for p in workers.values()):
+        # The scheduler has not yet tried every worker: a count now would be short (1/2, then
+        # 2/2 a moment later, a line each). Its verdict on the pod wakes this job again.
+        return None, False
     waiting = [p for p in workers.values() if _unschedulable(p)]
     launcher = [p for p in plan.snap.pods if _unschedulable(p)
                 and p["metadata"]["labels"].get(common.LABEL_ROLE) == render.LAUNCHER]
