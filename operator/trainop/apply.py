@@ -41,16 +41,15 @@ from kubernetes.client.exceptions import ApiException
 
 from trainop import kube, preflight, sshkeys
 from trainop.actions import (
-    AddFinalizer,
     Apply,
     Create,
     CreateSSHSecret,
     Delete,
-    DropFinalizer,
     Patch,
     PatchStatus,
     Problem,
     Ref,
+    SetFinalizers,
     TaintNode,
 )
 from trainop.render import dtj as render_dtj
@@ -84,12 +83,8 @@ class Applier:
                     self._create_ssh_secret(action)
                 elif isinstance(action, Delete):
                     _delete(action.ref)
-                elif isinstance(action, DropFinalizer):
-                    _set_finalizers(action.ref, [f for f in action.finalizers if f != action.name],
-                                    action.resource_version)
-                elif isinstance(action, AddFinalizer):
-                    _set_finalizers(action.ref, [*action.finalizers, action.name],
-                                    action.resource_version)
+                elif isinstance(action, SetFinalizers):
+                    _set_finalizers(action.ref, list(action.finalizers), action.resource_version)
                 elif isinstance(action, Patch):
                     _patch(action)
                 elif isinstance(action, PatchStatus):

@@ -42,7 +42,7 @@ import dataclasses
 
 from trainop import conditions, kube
 from trainop import priority as priorities
-from trainop.actions import Delete, DropFinalizer, PatchStatus, Ref
+from trainop.actions import Delete, PatchStatus, Ref, SetFinalizers
 from trainop.admission import ADMITTED, QUEUED, Decision, pod_sets, shape
 from trainop.memo import Memos
 from trainop.render import common
@@ -285,8 +285,6 @@ def release_actions(wl: dict | None) -> list:
 def _drop_finalizer(wl: dict) -> list:
     """Kueue keeps its finalizer on an admitted Workload until the job's controller (for a
     kind it knows) lets go; for ours, trainop does."""
-    finalizers = tuple(wl["metadata"].get("finalizers") or ())
-    if FINALIZER not in finalizers:
+    if FINALIZER not in (wl["metadata"].get("finalizers") or ()):
         return []
-    return [DropFinalizer(Ref.of(wl), finalizers, FINALIZER,
-                          wl["metadata"].get("resourceVersion", ""))]
+    return [SetFinalizers.dropping(wl, FINALIZER)]

@@ -37,14 +37,13 @@ from dataclasses import dataclass, field
 
 from trainop import blob, conditions, kube
 from trainop.actions import (
-    AddFinalizer,
     Apply,
     Create,
     Delete,
-    DropFinalizer,
     Outcome,
     Patch,
     Ref,
+    SetFinalizers,
     delete,
 )
 from trainop.config import Config
@@ -226,8 +225,7 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
     if meta.get("deletionTimestamp"):  # the finalizer's turn: creating anything now would leak it
         return _release(snap)
     if FINALIZER not in finalizers:  # before any child: a PV made without it could outlive us
-        return Outcome([AddFinalizer(Ref.of(body), finalizers, FINALIZER,
-                                     meta.get("resourceVersion", ""))])
+        return Outcome([SetFinalizers.adding(body, FINALIZER)])
     try:
         stage = parse_stage(body)
         check_allowed(stage, cfg)
@@ -351,6 +349,5 @@ def _release(snap: StageSnapshot) -> Outcome:
     if pv is not None and not pv["metadata"].get("deletionTimestamp") and \
             (pv["metadata"].get("labels") or {}).get(render.LABEL_STAGE_UID) == meta["uid"]:
         actions.append(Delete(Ref.of(pv)))  # (a PV without our uid is left alone)
-    actions.append(DropFinalizer(Ref.of(snap.body), finalizers, FINALIZER,
-                                 meta.get("resourceVersion", "")))
+    actions.append(SetFinalizers.dropping(snap.body, FINALIZER))
     return Outcome(actions)

@@ -10,7 +10,7 @@ import datetime as dt
 import pytest
 
 from trainop import admission, conditions, config
-from trainop.actions import Apply, Create, CreateSSHSecret, Delete, DropFinalizer, Problem, Ref
+from trainop.actions import Apply, Create, CreateSSHSecret, Delete, Problem, Ref, SetFinalizers
 from trainop.admission import ADMITTED, QUEUED, UNSATISFIABLE, Decision
 from trainop.devcluster.pools import default_pools
 from trainop.jobsync import JobSnapshot, decide
@@ -142,8 +142,8 @@ def summary(actions: list) -> list[str]:
             out.append("create ssh Secret")
         elif isinstance(a, Delete):
             out.append(f"delete {a.ref.kind} {a.ref.name}")
-        elif isinstance(a, DropFinalizer):
-            out.append(f"drop finalizer {a.ref.kind} {a.ref.name}")
+        elif isinstance(a, SetFinalizers):
+            out.append(f"set finalizers {a.ref.kind} {a.ref.name} {list(a.finalizers)}")
     return out
 
 
@@ -456,11 +456,10 @@ def test_the_old_operators_finalizer_is_taken_off():
     b = body()
     b["metadata"] |= {"finalizers": ["trainop.io/finalizer", "example.com/keep"],
                       "resourceVersion": "41"}
-    drop = [a for a in decide(snap(b), CFG, NOW).actions if isinstance(a, DropFinalizer)]
-    assert drop == [DropFinalizer(Ref("trainop.io/v1alpha1", "DistributedTrainingJob", "j", "ns", UID),
-                                  ("trainop.io/finalizer", "example.com/keep"), "trainop.io/finalizer",
-                                  "41")]
-    assert not [a for a in decide(snap(body()), CFG, NOW).actions if isinstance(a, DropFinalizer)]
+    drop = [a for a in decide(snap(b), CFG, NOW).actions if isinstance(a, SetFinalizers)]
+    assert drop == [SetFinalizers(Ref("trainop.io/v1alpha1", "DistributedTrainingJob", "j", "ns", UID),
+                                  ("example.com/keep",), "41")]
+    assert not [a for a in decide(snap(body()), CFG, NOW).actions if isinstance(a, SetFinalizers)]
 
 
 # ---- the log shipper's progress: reported, never trusted ---------------------------------------

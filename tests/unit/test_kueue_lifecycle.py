@@ -277,7 +277,7 @@ def test_a_queued_job_edited_after_its_workload_was_made_never_runs_on_the_old_a
     s = kueue_snap({}, wl)
     s.body = grown
     out = decide(s, CFG, NOW)
-    assert summary(out.actions) == ["drop finalizer Workload dtj-j", "delete Workload dtj-j"]
+    assert summary(out.actions) == ["set finalizers Workload dtj-j []", "delete Workload dtj-j"]
     assert out.status["phase"] == "Queued" and "Created" not in reasons(out.status)
     assert "workers×16" in out.waiting and "workers×2" in out.waiting
     # the old Workload is going: still nothing, whatever Kueue says of it
@@ -316,7 +316,7 @@ def test_a_finished_job_gives_its_quota_back_only_when_no_pod_holds_gpus():
         ("True", "Succeeded")
     wl["status"]["conditions"] = patch.patch["status"]["conditions"]
     assert summary(decide(kueue_snap(done, wl), CFG, NOW).actions) == \
-        ["drop finalizer Workload dtj-j"]
+        ["set finalizers Workload dtj-j []"]
 
 
 def test_a_suspended_job_releases_its_workload_only_once_its_pods_are_gone():

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from trainop import config
-from trainop.actions import AddFinalizer, Apply, Create, Delete, DropFinalizer, Patch, Ref
+from trainop.actions import Apply, Create, Delete, Patch, Ref, SetFinalizers
 from trainop.spec import parse_stage
 from trainop.stagesync import FINALIZER, SECRET_RECHECK_SECONDS, StageSnapshot, decide
 
@@ -176,23 +176,23 @@ STAGE_REF = Ref("trainop.io/v1alpha1", "DataStage", "imagenet", "team-a", UID)
 def test_the_finalizer_goes_on_before_any_child():
     """The reconcile's, not kopf's (a standby's kopf would act too: leader.py)."""
     out = decide(snap(body(finalizers=("example.com/keep",))), CFG, NOW)
-    assert out.actions == [AddFinalizer(STAGE_REF, ("example.com/keep",), FINALIZER, "5")]
+    assert out.actions == [SetFinalizers(STAGE_REF, ("example.com/keep", FINALIZER), "5")]
     assert out.status is None
 
 
 def test_deleting_stage_creates_nothing_deletes_its_pv_and_lets_go():
     out = decide(snap(body(deleting=True, finalizers=(FINALIZER, "example.com/keep"))), CFG, NOW)
-    assert out.actions == [DropFinalizer(STAGE_REF, (FINALIZER, "example.com/keep"), FINALIZER, "5")]
+    assert out.actions == [SetFinalizers(STAGE_REF, ("example.com/keep",), "5")]
     assert out.status is None
     ours = {"apiVersion": "v1", "kind": "PersistentVolume",
             "metadata": {"name": f"trainop-{UID}", "uid": "pv-uid", "labels": {"trainop.io/datastage-uid": UID}}}
     out = decide(snap(body(deleting=True), volume=ours), CFG, NOW)
     assert out.actions == [Delete(Ref("v1", "PersistentVolume", f"trainop-{UID}", None, "pv-uid")),
-                           DropFinalizer(STAGE_REF, (FINALIZER,), FINALIZER, "5")]
+                           SetFinalizers(STAGE_REF, (), "5")]
     foreign = copy.deepcopy(ours)
     foreign["metadata"]["labels"] = {"trainop.io/datastage-uid": "someone-else"}
     out = decide(snap(body(deleting=True), volume=foreign), CFG, NOW)
-    assert out.actions == [DropFinalizer(STAGE_REF, (FINALIZER,), FINALIZER, "5")]  # left alone
+    assert out.actions == [SetFinalizers(STAGE_REF, (), "5")]  # left alone
     assert decide(snap(body(deleting=True, finalizers=())), CFG, NOW).actions == []
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 
 from trainop import conditions, podgroup, priority
-from trainop.actions import DropFinalizer, Outcome, Ref
+from trainop.actions import Outcome, SetFinalizers
 from trainop.config import Config
 from trainop.jobsync.data import _data_claim, _show_metrics, _take_checkpoint
 from trainop.jobsync.failures import _compact, _fallen_back, attempt, restart_counts
@@ -52,10 +52,8 @@ def decide(snap: JobSnapshot, cfg: Config, now: dt.datetime) -> Outcome:
     if isinstance(old.get("restarts"), int):  # written before restarts had two counters
         st.data["attempt"] = attempt(old)
         st.data["restarts"] = _compact(restart_counts(old))
-    finalizers = tuple(meta.get("finalizers") or ())
-    if LEGACY_FINALIZER in finalizers:
-        plan.out.actions.append(DropFinalizer(Ref.of(snap.body), finalizers, LEGACY_FINALIZER,
-                                              meta.get("resourceVersion", "")))
+    if LEGACY_FINALIZER in (meta.get("finalizers") or ()):
+        plan.out.actions.append(SetFinalizers.dropping(snap.body, LEGACY_FINALIZER))
     _take_checkpoint(snap, cfg, st)  # first: pods created in this pass resume from it
     _decide(plan, st)
     _show_metrics(snap, st)
