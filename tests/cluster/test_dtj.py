@@ -72,8 +72,8 @@ class Api:
                 and p.status.phase == "Running" and not p.metadata.deletion_timestamp]
         return pods[0] if pods else None
 
-    def wait_running(self, name: str, attempt: int = 0):
-        return wait_until(lambda: self.launcher_pod(name, attempt), timeout=60,
+    def wait_running(self, name: str, attempt: int = 0, timeout: float = 60):
+        return wait_until(lambda: self.launcher_pod(name, attempt), timeout=timeout,
                           what=f"{name}'s launcher pod of attempt {attempt} Running "
                                f"(status: {self.status(name)})")
 

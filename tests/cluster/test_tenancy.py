@@ -91,7 +91,11 @@ def test_a_jobs_pods_admit_only_the_jobs_own_pods(cluster, namespace, api, op):
         cluster.apply(manifest(name, launcher=launcher), namespace)
         api.wait_running(name) if launcher == "mpi" else api.wait_phase(name, "Running")
     policy = cluster.get("networkpolicy", "mine", "-n", namespace)
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    # Egress too: by default jobNetwork.deniedEgressCIDRs holds link-local (IMDS, WireServer)
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    own, dns, rest = policy["spec"]["egress"]
+    assert own["to"] == [{"podSelector": policy["spec"]["podSelector"]}] and {p["port"] for p in dns["ports"]} == {53}
+    assert "169.254.0.0/16" in rest["to"][0]["ipBlock"]["except"]
     (rule,) = policy["spec"]["ingress"]
     assert "ports" not in rule  # every port between the job's pods: NCCL/Gloo rings, MPI daemons
     (peer,) = rule["from"]
