@@ -44,6 +44,10 @@ Format (every key optional; camelCase like Helm values):
       namespaceGpus: 32              # GPUs a namespace without a ResourceQuota may use (admission.py)
       maxPriority: 1000000000        # highest class value spec.priorityClassName may name
                                      # (priority.py); null: no cap
+      emptyDirSizeLimit: 20Gi        # sizeLimit of the emptyDirs trainop adds to a job's pods
+                                     # (the shared log folder, /output without a claim): the
+                                     # kubelet evicts a pod past it, a counted StorageLimit
+                                     # failure; null: none
     infiniband:                      # what `infiniband: true` jobs get (render/fabric.py)
       ipcLock: false                 # true: add IPC_LOCK to the training containers (docs/security.md:
                                      # the namespace must then allow privileged pods)
@@ -119,6 +123,7 @@ import copy
 import fnmatch
 import ipaddress
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -157,7 +162,9 @@ DEFAULTS: dict = {
     "schedulingTimeoutSeconds": 900,
     # 1e9 is the highest value Kubernetes lets a user-defined PriorityClass have: larger ones
     # are system-cluster-critical and system-node-critical, which no training job may borrow.
-    "limits": {"maxGpusPerJob": None, "maxPriority": 1_000_000_000},
+    # The emptyDirs trainop adds to a job's pods (the log folder it shares with the shipper, and
+    # /output without a claim) are on the node's disk: job code could fill it (review L7).
+    "limits": {"maxGpusPerJob": None, "maxPriority": 1_000_000_000, "emptyDirSizeLimit": "20Gi"},
     "blob": {"allowedAccountURLs": [], "allowedServiceAccounts": []},
     # Where AKS's HPC images keep NCCL's topology files for the ND sizes whose PCIe layout NCCL
     # cannot discover inside a VM (Azure/azhpc-images: ndv4, ndv5). A file must exist on the node.
@@ -278,6 +285,7 @@ class Config:
     allowed_nfs_exports: tuple[NfsExport, ...] = ()  # datastage.allowedNfsExports
     allow_provisioned_servers: bool = False          # datastage.allowProvisionedServers
     denied_egress_cidrs: tuple[str, ...] = ()        # jobNetwork.deniedEgressCIDRs
+    empty_dir_size_limit: str | None = None          # limits.emptyDirSizeLimit
     nfs_client_cidrs: tuple[str, ...] = ()           # datastage.nfsClientCIDRs
     pod_template_allow: PodTemplateAllow = PodTemplateAllow()  # podTemplate.allow
     gang_scheduler: str | None = None        # gangScheduling.scheduler
@@ -287,6 +295,10 @@ class Config:
 
     def section(self, name: str) -> dict:
         return copy.deepcopy(self.raw.get(name) or {})
+
+
+# A size as the CRD's shmSize takes it (a Quantity without sign or exponent): 20Gi, 500M
+QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE])?")
 
 
 def _merge(base: dict, over: dict) -> dict:
@@ -375,6 +387,9 @@ def from_dict(data: dict | None) -> Config:
     if max_priority is not None and (not isinstance(max_priority, int)
                                      or isinstance(max_priority, bool)):
         raise ConfigError("limits.maxPriority: must be an integer or null")
+    empty_dir = raw["limits"].get("emptyDirSizeLimit")
+    if empty_dir is not None and not QUANTITY.fullmatch(str(empty_dir)):
+        raise ConfigError(f"limits.emptyDirSizeLimit: {empty_dir!r} is not a size such as 20Gi (or null: no limit)")
     timeout = raw.get("schedulingTimeoutSeconds")
     if timeout is not None and (not _count(timeout) or timeout < 1):
         raise ConfigError("schedulingTimeoutSeconds: must be a positive integer (seconds) or null")
@@ -388,6 +403,7 @@ def from_dict(data: dict | None) -> Config:
                   nfs_client_cidrs=_cidrs(raw, "datastage", "nfsClientCIDRs"),
                   allow_provisioned_servers=_switch(raw, "datastage", "allowProvisionedServers"),
                   denied_egress_cidrs=_cidrs(raw, "jobNetwork", "deniedEgressCIDRs"),
+                  empty_dir_size_limit=None if empty_dir is None else str(empty_dir),
                   pod_template_allow=_pod_template_allow(raw),
                   fabric=_fabric(raw), **_gang_scheduling(raw))
 

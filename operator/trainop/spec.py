@@ -260,6 +260,7 @@ class Job:
     topology_file: str | None = None  # NCCL_TOPO_FILE on the node (IB, known instance type)
     fabric: Fabric = Fabric()          # the operator's infiniband/preflight sections
     denied_egress: tuple[str, ...] = ()  # jobNetwork.deniedEgressCIDRs (render/dtj.py)
+    empty_dir_size_limit: str | None = None  # limits.emptyDirSizeLimit (render: scratch_volume)
     # Kueue's admitted flavors per pod set ("workers", "launcher"), set by kueue.place once the
     # Workload is admitted; render/dtj.py adds them to the pods' placement.
     flavors: tuple[tuple[str, FlavorPlacement], ...] = ()
@@ -672,6 +673,7 @@ def parse(body: dict, cfg: Config) -> Job:
         fallback=_fallback(spec, cfg, placement),
         preflight=_preflight(spec, cfg), topology_file=_topology_file(spec, cfg),
         fabric=cfg.fabric, denied_egress=cfg.denied_egress_cidrs,
+        empty_dir_size_limit=cfg.empty_dir_size_limit,
         checkpoint=_checkpoint(spec, meta["name"], meta.get("uid")),
     )
     if job.pod_template:

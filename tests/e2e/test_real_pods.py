@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.fixtures.cluster import cli_config
+from tests.fixtures.cluster import OperatorProcess, cli_config
 from tests.fixtures.waiting import wait_until
 from trainop import config, spec
 from trainop.render import dtj as render_dtj
@@ -134,6 +134,36 @@ def test_killed_worker_restarts_the_gang_then_succeeds(real_cluster, real_namesp
     failure = status["lastFailure"]
     assert (failure["pod"], failure["container"], failure["exitCode"]) == ("crash-worker-1", "worker", 137), failure
     assert f"pod crash-worker-1 on node {failure['node']} container worker exited with code 137" in failure["message"]
+
+
+def test_a_job_that_fills_its_output_emptydir_is_evicted_and_counted(real_cluster, real_namespace, tmp_path):
+    """Review L7, the attack carried out: job code writes past the emptyDir trainop gives it
+    (/output without a claim, capped by the admin's limits.emptyDirSizeLimit, here 16Mi). The
+    real kubelet evicts the pod before the node's disk fills, and the eviction counts against
+    backoffLimit as the job's own StorageLimit failure (node pressure would not count)."""
+    ns = real_namespace
+    op = OperatorProcess(real_cluster, [ns], tmp_path / "operator.log",
+                         config={"limits": {"emptyDirSizeLimit": "16Mi"}}).start()
+    try:
+        manifest = {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+                    "metadata": {"name": "fill"},
+                    "spec": {"framework": "pytorch", "launcher": "torchrun", "workers": 1, "gpusPerWorker": 1,
+                             "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+                             "command": ["sh", "-c", "dd if=/dev/zero of=/output/fill bs=1M count=64 && sleep 600"],
+                             "runPolicy": {"backoffLimit": 0}}}
+        real_cluster.apply(manifest, ns)
+        wait_until(lambda: [p for p in real_cluster.get("pods", "-n", ns, "-l", "trainop.io/job-name=fill")["items"]
+                            if p["spec"].get("nodeName")], timeout=120, what="the worker bound to a node")
+        (pod,) = real_cluster.assert_ran_on_real_nodes(ns, "trainop.io/job-name=fill")
+        assert {v["name"]: v for v in pod["spec"]["volumes"]}["output"]["emptyDir"] == {"sizeLimit": "16Mi"}
+        status = wait_phase(real_cluster, ns, "fill", "Failed", timeout=180)
+        failure = status["lastFailure"]
+        assert failure["cause"] == "StorageLimit", failure
+        assert 'Usage of EmptyDir volume "output" exceeds the limit "16Mi"' in failure["message"], failure
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "BackoffLimitExceeded", failed
+    finally:
+        op.stop()
 
 
 def test_custom_image_with_its_own_non_root_user(real_cluster, real_namespace, real_operator):

@@ -269,6 +269,18 @@ PREEMPTED = disrupted(on_node(workers(2)[1], "n1"), "PreemptionByScheduler")
 # PodGC ends the pods of a node that is gone: Failed + DisruptionTarget, then deleted (the DELETED
 # event's object is all that is left: the snapshot's `departed`).
 LOST = disrupted(on_node(workers(2)[1], "aks-spot-0"), "DeletionByPodGC", phase="Failed")
+
+
+def storage_evicted(p: dict) -> dict:
+    """The kubelet's eviction of a pod past its emptyDir's sizeLimit, as it marks it
+    (kubelet/eviction: Failed, reason Evicted, its message, DisruptionTarget TerminationByKubelet)."""
+    p = disrupted(on_node(p, "aks-gpu-12345678-vmss000001"), "TerminationByKubelet", phase="Failed", deleting=False)
+    p["status"] |= {"reason": "Evicted", "message": 'Usage of EmptyDir volume "output" exceeds the limit "20Gi". '}
+    p["status"]["containerStatuses"] = [{"name": "worker", "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]
+    return p
+
+
+STORAGE = storage_evicted(workers(2)[1])
 RULES = {"failurePolicy": {"rules": [
     {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}},
     {"action": "RestartGangAndIgnoreBackoffLimit", "onExitCodes": {"containerName": "worker", "operator": "In", "values": [3]}},
@@ -281,6 +293,7 @@ FAILURES = [
     ("OOMKilled counts", {}, [failed_worker(137, "OOMKilled")], [], "Starting", "OOMKilled", True, "GangRestart"),
     ("an eviction does not count", {}, [EVICTED], [], "Starting", "Evicted", False, "GangRestart"),
     ("a preemption does not count", {}, [PREEMPTED], [], "Starting", "Preempted", False, "GangRestart"),
+    ("filling an emptyDir past its sizeLimit counts", {}, [STORAGE], [], "Starting", "StorageLimit", True, "GangRestart"),
     ("a vanished worker without a trace is PodDeleted", {}, [], [], "Starting", "PodDeleted", False, "GangRestart"),
     ("a lost node is NodeLost, its node named", {}, [], [LOST], "Starting", "NodeLost", False, "GangRestart"),
     ("a lost node on a spot pool is a SpotEviction", {"nodePool": SPOT}, [], [LOST], "Starting", "SpotEviction", False, "GangRestart"),
@@ -421,6 +434,20 @@ def test_bad_fallback_names_the_field(pool, field):
     with pytest.raises(SpecError) as err:
         parse(body(nodePool=pool), CFG)
     assert err.value.field == field
+
+
+def test_an_eviction_for_the_pods_own_storage_limit_is_the_jobs_failure():
+    """Node pressure is a disruption; a pod past its own emptyDir sizeLimit (the admin's
+    limits.emptyDirSizeLimit) is the job's doing: counted, the kubelet's words kept."""
+    failure = jobsync.pod_failure(copy.deepcopy(STORAGE))
+    assert (failure.cause, failure.disruption) == ("StorageLimit", False)
+    assert failure.describe() == ("pod j-worker-1 on node aks-gpu-12345678-vmss000001 container worker exited "
+                                  "with code 137 (Error): StorageLimit: Usage of EmptyDir volume \"output\" "
+                                  "exceeds the limit \"20Gi\".")
+    assert jobsync.action_for(failure, ())[0] == jobsync.RESTART
+    pressure = copy.deepcopy(STORAGE)
+    pressure["status"]["message"] = "The node was low on resource: ephemeral-storage. "
+    assert jobsync.pod_failure(pressure).cause == "Evicted"
 
 
 def test_a_container_killed_by_an_eviction_is_still_a_disruption():

@@ -3,6 +3,8 @@
 import base64
 import shlex
 
+import pytest
+
 from trainop import config
 from trainop.render import dtj
 from trainop.spec import parse
@@ -257,8 +259,16 @@ def test_output_claim_and_log_shipper_parts():
     assert launcher["containers"][0]["command"][3] == "trainop-tee"
     assert launcher["containers"][0]["command"][-3:-1] == ["sh", "-c"]
     no_output = dtj.render_worker(job(), 0, attempt=0)["spec"]
-    assert {v["name"]: v for v in no_output["volumes"]}["output"] == {"name": "output", "emptyDir": {}}
+    # the admin's limits.emptyDirSizeLimit caps it (the kubelet evicts past it: review L7)
+    assert {v["name"]: v for v in no_output["volumes"]}["output"] == \
+        {"name": "output", "emptyDir": {"sizeLimit": "20Gi"}}
     assert "initContainers" not in no_output
+    uncapped = parse({"metadata": {"name": "j1", "namespace": "team-a"}, "spec": {}},
+                     config.from_dict({"limits": {"emptyDirSizeLimit": None}}))
+    assert {v["name"]: v for v in dtj.render_worker(uncapped, 0, attempt=0)["spec"]["volumes"]}["output"] == \
+        {"name": "output", "emptyDir": {}}
+    with pytest.raises(config.ConfigError, match=r"limits.emptyDirSizeLimit: '20 GB' is not a size"):
+        config.from_dict({"limits": {"emptyDirSizeLimit": "20 GB"}})
 
 
 def test_renderers_are_deterministic():

@@ -55,7 +55,7 @@ def test_launcher_gets_native_sidecar_shared_volume_and_tee():
         "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "256Mi"}},
         "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }]
-    assert parts.volumes == [{"name": "trainop-run", "emptyDir": {}}]
+    assert parts.volumes == [{"name": "trainop-run", "emptyDir": {"sizeLimit": "20Gi"}}]  # limits.emptyDirSizeLimit
     assert parts.mounts == [{"name": "trainop-run", "mountPath": "/var/trainop"}]
     assert parts.command == ["/bin/sh", "-c", logship.TEE_SCRIPT, "trainop-tee", "/var/trainop/train.log",
                              "mpirun", "python", "train.py"]

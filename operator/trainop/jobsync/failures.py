@@ -1,5 +1,6 @@
 """Why a gang attempt failed and what follows (JobSet's failure policy): `pod_failure` classifies a
-pod's end (exit code, OOMKilled, Evicted, Preempted, NodeLost, SpotEviction, PodDeleted),
+pod's end (exit code, OOMKilled, StorageLimit, Evicted, Preempted, NodeLost, SpotEviction,
+PodDeleted),
 `action_for` applies runPolicy.failurePolicy, `restart_gang` is the one restart path (the attempt
 in status first, the old pods deleted by later reconciles), `attempt`/`restart_counts` read status.
 """
@@ -26,6 +27,13 @@ DISRUPTIONS = frozenset({"Evicted", "Preempted", "NodeLost", "SpotEviction", "Po
 DISRUPTION_REASONS = {"EvictionByEvictionAPI": "Evicted", "TerminationByKubelet": "Evicted",
                       "PreemptionByScheduler": "Preempted", "DeletionByTaintManager": "NodeLost",
                       "DeletionByPodGC": "NodeLost"}
+
+# The kubelet's eviction messages for a pod past its own local-storage limits (an emptyDir's
+# sizeLimit, an ephemeral-storage limit: kubelet/eviction/helpers.go). Such an eviction is the
+# job's doing, not node pressure: it counts (StorageLimit), or a job that fills its disk would
+# restart forever.
+STORAGE_LIMIT_MESSAGES = ("Usage of EmptyDir volume ", "exceeded its local ephemeral storage limit",
+                          "Pod ephemeral local storage usage exceeds the total limit")
 
 HISTORY = 10  # restarts kept in status.restarts.history (the newest)
 
@@ -58,8 +66,10 @@ def restart_counts(status: dict | None) -> dict:
 @dataclasses.dataclass
 class Failure:
     """Why a pod of the gang ended: `cause` is the class runPolicy.failurePolicy matches
-    (Error, OOMKilled, Evicted, Preempted, NodeLost, SpotEviction, PodDeleted, WorkerExited,
-    LauncherFailed, or a caller's own such as UnhealthyNode); `reason` the pod's own word."""
+    (Error, OOMKilled, StorageLimit, Evicted, Preempted, NodeLost, SpotEviction, PodDeleted,
+    WorkerExited, LauncherFailed, or a caller's own such as UnhealthyNode); `reason` the pod's
+    own word, `detail` what the operator concluded (a failed preflight's verdict, the kubelet's
+    eviction message)."""
     pod: str
     container: str
     exit_code: int | None
@@ -118,6 +128,9 @@ def pod_failure(pod: dict, spot: bool = False) -> Failure | None:
         cause = {"Preempting": "Preempted"}.get(st["reason"], st["reason"])
     if cause == "NodeLost" and spot:
         cause = "SpotEviction"
+    detail = ""
+    if cause == "Evicted" and any(m in (st.get("message") or "") for m in STORAGE_LIMIT_MESSAGES):
+        cause, detail = "StorageLimit", st["message"].strip()
     for cs in st.get("initContainerStatuses") or []:  # the preflight (render/fabric.py)
         term = (cs.get("state") or {}).get("terminated") or {}
         if cs.get("name") == preflight.CONTAINER and term.get("exitCode"):
@@ -130,11 +143,11 @@ def pod_failure(pod: dict, spot: bool = False) -> Failure | None:
             reason = term.get("reason") or "Error"
             return Failure(name, cs["name"], term.get("exitCode"), reason,
                            term.get("finishedAt") or "", node,
-                           cause or ("OOMKilled" if reason == "OOMKilled" else "Error"), conds)
+                           cause or ("OOMKilled" if reason == "OOMKilled" else "Error"), conds, detail)
     if cause or st.get("phase") == "Failed":
         return Failure(name, (pod["spec"]["containers"][0])["name"], None,
                        (disrupted or {}).get("reason") or st.get("reason") or cause or "Failed",
-                       "", node, cause or st.get("reason") or "Failed", conds)
+                       "", node, cause or st.get("reason") or "Failed", conds, detail)
     return None
 
 

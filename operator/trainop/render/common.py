@@ -60,3 +60,10 @@ def metadata(name: str, namespace: str, labels_: dict[str, str],
 def env(values: dict[str, str]) -> list[dict]:
     """{"A": "1"} -> [{"name": "A", "value": "1"}], in the mapping's order."""
     return [{"name": k, "value": str(v)} for k, v in values.items()]
+
+
+def scratch_volume(name: str, size_limit: str | None) -> dict:
+    """An emptyDir on the node's disk that trainop adds and job code writes into, capped by the
+    admin's limits.emptyDirSizeLimit: past it the kubelet evicts the pod (a counted
+    StorageLimit failure, jobsync/failures.py) before the node's disk fills."""
+    return {"name": name, "emptyDir": {"sizeLimit": size_limit} if size_limit else {}}

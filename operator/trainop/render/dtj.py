@@ -439,7 +439,7 @@ def checkpoint_volume(job: Job) -> dict:
 def _output_volume(job: Job) -> dict:
     if job.output and job.output.claim:
         return {"name": "output", "persistentVolumeClaim": {"claimName": job.output.claim}}
-    return {"name": "output", "emptyDir": {}}
+    return common.scratch_volume("output", job.empty_dir_size_limit)
 
 
 def pod_security_context(job: Job) -> dict:

@@ -258,7 +258,7 @@ def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: lis
     return PodParts(
         command=_tee(LOG_FILE, command),
         init_containers=init,
-        volumes=[{"name": VOLUME, "emptyDir": {}}] + ([_api_token_volume()] if reports else []),
+        volumes=[common.scratch_volume(VOLUME, job.empty_dir_size_limit)] + ([_api_token_volume()] if reports else []),
         mounts=[shared],
         labels=out.auth.pod_labels(),
         annotations=out.auth.pod_annotations([role]),
