@@ -298,7 +298,8 @@ def _taint_node(action: TaintNode) -> None:
     if any(t.get("key") == action.taint["key"] for t in taints):
         return
     if action.limit is not None:
-        refused = preflight.taint_refused(kube.list_objects("v1", "Node"), action.taint["key"], action.limit)
+        key = action.taint["key"]
+        refused = preflight.taint_refused(preflight.carrying(kube.list_objects("v1", "Node"), key), key, action.limit)
         if refused:
             log.warning("node %s not tainted: %s", action.node, refused)
             return

@@ -45,6 +45,7 @@ from trainop.config import Config
 from trainop.memo import Memos
 from trainop.render import dtj as render_dtj
 from trainop.render import logship as render_logship
+from trainop.render.fabric import UNHEALTHY_TAINT
 from trainop.workqueue import WorkQueue
 
 log = logging.getLogger("trainop.controller")
@@ -333,6 +334,7 @@ class Controller:
             ssh_secret=self.applier.has_ssh_secret(uid),
             endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
+            tainted_nodes=tuple(self._all("preflight_tainted", UNHEALTHY_TAINT)),
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
             classes=self.priority_classes(),
             workload=workload, flavors=flavors, pod_group=pod_group,

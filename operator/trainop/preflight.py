@@ -145,10 +145,16 @@ def judge(rep: Report, threshold: float, pods_by_index: dict[int, dict]) -> Verd
                                         f"was slow in every pair: {_pairs_text(rep.pairs)}")
 
 
-def taint_refused(nodes: list[dict], key: str, limit: int) -> str | None:
-    """Why one more node may not get the taint `key` (None: it may): `limit` nodes carry it."""
-    tainted = sorted(n["metadata"]["name"] for n in nodes
-                     if any(t.get("key") == key for t in (n.get("spec") or {}).get("taints") or []))
+def carrying(nodes: list[dict], key: str) -> list[str]:
+    """The names of the nodes with a taint of `key`."""
+    return [n["metadata"]["name"] for n in nodes
+            if any(t.get("key") == key for t in (n.get("spec") or {}).get("taints") or [])]
+
+
+def taint_refused(tainted: list[str] | tuple[str, ...], key: str, limit: int) -> str | None:
+    """Why one more node may not get the taint `key` (None: it may): `tainted`, the nodes
+    that carry it, are `limit` or more."""
+    tainted = sorted(tainted)
     if len(tainted) < limit:
         return None
     return (f"{len(tainted)} node(s) already carry {key} ({', '.join(tainted[:10])}), the cluster's cap "

@@ -256,6 +256,24 @@ def test_without_tainting_the_restart_counts_and_names_the_node():
     assert out.status["preflight"]["tainted"] is False
 
 
+def test_at_the_clusters_cap_the_slow_node_is_not_tainted_and_status_says_so():
+    """Issue 22 M5: preflight.maxTaintedNodes (2) nodes carry the taint already (counted from
+    the nodes, the snapshot's tainted_nodes): no TaintNode, a counted restart, and
+    status.preflight.tainted false with the cap's words. A suspect already tainted is no new
+    taint: the uncounted restart stays."""
+    full = ("aks-ndv5-7", "aks-ndv5-9")
+    out = decide(snap(fabric_job(), pods=preflight_pods(GOOD), tainted_nodes=full, **shared()), TAINTING, NOW)
+    assert not [a for a in out.actions if isinstance(a, TaintNode)]
+    assert out.status["phase"] == "Failed"  # backoffLimit 0: the restart counts
+    failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
+    assert "node not tainted (2 node(s) already carry trainop.io/unhealthy (aks-ndv5-7, aks-ndv5-9), " \
+           "the cluster's cap preflight.maxTaintedNodes=2" in failed["message"]
+    assert out.status["preflight"]["tainted"] is False
+    again = decide(snap(fabric_job(), pods=preflight_pods(GOOD), tainted_nodes=("aks-ndv5-2", "aks-ndv5-9"),
+                        **shared()), TAINTING, NOW)
+    assert again.status["preflight"]["tainted"] is True and again.status["restarts"]["unhealthyNodes"] == 1
+
+
 def test_no_single_slow_worker_means_a_counted_restart_and_no_taint():
     report = {**GOOD, "pairs": [{"workers": [0, 1], "busBandwidthGBps": 9.0}, {"workers": [1, 2], "busBandwidthGBps": 9.0},
                                 {"workers": [2, 3], "busBandwidthGBps": 9.0}, {"workers": [0, 3], "busBandwidthGBps": 9.0}]}
@@ -480,6 +498,7 @@ def test_taint_is_refused_once_the_cap_of_tainted_nodes_is_reached():
         return {"metadata": {"name": name}, "spec": {"taints": [{"key": k, "effect": "NoSchedule"} for k in keys]}}
     key = preflight.TAINT["key"]
     nodes = [node("a", key), node("b", "other"), node("c")]
-    assert preflight.taint_refused(nodes, key, 2) is None
-    why = preflight.taint_refused(nodes + [node("d", key)], key, 2)
+    assert preflight.carrying(nodes, key) == ["a"]
+    assert preflight.taint_refused(preflight.carrying(nodes, key), key, 2) is None
+    why = preflight.taint_refused(preflight.carrying(nodes + [node("d", key)], key), key, 2)
     assert why.startswith(f"2 node(s) already carry {key} (a, d), the cluster's cap preflight.maxTaintedNodes=2")

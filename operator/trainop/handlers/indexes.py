@@ -23,6 +23,7 @@ children then fit in tens of MB.
                          (ns, job-name)           its PodGroup (runPolicy.schedulingPolicy; none
                                                   where that scheduler's API is not served)
     nodes_by_pool        agentpool label          nodes (labels, allocatable)
+    preflight_tainted    the preflight taint's key the names of the nodes that carry it
     quotas               ns                       ResourceQuotas
     stage_bodies         (ns, name)               DataStages
     stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet, copy Jobs
@@ -61,7 +62,7 @@ from trainop.render import datastage as render_stage
 from trainop.render import dtj as render_dtj
 from trainop.render import logship as render_logship
 from trainop.render import podgroup as render_podgroup
-from trainop.render.fabric import PREFLIGHT
+from trainop.render.fabric import PREFLIGHT, UNHEALTHY_TAINT
 from trainop.resume import CHECKPOINT_KEY
 
 LABEL_JOB = common.LABEL_JOB
@@ -281,6 +282,18 @@ async def nodes_by_pool(body, **_):
         "status": {"allocatable": dict((body.get("status") or {}).get("allocatable") or {})}}}
 
 
+@kopf.index("v1", "nodes")
+async def preflight_tainted(body, **_):
+    """The nodes that carry the preflight's taint (preflight.maxTaintedNodes is counted from
+    them in decide; apply's TaintNode counts again from the API, against a race)."""
+    taints = (body.get("spec") or {}).get("taints") or []
+    # {}, not None: kopf keeps an object's old entry when the function returns None, and a
+    # node whose taint an admin removed must leave the index
+    if any(t.get("key") == UNHEALTHY_TAINT for t in taints):
+        return {UNHEALTHY_TAINT: body["metadata"]["name"]}
+    return {}
+
+
 @kopf.index("v1", "resourcequotas")
 async def quotas(body, namespace, **_):
     return {namespace: _obj(body, spec=dict(body.get("spec") or {}),
@@ -350,7 +363,7 @@ async def resource_flavors(body, name, **_):
 
 
 INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps", "dtj_netpols",
-           "dtj_endpointslices", "dtj_workloads", "dtj_podgroups_plugins", "dtj_podgroups_volcano", "nodes_by_pool", "quotas", "stage_bodies",
+           "dtj_endpointslices", "dtj_workloads", "dtj_podgroups_plugins", "dtj_podgroups_volcano", "nodes_by_pool", "preflight_tainted", "quotas", "stage_bodies",
            "stage_services", "stage_statefulsets", "stage_jobs", "service_accounts", "claims",
            "priority_classes", "workload_priority_classes", "resource_flavors")
 

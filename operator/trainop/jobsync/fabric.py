@@ -32,12 +32,16 @@ def _fabric(plan: _Plan, job: Job, st: _Status, workers: dict[int, dict], attemp
         return stopped
     # Uncounted only when the slow node is out of the next attempt's way, and at most once per
     # worker: a gang that keeps failing after that has a problem no taint fixes.
+    # The cluster's cap (preflight.maxTaintedNodes) is counted from the nodes' own taints, so
+    # that status says what happens (apply's TaintNode counts again, against a race).
+    capped = None if verdict.node in plan.snap.tainted_nodes else preflight.taint_refused(
+        plan.snap.tainted_nodes, preflight.TAINT["key"], job.fabric.max_tainted_nodes)
     uncounted = (not verdict.passed and verdict.node is not None
-                 and job.fabric.taint_unhealthy_nodes
+                 and job.fabric.taint_unhealthy_nodes and capped is None
                  and restart_counts(st.data)["unhealthyNodes"] < job.workers)
     if not verdict.passed and verdict.node is not None and not uncounted:
         why = "the operator's preflight.taintUnhealthyNodes is false" \
-            if not job.fabric.taint_unhealthy_nodes else \
+            if not job.fabric.taint_unhealthy_nodes else capped or \
             f"{job.workers} uncounted restarts were used"
         verdict = preflight.Verdict(False, verdict.suspect, verdict.node,
                                     f"{verdict.message}; node not tainted ({why})")

@@ -41,6 +41,8 @@ class JobSnapshot:
     ssh_secret: bool = False   # this process made or found the job's SSH Secret (apply.py)
     endpoint_slices: list[dict] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
+    # the nodes that carry the preflight's taint (preflight.maxTaintedNodes counts them)
+    tainted_nodes: tuple[str, ...] = ()
     stage: dict | None = None                             # the referenced DataStage
     # The native queue's answer (gate.py), asked by the controller when a decide() of this
     # snapshot returned Outcome.asks; None: not asked yet.
