@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from trainop_trainer import checkpoint, data
+from trainop_trainer import checkpoint, data, report
 from trainop_trainer import world as world_mod
 from trainop_trainer.config import Config
 
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         world = world_mod.detect()
         config = parse(sys.argv[1:] if argv is None else argv, world)
     except (ConfigError, data.DataError, world_mod.WorldError) as e:
-        print(f"trainop_trainer: error: {e}", file=sys.stderr)
+        report.write_line(sys.stderr, f"trainop_trainer: error: {e}")  # one write: ranks share the pipe
         return 2
     config.output_dir.mkdir(parents=True, exist_ok=True)
     if config.framework == "pytorch":
@@ -206,6 +206,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         impl.train(config, world)
     except (checkpoint.CheckpointError, data.DataError) as e:  # one line naming the checkpoint or the data
-        print(f"trainop_trainer: error: {e}", file=sys.stderr)
+        report.write_line(sys.stderr, f"trainop_trainer: error: {e}")  # one write: ranks share the pipe
         return 2
     return 0

@@ -307,11 +307,13 @@ def _after_step(saver: _Saver, step: int, epoch: int) -> bool:
     return saver.after_step(step, epoch)
 
 
-def _end_epoch(cfg, world, backend, model, reporter, epoch, global_step, ran, seconds, local_loss, bad_samples) -> float:
+def _end_epoch(cfg, world, backend, model, reporter, epoch, global_step, ran, seconds, local_loss,
+               bad_samples: data.BadSamples | None) -> float:
     own_rate = ran * cfg.batch_size / seconds
     # Before the collective, so the other ranks wait for the chief there, outside their timed epoch.
     backend.save(world, cfg.output_dir / f"checkpoint-epoch{epoch}.weights.h5", model.save_weights)
-    total_rate, loss_total, bad_total = backend.sum([own_rate, local_loss, float(bad_samples.count if bad_samples is not None else 0)])
+    bad_own = float(bad_samples.count if bad_samples is not None else 0)
+    total_rate, loss_total, bad_total = backend.sum([own_rate, local_loss, bad_own])
     if bad_samples is not None:
         reporter.bad_samples = int(bad_total)  # the ranks' shards are disjoint: a sum of distinct files
         bad_samples.check(int(bad_total))  # on every rank alike: the gang's count above the limit
