@@ -29,6 +29,15 @@ def test_bad_options(args, message):
     assert message in str(e.value)
 
 
+def test_max_bad_samples_is_a_fraction():
+    assert cli.parse([*BASE, "--synthetic", "--batch-size", "2"], TWO).max_bad_samples == data.MAX_BAD_SAMPLES == 0.001
+    assert cli.parse([*BASE, "--synthetic", "--batch-size", "2", "--max-bad-samples", "0"], TWO).max_bad_samples == 0
+    for value in ("-0.1", "1", "5", "nan"):
+        with pytest.raises(cli.ConfigError, match=f"--max-bad-samples is a fraction of the data set, 0 or more and "
+                                                  f"below 1, got {float(value):g}"):
+            cli.parse([*BASE, "--synthetic", "--batch-size", "2", "--max-bad-samples", value], TWO)
+
+
 def test_data_dir_without_images(tmp_path):
     (tmp_path / "class-a").mkdir()
     with pytest.raises(data.DataError, match="no images found"):

@@ -23,9 +23,10 @@ def _both_paths(dataset, device):
     """The same batch (epoch 0, all 24 samples) through the CPU path and the GPU path on `device`."""
     indices = np.arange(len(dataset.samples))
     reader = torch_data.BatchReader(dataset.samples, SIZE, 7, 0)
-    images, _, _, _, _, labels = reader[(0, indices, len(indices))]  # all decoded by the worker
+    images, _, _, _, _, labels, bad = reader[(0, indices, len(indices))]  # all decoded by the worker
     cpu = torch_data.finish_uint8(images.to(device), torch.channels_last)
-    _, encoded, offsets, boxes, flips, labels2 = reader[(0, indices, 0)]  # all left to the device
+    _, encoded, offsets, boxes, flips, labels2, bad2 = reader[(0, indices, 0)]  # all left to the device
+    assert bad == bad2 == ()  # a healthy set: nothing replaced
     gpu = torch_data.decode_batch(encoded, offsets, boxes, flips, SIZE, device, torch.channels_last)
     return cpu, gpu, labels, labels2, flips
 

@@ -38,6 +38,16 @@ def test_final_throughput_leaves_out_the_first_epoch(tmp_path, capsys):
     assert (tmp_path / "m.jsonl").read_text().splitlines() == lines[:-1]
 
 
+def test_bad_samples_are_reported_on_data_runs_only(tmp_path, capsys):
+    for bad, expected in ((None, None), (0, 0), (3, 3)):  # None: synthetic data, no key
+        r = report.Reporter(tmp_path / f"m{bad}.jsonl", world_size=1, global_batch=8, chief=True, bad_samples=bad)
+        r.epoch(1, 1, 1.0, 8.0, 1)
+        r.final(1, 1, 1.0)
+        records = [json.loads(line) for line in (tmp_path / f"m{bad}.jsonl").read_text().splitlines()]
+        assert [rec.get("badSamples") for rec in records] == [expected] * 2
+    capsys.readouterr()
+
+
 def test_only_the_chief_reports(tmp_path, capsys):
     r = report.Reporter(tmp_path / "m.jsonl", world_size=2, global_batch=8, chief=False)
     r.epoch(1, 1, 1.0, 8.0, 1)

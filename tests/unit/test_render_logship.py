@@ -190,6 +190,9 @@ def test_progress_config_map_only_with_a_sidecar():
 
 @pytest.mark.parametrize("data, shown", [
     ({"metrics": '{"step": 3, "loss": 1.5, "final": true}'}, {"step": 3, "loss": 1.5, "final": True}),
+    # the images the trainer skipped as bad (trainop_trainer/data.py) reach the status too
+    ({"metrics": '{"step": 3, "badSamples": 2}'}, {"step": 3, "badSamples": 2}),
+    ({"metrics": '{"step": 3, "badSamples": "many"}'}, {"step": 3}),
     # non-finite values arrive as strings (the sidecar's JSON has no NaN literal) and stay so
     ({"metrics": '{"step": 3, "loss": "NaN", "stepTime": "Infinity"}'},
      {"step": 3, "loss": "NaN", "stepTime": "Infinity"}),

@@ -41,7 +41,7 @@ LOG_FILE = f"{RUN_DIR}/train.log"  # Blob output: the file the sidecar ships
 METRICS_NAME = "metrics.jsonl"  # the trainer's --metrics-file, inside its --output-dir
 # The keys of the trainer's metrics contract (docs/DEVELOPING.md); nothing else reaches the status.
 METRIC_KEYS = ("epoch", "step", "loss", "imagesPerSec", "imagesPerSecPerGPU", "stepTime", "worldSize", "final",
-               "totalSteps", "time")
+               "totalSteps", "time", "badSamples")
 # The string-valued keys and every value each may have: the network NCCL chose (the trainer's
 # nccl.py; jobsync sets condition Transport from it).
 METRIC_WORDS = {"transport": ("IB", "Socket")}

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from trainop_trainer import checkpoint, data
+from trainop_trainer import checkpoint, data, report
 from trainop_trainer import world as world_mod
 from trainop_trainer.config import Config
 
@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--read-mode", choices=data.READ_MODES, default="auto",
                    help="sequential: blocks of consecutive .tar members (the default for shards); "
                         "random: one read per image (the default for folders)")
+    p.add_argument("--max-bad-samples", type=float, default=data.MAX_BAD_SAMPLES, metavar="FRACTION",
+                   help="images that are empty, truncated or unreadable are skipped (a WARNING names each once, "
+                        "the reports count them as badSamples) and another image of the set stands in; above "
+                        "this fraction of the data set the run fails (0: none allowed; default %(default)s)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--report-seconds", type=float, default=60.0,
                    help="rank 0 also reports within an epoch at most this often (its own throughput "
@@ -113,6 +117,9 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
     for name in ("batch_size", "global_batch_size", "epochs", "steps_per_epoch", "image_size",
                  "num_classes", "synthetic_batches"):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
+    if not 0 <= args.max_bad_samples < 1:
+        raise ConfigError(f"--max-bad-samples is a fraction of the data set, 0 or more and below 1, "
+                          f"got {args.max_bad_samples:g}")
     if args.checkpoint_every < 0:
         raise ConfigError(f"--checkpoint-every must be 0 or more, got {args.checkpoint_every}")
     if world.is_chief:  # only rank 0 reads it (and only its host may have it): the rest get it from rank 0
@@ -180,6 +187,7 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
         checkpoint_every=int(args.checkpoint_every),
         report_seconds=max(0.0, args.report_seconds),
         resume_from=args.resume_from,
+        max_bad_samples=args.max_bad_samples,
     )
 
 
@@ -188,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         world = world_mod.detect()
         config = parse(sys.argv[1:] if argv is None else argv, world)
     except (ConfigError, data.DataError, world_mod.WorldError) as e:
-        print(f"trainop_trainer: error: {e}", file=sys.stderr)
+        report.write_line(sys.stderr, f"trainop_trainer: error: {e}")  # one write: ranks share the pipe
         return 2
     config.output_dir.mkdir(parents=True, exist_ok=True)
     if config.framework == "pytorch":
@@ -197,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         from trainop_trainer import tf_train as impl
     try:
         impl.train(config, world)
-    except checkpoint.CheckpointError as e:  # one line naming the checkpoint, not a traceback
-        print(f"trainop_trainer: error: {e}", file=sys.stderr)
+    except (checkpoint.CheckpointError, data.DataError) as e:  # one line naming the checkpoint or the data
+        report.write_line(sys.stderr, f"trainop_trainer: error: {e}")  # one write: ranks share the pipe
         return 2
     return 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainop_trainer.data import MAX_BAD_SAMPLES
+
 
 @dataclass(frozen=True)
 class Config:
@@ -38,3 +40,4 @@ class Config:
     checkpoint_every: int = 0
     resume_from: str | None = None
     report_seconds: float = 60.0  # rank 0 also reports within an epoch, at most this often (0: never)
+    max_bad_samples: float = MAX_BAD_SAMPLES  # fraction of the set that may be bad (data.BadSamples)

@@ -18,6 +18,14 @@ a horizontal flip with probability 1/2, a bilinear antialiased resize to `image_
 RGB uint8, then (x/255 - MEAN)/STD as float32. The crop and flip of sample `i` in data epoch
 `e` come from `sample_rng(seed, rank, e, i)`, so the CPU path (PIL), the GPU path (nvJPEG via
 torchvision) and tf.data draw the same boxes; only the decoders' rounding differs.
+
+Bad samples (`read_batch`, `BadSamples`): every path reads a batch through `read_batch`, which
+checks each sample's bytes (`check`: empty, no image PIL can identify, a JPEG or PNG cut short)
+before any decoder sees them, and puts a replacement in the place of a bad one: another sample
+of the set drawn from (seed, rank, epoch, index), with its own label and crop. So batch shapes
+and step counts stay, and a resumed run (same seed) meets the same replacement in the same
+place. The rank's `BadSamples` warns once per file, counts them for the reports, and ends the
+run with a clear message above `--max-bad-samples` (a fraction of the set).
 """
 
 from __future__ import annotations
@@ -25,12 +33,16 @@ from __future__ import annotations
 import io
 import math
 import os
+import struct
 import sys
 import tarfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from trainop_trainer import report
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 # ImageNet channel statistics (RGB, 0..1 scale).
@@ -53,6 +65,12 @@ class Sample:
     offset: int  # byte offset of the image in `path` (0 for a plain file)
     length: int  # bytes (-1: the whole file)
     label: int
+    member: str = ""  # its name inside the tar ("" for a plain file)
+
+    @property
+    def name(self) -> str:
+        """What a person looks for: the file, or `<tar>:<member>`."""
+        return f"{self.path}:{self.member}" if self.member else self.path
 
     def read(self) -> bytes:
         with open(self.path, "rb") as f:
@@ -125,7 +143,7 @@ def _tar_members(tar_path: Path):
         for m in tar:
             parts = m.name.strip("./").split("/")
             if m.isfile() and len(parts) >= 2 and _is_image(parts[-1]):
-                yield parts[-2], Sample(str(tar_path), m.offset_data, m.size, -1)
+                yield parts[-2], Sample(str(tar_path), m.offset_data, m.size, -1, m.name)
 
 
 def scan(data_dir: Path) -> DataSet:
@@ -151,7 +169,7 @@ def scan(data_dir: Path) -> DataSet:
         raise DataError(f"--data-dir {data_dir}: no images found; expected <class>/<image>.jpg folders or .tar shards of them")
     classes = tuple(sorted({name for name, _ in found}))
     index = {name: i for i, name in enumerate(classes)}
-    samples = tuple(Sample(s.path, s.offset, s.length, index[name]) for name, s in found)
+    samples = tuple(Sample(s.path, s.offset, s.length, index[name], s.member) for name, s in found)
     return DataSet(classes, samples)
 
 
@@ -265,6 +283,190 @@ def decode(raw: bytes, image_size: int, rng: np.random.Generator | None) -> np.n
     return normalise(decode_uint8(raw, crop, image_size))
 
 
+# ---- bad samples (module docstring) ----
+
+# Default of --max-bad-samples: the fraction of the set that may be bad before the run fails.
+# A healthy copy of ImageNet-1k (1,281,167 images) has no undecodable file (its 22 CMYK JPEGs and
+# one PNG named .JPEG decode), so 0.1% (about 1,300 images there) leaves room for a few damaged
+# files, while a broken copy or staging (a tar cut short, a half-synced folder) damages far more
+# and fails instead of training quietly on replacements. Costs nothing to accuracy: 0.1% of an
+# epoch's images are other images of the set, augmented differently.
+MAX_BAD_SAMPLES = 0.001
+# A slot's own sample, then up to this many replacements less one, before the run gives up: at
+# a bad fraction f, all of them bad has probability f**16 (f = 0.5: 2e-5 per slot).
+MAX_TRIES = 16
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# What decoders raise for bytes that are no usable image: PIL (UnidentifiedImageError is an
+# OSError; "image file is truncated"), torchvision (RuntimeError), header parsers (struct.error,
+# SyntaxError, EOFError, ValueError); `check`'s own BadImage is a ValueError.
+DECODE_ERRORS = (OSError, ValueError, RuntimeError, SyntaxError, EOFError, struct.error)
+
+
+class BadImage(ValueError):
+    """A sample's bytes are no usable image (`check`)."""
+
+
+class BadSamplesError(DataError):
+    """More bad samples than --max-bad-samples allows: the run ends with this message."""
+
+
+def _jpeg_truncated(raw: bytes) -> bool:
+    """True when the JPEG's data ends before its end-of-image marker (FFD9). Decoders disagree on
+    such a file: PIL raises "image file is truncated", libjpeg-turbo (torchvision, TensorFlow)
+    may fill the rest grey with a warning; this check makes every path call it bad alike. The
+    marker segments are walked to the first start-of-scan (SOS), so an FFD9 inside them (an EXIF
+    thumbnail) is not taken for the end; inside the scan data FFD9 can only be the end (a 0xFF
+    byte there is stuffed as FF00). Cheap: one memchr-speed search, usually a look at the tail."""
+    if raw.endswith(b"\xff\xd9"):
+        return False
+    i = 2
+    while i + 4 <= len(raw):
+        if raw[i] != 0xFF:
+            return False  # not a marker where one should be: leave the verdict to the decoder
+        marker = raw[i + 1]
+        if marker == 0xFF or 0xD0 <= marker <= 0xD8 or marker == 0x01:  # fill byte, standalone markers
+            i += 1 if marker == 0xFF else 2
+            continue
+        if marker == 0xDA:
+            return raw.find(b"\xff\xd9", i) < 0
+        i += 2 + int.from_bytes(raw[i + 2:i + 4], "big")
+    return True  # the data ends inside the header
+
+
+def check(raw: bytes) -> tuple[int, int]:
+    """(width, height) of an image whose bytes are whole, or BadImage / the header parser's own
+    error saying why not. Header-only: the decode itself happens where each path decodes."""
+    if not raw:
+        raise BadImage("empty file")
+    size = image_size_of(raw)  # PIL's header parse: UnidentifiedImageError for no image
+    if raw[:2] == b"\xff\xd8" and _jpeg_truncated(raw):
+        raise BadImage("truncated JPEG (the data ends before the end-of-image marker)")
+    if raw[:8] == PNG_SIGNATURE and raw.rfind(b"IEND") < 0:
+        raise BadImage("truncated PNG (no IEND chunk)")
+    return size
+
+
+def reason(error: BaseException) -> str:
+    """One line for a WARNING: the error's class and text, without PIL's object address."""
+    text = str(error).split(" <_io.BytesIO object")[0].rstrip() or "no message"
+    return text if isinstance(error, BadImage) else f"{type(error).__name__}: {text}"
+
+
+def candidate(pool, seed: int, rank: int, epoch: int, index: int, attempt: int) -> int:
+    """The sample in slot (epoch, index) of this rank at its `attempt`-th try: the slot's own
+    sample, then replacements drawn from `pool` (the rank's own samples, so the ranks' bad files
+    stay disjoint and their counts add up) by (seed, rank, epoch, index, attempt). A pure
+    function: the same seed gives the same replacement in the same place (bitwise resume)."""
+    if attempt == 0:
+        return index
+    return int(pool[np.random.default_rng((seed, rank, epoch, index, attempt, 0)).integers(len(pool))])
+
+
+def candidate_rng(seed: int, rank: int, epoch: int, index: int, attempt: int) -> np.random.Generator:
+    """The augmentation of the slot's `attempt`-th candidate: `sample_rng` for its own sample (the
+    contract), a generator of the slot for a replacement (so it is not a copy of the same image
+    wherever that sample itself appears in the epoch)."""
+    if attempt == 0:
+        return sample_rng(seed, rank, epoch, index)
+    return np.random.default_rng((seed, rank, epoch, index, attempt, 1))
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What fills one slot of a batch: sample `index` (the slot's own, or at `attempt` > 0 a
+    replacement), its bytes, its crop and label."""
+    index: int
+    raw: bytes
+    crop: Crop
+    label: int
+    attempt: int
+
+
+def resolve(samples, pool, seed: int, rank: int, epoch: int, index: int, raw: bytes | None, train: bool = True,
+            accept=None, first_attempt: int = 0) -> tuple[Pick, list[tuple[int, str]]]:
+    """The first usable candidate of slot (epoch, index), from `first_attempt` on, and the bad
+    ones met before it as (sample index, reason). `pool`: the rank's sample indices (`candidate`);
+    `raw`: the first candidate's bytes if already read. Usable: `check` passes and `accept(raw, crop)` (a decode, on the CPU path) raises none
+    of DECODE_ERRORS. Raises BadSamplesError when MAX_TRIES candidates in a row are bad."""
+    bad: list[tuple[int, str]] = []
+    for attempt in range(first_attempt, MAX_TRIES):
+        i = candidate(pool, seed, rank, epoch, index, attempt)
+        try:
+            data = raw if attempt == first_attempt and raw is not None else samples[i].read()
+            crop = draw_crop(*check(data), candidate_rng(seed, rank, epoch, index, attempt) if train else None)
+            if accept is not None:
+                accept(data, crop)
+        except DECODE_ERRORS as e:
+            bad.append((i, reason(e)))
+            continue
+        return Pick(i, data, crop, samples[i].label, attempt), bad
+    names = ", ".join(samples[i].name for i, _ in bad[:3])
+    raise BadSamplesError(f"{MAX_TRIES} samples in a row are bad (empty, truncated or unreadable images: {names}, ...); "
+                          f"the data set is damaged: repair or re-stage it")
+
+
+def read_batch(samples, pool, epoch: int, indices, seed: int, rank: int,
+               train: bool = True) -> tuple[list[Pick], list[tuple[int, str]]]:
+    """One batch's picks, in slot order (tar blocks read as one request, `read_many`), a bad
+    sample replaced (`resolve`), and the bad samples met as (sample index, reason). What every
+    decode path reads through: the CPU and GPU paths of torch_data and tf.data alike."""
+    raws = read_many([samples[int(i)] for i in indices])
+    picks, bad = [], []
+    for i, raw in zip(indices, raws):
+        pick, met = resolve(samples, pool, seed, rank, epoch, int(i), raw, train)
+        picks.append(pick)
+        bad.extend(met)
+    return picks, bad
+
+
+def bad_sample_limit(total: int, fraction: float) -> int:
+    """Bad samples allowed in a set of `total`: `fraction` of it, rounded up, so that any fraction
+    above 0 tolerates one bad file even in a small set (0: none at all)."""
+    return math.ceil(total * fraction - 1e-9)  # 1e-9: 0.1 * 30 is 3.0000000000000004 in binary
+
+
+def too_many_message(count: int, limit: int, fraction: float, total: int, names: list[str]) -> str:
+    """The run's last line when `count` bad samples are above `limit`."""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    where = f"{shown} (every rank's WARNING lines name its own)" if shown else "the ranks' WARNING lines name them"
+    plural = "s" if count != 1 else ""
+    return (f"{count} bad sample{plural} (empty, truncated or unreadable images): more than --max-bad-samples "
+            f"{fraction:g} of the {total} images allows ({limit}): {where}; repair or remove them, "
+            f"or raise --max-bad-samples")
+
+
+class BadSamples:
+    """This rank's bad samples: one WARNING line per file the first time it turns up (later
+    epochs meet it again silently), the count the reports carry, and the limit. `note` may be
+    called from several threads (tf.data's); the training thread calls `check`."""
+
+    def __init__(self, samples, fraction: float = MAX_BAD_SAMPLES):
+        self.samples, self.fraction = samples, fraction
+        self.limit = bad_sample_limit(len(samples), fraction)
+        self.found: dict[int, str] = {}  # sample index -> reason, in the order they turned up
+        self._lock = threading.Lock()
+
+    @property
+    def count(self) -> int:
+        return len(self.found)
+
+    def note(self, bad) -> None:
+        with self._lock:
+            for index, why in bad:
+                if index not in self.found:
+                    self.found[index] = why
+                    report.write_line(sys.stderr, f"trainop_trainer: WARNING: bad sample {self.samples[index].name}: {why}; "
+                                           f"skipped, another sample of the set stands in")
+
+    def check(self, count: int | None = None) -> None:
+        """BadSamplesError when `count` (the gang's, summed; default this rank's) is above the limit."""
+        count = self.count if count is None else count
+        if count > self.limit:
+            with self._lock:
+                names = [self.samples[i].name for i in self.found]
+            raise BadSamplesError(too_many_message(count, self.limit, self.fraction, len(self.samples), names))
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     """Which samples make batch `n` of this rank, for any n: a pure function of (set, rank, seed),
@@ -275,6 +477,11 @@ class BatchPlan:
     seed: int
     rank: int
     shuffle: bool = True
+
+    @property
+    def pool(self) -> np.ndarray:
+        """This rank's sample indices, in set order: where its replacements come from."""
+        return np.sort(np.fromiter((i for b in self.blocks for i in b), dtype=np.int64))
 
     @property
     def batches_per_epoch(self) -> int:

@@ -3,7 +3,8 @@
 learning-rate schedule every framework shares.
 
 Metric keys are the trainer contract (docs/DEVELOPING.md) and go straight into the job's
-status.metrics, so they are camelCase and fixed. `totalSteps` and `time` (Unix seconds of the
+status.metrics, so they are camelCase and fixed (the operator copies only the keys it knows:
+render/logship.METRIC_KEYS). `totalSteps` and `time` (Unix seconds of the
 report) let the operator show percent done and an ETA (status.progress).
 """
 
@@ -43,6 +44,9 @@ class Reporter:
     events: Any = None  # events.open_writer(...) on the chief: the reports as TensorBoard scalars
     transport: str | None = None  # "IB" | "Socket": the network NCCL chose (nccl.py); None: no NCCL
     report_seconds: float = 0.0  # rank 0 also reports within an epoch, at most this often (0: never)
+    # Bad samples the gang skipped (data.BadSamples), as of the last epoch's collective (reports
+    # within an epoch repeat it: they gather nothing); None: synthetic data, no key reported.
+    bad_samples: int | None = None
     _tick: tuple[float, int] | None = None  # (time, global step) of the last report within the epoch
     # (seconds, steps) per epoch, seconds derived from the gathered throughput. Epochs after the
     # first (which holds compilation and warm-up) make the final figure, as in the reference.
@@ -103,6 +107,8 @@ class Reporter:
             record["totalSteps"] = self.total_steps
         if self.transport:
             record["transport"] = self.transport
+        if self.bad_samples is not None:
+            record["badSamples"] = self.bad_samples
         line = json.dumps(record)
         write_line(sys.stdout, line)
         with open(self.metrics_file, "a") as f:

@@ -65,7 +65,7 @@ def _model(keras, cfg: Config):
 
 def _dataset(tf, cfg: Config, world: World):
     """`make(start)`: this rank's batched dataset from its batch `start` (the batches a resumed
-    run consumed before); and its steps per epoch."""
+    run consumed before); its steps per epoch; and its data.BadSamples (None: synthetic data)."""
     if cfg.synthetic:
         patterns, labels = data.synthetic_task(cfg.num_classes, cfg.synthetic_batches, cfg.batch_size,
                                                world.rank, cfg.seed)
@@ -75,15 +75,17 @@ def _dataset(tf, cfg: Config, world: World):
         tiled = tf.tile(tf.gather(patterns, labels), [1, 1, reps, reps, 1])[:, :, : cfg.image_size, : cfg.image_size]
         # Step k trains on batch k mod len: a resumed run continues the cycle where it stopped.
         ds = tf.data.Dataset.from_tensor_slices((noise + tiled, labels)).repeat()
-        return (lambda start: ds.skip(start % cfg.synthetic_batches)), 100
+        return (lambda start: ds.skip(start % cfg.synthetic_batches)), 100, None
     dataset = data.scan(cfg.data_dir)
     mode = dataset.read_mode(cfg.read_mode)
     dataset.rank_shard(world.rank, world.size, cfg.data_dir, mode)
-    return (lambda start: _image_dataset(tf, dataset, mode, cfg, world, start),
-            dataset.steps_per_epoch(world.size, cfg.batch_size, mode))
+    bad_samples = data.BadSamples(dataset.samples, cfg.max_bad_samples)
+    return (lambda start: _image_dataset(tf, dataset, mode, cfg, world, start, bad_samples),
+            dataset.steps_per_epoch(world.size, cfg.batch_size, mode), bad_samples)
 
 
-def _image_dataset(tf, dataset: data.DataSet, mode: str, cfg: Config, world: World, start: int = 0):
+def _image_dataset(tf, dataset: data.DataSet, mode: str, cfg: Config, world: World, start: int = 0,
+                   bad_samples: data.BadSamples | None = None):
     """tf.data over the same `BatchPlan` and augmentation contract as the PyTorch loader.
 
     A Python generator names the samples in plan order (cheap); a parallel map reads each batch's
@@ -91,8 +93,13 @@ def _image_dataset(tf, dataset: data.DataSet, mode: str, cfg: Config, world: Wor
     the read and the header parse); a second parallel map decodes with TensorFlow's own kernels
     (`decode_and_crop_jpeg` decodes only the crop window), outside the GIL on tf.data's threads;
     normalisation is one vectorised op per batch. AUTOTUNE sizes both maps and the prefetch.
-    Batch n is a pure function of the plan: a resumed run starts the generator at batch `start`."""
+    Batch n is a pure function of the plan: a resumed run starts the generator at batch `start`.
+    The read goes through data.read_batch, as PyTorch's does: a bad sample is replaced in its slot
+    before TensorFlow's decoder sees it, and noted in `bad_samples` (which the training loop checks)."""
     plan = data.BatchPlan(tuple(dataset.blocks(world.rank, world.size, mode)), cfg.batch_size, cfg.seed, world.rank)
+    pool = plan.pool
+    if bad_samples is None:
+        bad_samples = data.BadSamples(dataset.samples, cfg.max_bad_samples)
     size, autotune = cfg.image_size, tf.data.AUTOTUNE
 
     def batch_keys():
@@ -103,14 +110,12 @@ def _image_dataset(tf, dataset: data.DataSet, mode: str, cfg: Config, world: Wor
             n += 1
 
     def read(epoch, indices):
-        batch = [dataset.samples[int(i)] for i in indices]
-        raws = data.read_many(batch)
-        crops = [data.draw_crop(*data.image_size_of(raw), data.sample_rng(cfg.seed, world.rank, int(epoch), int(i)))
-                 for i, raw in zip(indices, raws)]
-        boxes = np.array([(c.y, c.x, c.h, c.w) for c in crops], dtype=np.int32)
-        flips = np.array([c.flip for c in crops], dtype=bool)
-        labels = np.array([s.label for s in batch], dtype=np.int64)
-        return np.array(raws, dtype=object), boxes, flips, labels
+        picks, bad = data.read_batch(dataset.samples, pool, int(epoch), indices, cfg.seed, world.rank)
+        bad_samples.note(bad)  # never raises here (a tf.data thread): the training loop checks
+        boxes = np.array([(p.crop.y, p.crop.x, p.crop.h, p.crop.w) for p in picks], dtype=np.int32)
+        flips = np.array([p.crop.flip for p in picks], dtype=bool)
+        labels = np.array([p.label for p in picks], dtype=np.int64)
+        return np.array([p.raw for p in picks], dtype=object), boxes, flips, labels
 
     def read_tf(epoch, indices):
         raws, boxes, flips, labels = tf.numpy_function(read, [epoch, indices], (tf.string, tf.int32, tf.bool, tf.int64))
@@ -204,7 +209,7 @@ def train(cfg: Config, world: World) -> None:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
     tf.keras.utils.set_random_seed(cfg.seed)  # same initial weights everywhere; Horovod broadcasts anyway
 
-    make_dataset, default_steps = _dataset(tf, cfg, world)
+    make_dataset, default_steps, bad_samples = _dataset(tf, cfg, world)
     steps = cfg.steps_per_epoch or default_steps
     with backend.strategy.scope():
         model = _model(keras, cfg)
@@ -220,12 +225,13 @@ def train(cfg: Config, world: World) -> None:
     start = _resume(tf, cfg, world, backend, model, optimizer, state)
     reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief,
                                total_steps=cfg.epochs * steps, report_seconds=cfg.report_seconds,
-                               events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None)
+                               events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None,
+                               bad_samples=0 if bad_samples is not None else None)
 
     def batches(first: int):
         return backend.distribute(make_dataset(first))
 
-    saver = _Saver(cfg, world, backend, state)
+    saver = _Saver(cfg, world, backend, state, bad_samples)
     run = _fit if cfg.framework == "keras" else _custom_loop
     loss = run(tf, keras, cfg, world, backend, model, optimizer, batches, start, steps, reporter, saver)
     reporter.final(cfg.epochs, cfg.epochs * steps, loss)
@@ -273,9 +279,10 @@ class _Saver(checkpoint.Saver):
     """Rank 0 writes `state` (checkpoint.tf_save). Horovod keeps the ranks' variables equal, so
     rank 0's are the gang's; the data position is the step."""
 
-    def __init__(self, cfg: Config, world: World, backend: _Backend, state):
+    def __init__(self, cfg: Config, world: World, backend: _Backend, state, bad_samples: data.BadSamples | None):
         super().__init__(cfg, world)
         self.backend, self.state = backend, state
+        self.bad_samples = bad_samples  # checked after every step (_after_step), summed per epoch (_end_epoch)
 
     def sum(self, values: list[float]) -> list[float]:
         return self.backend.sum(values)
@@ -292,11 +299,24 @@ def _set_lr(optimizer, cfg: Config, world: World, step: int, steps: int) -> None
     optimizer.learning_rate.assign(report.learning_rate(step, steps, cfg.base_lr, world.size, cfg.warmup_epochs))
 
 
-def _end_epoch(cfg, world, backend, model, reporter, epoch, global_step, ran, seconds, local_loss) -> float:
+def _after_step(saver: _Saver, step: int, epoch: int) -> bool:
+    """After each step: too many bad samples on this rank end the run (data.BadSamples.check;
+    tf.data's threads only note them); then the saver (True: stopped by SIGTERM, state saved)."""
+    if saver.bad_samples is not None:
+        saver.bad_samples.check()
+    return saver.after_step(step, epoch)
+
+
+def _end_epoch(cfg, world, backend, model, reporter, epoch, global_step, ran, seconds, local_loss,
+               bad_samples: data.BadSamples | None) -> float:
     own_rate = ran * cfg.batch_size / seconds
     # Before the collective, so the other ranks wait for the chief there, outside their timed epoch.
     backend.save(world, cfg.output_dir / f"checkpoint-epoch{epoch}.weights.h5", model.save_weights)
-    total_rate, loss_total = backend.sum([own_rate, local_loss])
+    bad_own = float(bad_samples.count if bad_samples is not None else 0)
+    total_rate, loss_total, bad_total = backend.sum([own_rate, local_loss, bad_own])
+    if bad_samples is not None:
+        reporter.bad_samples = int(bad_total)  # the ranks' shards are disjoint: a sum of distinct files
+        bad_samples.check(int(bad_total))  # on every rank alike: the gang's count above the limit
     loss = loss_total / world.size
     reporter.epoch(epoch, global_step, loss, total_rate, ran)
     return loss
@@ -345,12 +365,12 @@ def _custom_loop(tf, keras, cfg, world, backend, model, optimizer, batches, star
             global_step += 1
             if reporter.due():
                 reporter.between(epoch, global_step, float(loss_sum.numpy()) / (global_step - first))  # waits for the device
-            if saver.after_step(global_step, epoch):
+            if _after_step(saver, global_step, epoch):
                 raise SystemExit(143)  # stopped by SIGTERM, state saved
         offset = 0
         local_loss = float(loss_sum.numpy()) / ran  # waits for the device
         loss = _end_epoch(cfg, world, backend, model, reporter, epoch, global_step, ran,
-                          time.perf_counter() - began, local_loss)
+                          time.perf_counter() - began, local_loss, saver.bad_samples)
     return loss
 
 
@@ -379,14 +399,14 @@ def _fit(tf, keras, cfg, world, backend, model, optimizer, batches, start, steps
         def on_train_batch_end(self, batch, logs=None):
             if reporter.due():  # Keras's loss in `logs`: the epoch's mean so far
                 reporter.between(self.epoch + 1, self.step(batch) + 1, float(logs["loss"]))
-            if saver.after_step(self.step(batch) + 1, self.epoch + 1):
+            if _after_step(saver, self.step(batch) + 1, self.epoch + 1):
                 raise SystemExit(143)  # stopped by SIGTERM, state saved
 
         def on_epoch_end(self, epoch, logs=None):
             ran = steps - self.skip
             seconds = time.perf_counter() - self.began
             state["loss"] = _end_epoch(cfg, world, backend, model, reporter, epoch + 1, (epoch + 1) * steps, ran,
-                                       seconds, logs["loss"])
+                                       seconds, logs["loss"], saver.bad_samples)
 
     # The variables were broadcast before training (_resume): no BroadcastGlobalVariablesCallback.
     if offset and first_epoch < cfg.epochs:

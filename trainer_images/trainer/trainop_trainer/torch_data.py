@@ -16,6 +16,15 @@ Decode paths, one augmentation contract (data.py):
   way, the rest the `gpu` way, so the node's cores and nvJPEG both work (all on the CPU when the
   rank has cores enough).
 
+Bad samples: every path reads through `data.read_batch`, in the worker: an empty, unidentifiable
+or truncated file is replaced in its slot there (data.py's module docstring), so the `gpu` half
+only ever gets bytes that passed `data.check`, and both halves count and warn through the one
+`data.BadSamples` of the rank (the worker returns what it met; the training thread notes it).
+On the `cpu` path a decoder that still refuses a sample moves its slot on to the next candidate
+(`BatchReader._decode_slot`); on the device a sample that passed the check and that nvJPEG and
+then the CPU decoder both refuse still fails the run (damage inside the scan data, which the
+header check cannot see without decoding it on the CPU).
+
 Why the old path stalled whatever the worker count (measured, docs/benchmarks.md): the CPU
 work per image was about twice the decode's. Each worker normalised to float32 per image (three
 passes over 600 kB) and copied it to CHW, then `default_collate` stacked 256 of them into a fresh
@@ -70,38 +79,49 @@ def _shared_uint8(*shape: int) -> torch.Tensor:
 class BatchReader(torch.utils.data.Dataset):
     """One item = one whole batch, keyed by (data epoch, sample indices, how many to decode here)."""
 
-    def __init__(self, samples, image_size: int, seed: int, rank: int, train: bool = True):
+    def __init__(self, samples, image_size: int, seed: int, rank: int, train: bool = True, pool=None):
         self.samples, self.image_size, self.seed, self.rank, self.train = samples, image_size, seed, rank, train
+        # where replacements of bad samples come from (data.candidate): the rank's own samples
+        self.pool = np.arange(len(samples)) if pool is None else pool
 
     def __len__(self):
         return 2 ** 62  # indexed by plan, never by position
 
-    def crops(self, epoch: int, indices, raws) -> list[data.Crop]:
-        return [data.draw_crop(*data.image_size_of(raw),
-                               data.sample_rng(self.seed, self.rank, epoch, int(i)) if self.train else None)
-                for i, raw in zip(indices, raws)]
-
     def __getitem__(self, key):
         """(uint8 NHWC images of the first `cpu_count` samples, decoded here; the encoded bytes of
-        the rest as one flat uint8 tensor, their offsets, crop boxes and flips; all labels)."""
+        the rest as one flat uint8 tensor, their offsets, crop boxes and flips; all labels; the
+        bad samples met, as (sample index, reason) pairs). A bad sample is replaced in its slot
+        (data.read_batch) before either path decodes it: the GPU path gets the replacement's bytes."""
         epoch, indices, cpu_count = key
-        batch = [self.samples[int(i)] for i in indices]
-        raws = data.read_many(batch)
-        crops = self.crops(epoch, indices, raws)
-        labels = torch.tensor([s.label for s in batch], dtype=torch.int64)
+        picks, bad = data.read_batch(self.samples, self.pool, epoch, indices, self.seed, self.rank, self.train)
         size = self.image_size
         images = _shared_uint8(cpu_count, size, size, 3)
         for k in range(cpu_count):
-            decode_into(raws[k], crops[k], size, images[k])
-        rest, crops = raws[cpu_count:], crops[cpu_count:]
-        lengths = np.fromiter(map(len, rest), dtype=np.int64, count=len(rest))
+            picks[k] = self._decode_slot(epoch, int(indices[k]), picks[k], images[k], bad)
+        labels = torch.tensor([p.label for p in picks], dtype=torch.int64)
+        rest = picks[cpu_count:]
+        lengths = np.fromiter((len(p.raw) for p in rest), dtype=np.int64, count=len(rest))
         encoded = _shared_uint8(int(lengths.sum()))
         if rest:
-            encoded.numpy()[:] = np.frombuffer(b"".join(rest), dtype=np.uint8)
+            encoded.numpy()[:] = np.frombuffer(b"".join(p.raw for p in rest), dtype=np.uint8)
         offsets = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))))
-        boxes = torch.tensor([(c.x, c.y, c.w, c.h) for c in crops], dtype=torch.int64).reshape(-1, 4)
-        flips = torch.tensor([c.flip for c in crops], dtype=torch.bool)
-        return images, encoded, offsets, boxes, flips, labels
+        boxes = torch.tensor([(p.crop.x, p.crop.y, p.crop.w, p.crop.h) for p in rest], dtype=torch.int64).reshape(-1, 4)
+        flips = torch.tensor([p.crop.flip for p in rest], dtype=torch.bool)
+        return images, encoded, offsets, boxes, flips, labels, tuple(bad)
+
+    def _decode_slot(self, epoch: int, index: int, pick: data.Pick, out: torch.Tensor, bad: list) -> data.Pick:
+        """Decode `pick` into `out`; if the decoder refuses bytes that data.check passed (damage
+        inside the scan data), the slot's next candidates, decoded the same way (data.resolve)."""
+        try:
+            decode_into(pick.raw, pick.crop, self.image_size, out)
+            return pick
+        except data.DECODE_ERRORS as e:
+            bad.append((pick.index, data.reason(e)))
+        pick, met = data.resolve(self.samples, self.pool, self.seed, self.rank, epoch, index, None, self.train,
+                                 accept=lambda raw, crop: decode_into(raw, crop, self.image_size, out),
+                                 first_attempt=pick.attempt + 1)
+        bad.extend(met)
+        return pick
 
 
 def decode_into(raw: bytes, crop: data.Crop, image_size: int, out: torch.Tensor) -> None:
@@ -202,13 +222,16 @@ TARGET = 4000  # images/s ResNet-50 trains at on one H100 (bf16, batch 256, eage
 
 
 class Loader:
-    """This rank's training batches, (x float32 NCHW normalised, y int64) on `device`, forever."""
+    """This rank's training batches, (x float32 NCHW normalised, y int64) on `device`, forever.
+    `bad_samples`: the rank's data.BadSamples (warned once per file, counted, limited to
+    `max_bad_samples` of the set), fed by the workers' reports in the training thread."""
 
     def __init__(self, dataset: data.DataSet, rank: int, size: int, batch_size: int, image_size: int,
                  seed: int, workers: int, decode_on: str, read_mode: str, device: torch.device,
-                 memory_format=torch.contiguous_format):
+                 memory_format=torch.contiguous_format, max_bad_samples: float = data.MAX_BAD_SAMPLES):
         self.plan = data.BatchPlan(tuple(dataset.blocks(rank, size, read_mode)), batch_size, seed, rank)
-        self.reader = BatchReader(dataset.samples, image_size, seed, rank)
+        self.reader = BatchReader(dataset.samples, image_size, seed, rank, pool=self.plan.pool)
+        self.bad_samples = data.BadSamples(dataset.samples, max_bad_samples)
         self.cpu_count = round(cpu_share(decode_on, workers) * batch_size)
         self.workers, self.device, self.memory_format = workers, device, memory_format
         self.image_size = image_size
@@ -238,24 +261,25 @@ class Loader:
             prefetch_factor=2 if self.workers else None)
 
     def _finish(self, item):
-        images, encoded, offsets, boxes, flips, labels = item
+        """A worker's item -> (x, y on the device, the bad samples the worker met)."""
+        images, encoded, offsets, boxes, flips, labels, bad = item
         parts = []
         if len(images):
             parts.append(finish_uint8(images.to(self.device, non_blocking=True), self.memory_format))
         if len(boxes):
             parts.append(decode_batch(encoded, offsets, boxes, flips, self.image_size, self.device, self.memory_format))
         x = parts[0] if len(parts) == 1 else torch.cat(parts).contiguous(memory_format=self.memory_format)
-        return x, labels.to(self.device, non_blocking=True)
+        return x, labels.to(self.device, non_blocking=True), bad
 
     def _stage(self, it, stream):
         """The device stage's thread: finish batches on a side stream, AHEAD of the training step."""
         try:
             with torch.cuda.stream(stream):
                 for item in it:
-                    x, y = self._finish(item)
+                    x, y, bad = self._finish(item)
                     event = torch.cuda.Event()
                     event.record(stream)
-                    if not self._put((x, y, event)):
+                    if not self._put((x, y, bad, event)):
                         return
         except BaseException as e:  # noqa: BLE001 (handed to the training thread)
             self._put(e)
@@ -292,16 +316,17 @@ class Loader:
                                                 name="trainop-device-stage")
                 self._thread.start()
         if self.device.type != "cuda":
-            item = self._finish(next(self._it))
+            x, y, bad = self._finish(next(self._it))
         else:
             item = self._queue.get()
             if isinstance(item, BaseException):
                 raise item
-            x, y, event = item
+            x, y, bad, event = item
             current = torch.cuda.current_stream(self.device)
             current.wait_event(event)
             x.record_stream(current)  # allocated on the side stream, freed after use on this one
             y.record_stream(current)
-            item = (x, y)
+        self.bad_samples.note(bad)
+        self.bad_samples.check()  # this rank's alone above the limit: the gang's is too
         self.consumed += 1
-        return item
+        return x, y

@@ -104,7 +104,7 @@ def _folder_batches(cfg: Config, world: World, device: torch.device, memory_form
     decode_on = cfg.decode if cfg.decode != "auto" else ("split" if device.type == "cuda" else "cpu")
     workers = cfg.loader_workers if cfg.loader_workers is not None else data.auto_workers(world.local_size, decode_on)
     loader = torch_data.Loader(dataset, world.rank, world.size, cfg.batch_size, cfg.image_size, cfg.seed, workers,
-                               decode_on, mode, device, memory_format)
+                               decode_on, mode, device, memory_format, cfg.max_bad_samples)
     if start:
         loader.load_state_dict({**loader.state_dict(), "batches": start})
     print(f"trainop_trainer: rank {world.rank} decodes {loader.cpu_count} of every {cfg.batch_size} images on the "
@@ -153,11 +153,13 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
     make = _synthetic_batches if cfg.synthetic else _folder_batches
     start_step = resumed["step"] if resumed else 0
     batches, default_steps = make(cfg, world, device, memory_format, start_step)
+    bad_samples = getattr(batches, "bad_samples", None)  # a data set's Loader (data.BadSamples); None: synthetic
     steps = cfg.steps_per_epoch or default_steps
     loss_fn = nn.CrossEntropyLoss()
     reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief,
                                total_steps=cfg.epochs * steps, report_seconds=cfg.report_seconds,
-                               events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None)
+                               events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None,
+                               bad_samples=0 if bad_samples is not None else None)
 
     def step_fn(x, y):
         optimizer.zero_grad()
@@ -198,9 +200,13 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
                        cfg.output_dir / f"checkpoint-epoch{epoch}.pt")
         # Every rank says which network its NCCL chose (none on CPU): rank 0 reports the gang's.
         mine = probe.poll() if probe else None
-        total_rate, loss_total, socket_ranks, ib_ranks = comm.sum(
-            [own_rate, local_loss, float(mine == "Socket"), float(mine == "IB")])
+        total_rate, loss_total, socket_ranks, ib_ranks, bad_total = comm.sum(
+            [own_rate, local_loss, float(mine == "Socket"), float(mine == "IB"),
+             float(bad_samples.count if bad_samples is not None else 0)])
         reporter.transport = nccl.gang_transport(socket_ranks, ib_ranks)
+        if bad_samples is not None:
+            reporter.bad_samples = int(bad_total)  # the ranks' shards are disjoint: a sum of distinct files
+            bad_samples.check(int(bad_total))  # on every rank alike: the gang's count above the limit
         loss = loss_total / world.size
         reporter.epoch(epoch, global_step, loss, total_rate, ran)
     if hasattr(batches, "close"):
