@@ -64,7 +64,7 @@ def trainer(argv: list[str]) -> int:
 
     import torch
 
-    from trainop_trainer import cli, torch_data
+    from trainop_trainer import cli, torch_data, torch_train
 
     trace = os.environ["TRACE_DIR"]
     rank = int(os.environ.get("RANK", 0))
@@ -92,13 +92,44 @@ def trainer(argv: list[str]) -> int:
 
     steps: list[tuple[float, float]] = []
     arrivals: list[tuple[float, float]] = []
+    events: list = []  # a CUDA event at the start of each step, on the training stream
+    behind: list[int] = []  # 1: the previous step's start marker still pending (the CPU is ahead)
     nxt, finish, make = torch_data.Loader.__next__, torch_data.Loader._finish, torch_data.Loader._loader
+
+    def mark(t0: float) -> None:
+        steps.append((t0, time.time()))
+        if torch.cuda.is_available():
+            behind.append(int(bool(events) and not events[-1].query()))
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            events.append(e)
 
     def traced_next(self):
         t0 = time.time()
         item = nxt(self)
-        steps.append((t0, time.time()))
+        mark(t0)
         return item
+
+    class Traced:
+        def __init__(self, it):
+            self.it = it
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            t0 = time.time()
+            item = next(self.it)
+            mark(t0)
+            return item
+
+    synthetic = torch_train._synthetic_batches
+
+    def traced_synthetic(*args, **kwargs):
+        it, n = synthetic(*args, **kwargs)
+        return Traced(it), n
+
+    torch_train._synthetic_batches = traced_synthetic
 
     def traced_finish(self, item):
         t0 = time.time()
@@ -119,8 +150,12 @@ def trainer(argv: list[str]) -> int:
         return cli.main(argv)
     finally:
         if os.getpid() == main_pid:
+            gpu = []
+            if events:
+                torch.cuda.synchronize()
+                gpu = [round(a.elapsed_time(b), 2) for a, b in zip(events, events[1:])]
             with open(f"{trace}/r-{rank}.json", "w") as f:
-                json.dump({"rank": rank, "pid": main_pid, "steps": steps, "arrivals": arrivals,
+                json.dump({"rank": rank, "pid": main_pid, "steps": steps, "arrivals": arrivals, "gpuMs": gpu, "behind": behind,
                            "affinity": sorted(os.sched_getaffinity(0)), "threads": threading.active_count()}, f)
 
 
@@ -154,6 +189,17 @@ def sample(path: str) -> None:
                         continue
                     rows.append([int(pid), int(tid), f[0], int(f[36]), int(f[11]) + int(f[12])])
             out.write(json.dumps([round(t, 3), rows]) + "\n")
+            time.sleep(max(0.0, 0.5 - (time.time() - t)))
+
+
+def sysample(path: str) -> None:
+    """Every 0.5 s: [t, the aggregate /proc/stat CPU ticks (user nice system idle iowait irq softirq steal)]."""
+    with open(path, "a", buffering=1) as out:
+        while True:
+            t = time.time()
+            with open("/proc/stat") as f:
+                ticks = [int(x) for x in f.readline().split()[1:9]]
+            out.write(json.dumps([round(t, 3), ticks]) + "\n")
             time.sleep(max(0.0, 0.5 - (time.time() - t)))
 
 
@@ -211,8 +257,17 @@ def summary(run_dir: str) -> dict:
         W = len(workers)
         bs = [w["batchSeconds"] for w in workers.values()]
         batch = int(os.environ.get("BATCH", 256))
+        gpu = r.get("gpuMs") or []
+        g = sorted(gpu[lo:])  # gpu[k]: GPU time from step k's start marker to step k+1's
+        ahead = r.get("behind") or []
+        series = [round(9 * batch / (steps[i - 1][1] - steps[i - 10][1])) for i in range(10, n + 1, 10)]
+        gseries = [round(10 * batch / (sum(gpu[i - 10:i]) / 1000)) for i in range(10, len(gpu) + 1, 10)]
         res["ranks"][rank] = {
             "steps": n - lo, "seconds": round(t1 - t0, 3),
+            "gpuStepMsMedian": g[len(g) // 2] if g else None,
+            "gpuStepMsMean": round(sum(g) / len(g), 2) if g else None,
+            "cpuAheadFrac": round(sum(ahead[lo:]) / len(ahead[lo:]), 3) if ahead[lo:] else None,
+            "rateSeries": series, "gpuRateSeries": gseries,
             "stepRate": round((n - lo) * batch / (t1 - t0), 1),
             "dataWaitFrac": round(wait / (t1 - t0), 3),
             "deliveredRate": round(len(arr) * batch / (t1 - t0), 1),
@@ -228,6 +283,37 @@ def summary(run_dir: str) -> dict:
             "cpuMsPerImageMax": max((w["cpuMsPerImage"] for w in workers.values()), default=None),
             "workersDetail": workers,
         }
+    t0 = min(rr["steps"][len(rr["steps"]) // 3][0] for rr in ranks.values())
+    t1 = max(rr["steps"][-1][1] for rr in ranks.values())
+    sp = f"{run_dir}/sys.jsonl"
+    if os.path.exists(sp):
+        rows = [json.loads(line) for line in open(sp)]
+        rows = [x for x in rows if t0 - 0.5 <= x[0] <= t1 + 0.5]
+        if len(rows) > 1:
+            d = [b - a for a, b in zip(rows[0][1], rows[-1][1])]
+            tot = sum(d) or 1
+            res["sys"] = {"busy": round(1 - (d[3] + d[4]) / tot, 3), "steal": round(d[7] / tot, 4),
+                          "system": round(d[2] / tot, 3)}
+    gp = f"{run_dir}/gpu.csv"
+    if os.path.exists(gp):
+        import datetime
+        clocks, power, reasons, util = [], [], set(), []
+        for line in open(gp):
+            f = [x.strip() for x in line.split(",")]
+            try:
+                ts = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").replace(tzinfo=datetime.timezone.utc).timestamp()
+            except ValueError:
+                continue
+            if not t0 <= ts <= t1:
+                continue
+            try:
+                clocks.append(int(f[2].split()[0])); power.append(float(f[3].split()[0])); util.append(int(f[5].split()[0]))
+            except (ValueError, IndexError):
+                pass
+            reasons.add(f[6] if len(f) > 6 else "")
+        if clocks:
+            res["gpu"] = {"smClockMin": min(clocks), "smClockMedian": st.median(clocks), "powerMedian": st.median(power),
+                          "utilMedian": st.median(util), "throttle": sorted(reasons)}
     # threads: how many runnable threads per vCPU and per core, during the window
     tp = f"{run_dir}/threads.jsonl"
     if os.path.exists(tp):
@@ -270,6 +356,8 @@ def summary(run_dir: str) -> dict:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--sample"]:
         sample(sys.argv[2])
+    elif sys.argv[1:2] == ["--sys"]:
+        sysample(sys.argv[2])
     elif sys.argv[1:2] == ["--summary"]:
         for d in sys.argv[2:]:
             print(json.dumps(summary(d)))
