@@ -19,6 +19,8 @@ Knobs (environment), each one suspect's fix, tried without changing the trainer:
                         worker made it (the default hands batch n to worker n mod W and waits
                         for it in order).
   TRACE_PIN=1           each rank and its workers pinned to its own 1/local-ranks of the CPUs.
+  TRACE_RESERVE=K       each rank's own process (training, device-stage, pin and NCCL threads) on
+                        K CPUs of its own, its loader workers on the CPUs no rank reserved.
 """
 
 from __future__ import annotations
@@ -56,9 +58,18 @@ def _pin() -> None:
     os.sched_setaffinity(0, mine)
 
 
+def _reserve(k: int) -> set[int]:
+    """Pin this process to its K reserved CPUs; return the CPUs left to loader workers."""
+    local, n = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, cpus[local * k:(local + 1) * k])
+    return set(cpus[n * k:])
+
+
 def trainer(argv: list[str]) -> int:
     if os.environ.get("TRACE_PIN") == "1":
         _pin()
+    worker_cpus = _reserve(int(os.environ["TRACE_RESERVE"])) if os.environ.get("TRACE_RESERVE") else None
     import resource
     import threading
 
@@ -89,6 +100,14 @@ def trainer(argv: list[str]) -> int:
         return out
 
     torch_data.BatchReader.__getitem__ = traced_getitem
+    if worker_cpus:
+        one_thread = torch_data._one_thread
+
+        def init(worker_id: int) -> None:
+            os.sched_setaffinity(0, worker_cpus)
+            one_thread(worker_id)
+
+        torch_data._one_thread = init
 
     steps: list[tuple[float, float]] = []
     arrivals: list[tuple[float, float]] = []
