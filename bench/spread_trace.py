@@ -112,7 +112,9 @@ def trainer(argv: list[str]) -> int:
     steps: list[tuple[float, float]] = []
     arrivals: list[tuple[float, float]] = []
     events: list = []  # a CUDA event at the start of each step, on the training stream
-    behind: list[int] = []  # 1: the previous step's start marker still pending (the CPU is ahead)
+    # 1: the previous step's start marker still pending when this step starts (the CPU over a step
+    # ahead of the GPU); 0 in every run of issue 27, so it tells nothing there
+    behind: list[int] = []
     nxt, finish, make = torch_data.Loader.__next__, torch_data.Loader._finish, torch_data.Loader._loader
 
     def mark(t0: float) -> None:
