@@ -114,6 +114,7 @@ class Controller:
         for memo in (self.written, self.problems, self.failures, self.said):
             memo.pop(key, None)
         self.departed.pop((namespace, name), None)
+        self.gate.forget(namespace, name)
         if uid:
             self.applier.forget(uid)
 

@@ -18,13 +18,16 @@ deleted, a pod went away).
 
 One lock per namespace: two jobs judged at the same moment would both see the same free room.
 A job admitted here counts as admitted (its outstanding demand is held) from that moment, even
-before its own status says so, so a second evaluation can never hand out the same room twice.
+before its own status says so, so a second evaluation can never hand out the same room twice:
+not even one whose view was read before the admitted job reached the caches (its candidate is
+kept, `_Namespace.held`, until the job's view says it ended or the job is deleted: `forget`).
 Jobs that name a queue go to Kueue when Kueue is installed (kueue.py, judged inside decide()
 from the cached Workload: pure).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 
@@ -61,6 +64,7 @@ class _Namespace:
     lock: threading.Lock = field(default_factory=threading.Lock)
     asking: set[str] = field(default_factory=set)            # job names that reached the gate
     admitted: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (uid, generation)
+    held: dict[str, admission.Candidate] = field(default_factory=dict)  # the admitted ones' demand
     decisions: dict[str, Decision] = field(default_factory=dict)
     wakes: int = 0     # how often wake() said room may have appeared
     judged: int = -1   # the wakes the last evaluation's view had seen
@@ -86,6 +90,10 @@ def _evaluate(namespace: str, space: _Namespace, cfg: Config, view: NamespaceVie
     """Re-judge every waiting job of the namespace (lock held)."""
     live = admission.by_job(view.pods, common.LABEL_JOB)
     candidates, gpu_resources, names = [], set(), set()
+    in_view = {body["metadata"]["name"] for body in view.jobs}
+    for name in space.admitted.keys() - in_view:  # admitted, but this view was read before it
+        candidates.append(space.held[name])      # reached the caches: its room stays taken
+        gpu_resources.add(space.held[name].gpus_resource)
     for body in view.jobs:
         spec, meta = body.get("spec") or {}, body["metadata"]
         if phases.finished(body) or (spec.get("runPolicy") or {}).get("suspend") or \
@@ -111,7 +119,13 @@ def _evaluate(namespace: str, space: _Namespace, cfg: Config, view: NamespaceVie
         if getattr(decisions.get(name), "admitted", False):
             space.admitted[name] = (body["metadata"]["uid"], body["metadata"].get("generation"))
             space.admitted_for_others.add(name)
-    space.admitted = {n: v for n, v in space.admitted.items() if n in names}
+    for c in candidates:
+        if c.key in space.admitted and c.key in names:
+            space.held[c.key] = dataclasses.replace(c, admitted=True)
+    # Let go of what the view shows ended, suspended or handed to another queue; one it does
+    # not show yet keeps its place (forget() lets go of a deleted one).
+    space.admitted = {n: v for n, v in space.admitted.items() if n in names or n not in in_view}
+    space.held = {n: c for n, c in space.held.items() if n in space.admitted}
     space.asking &= names
     space.decisions = decisions
     space.judged = max(space.judged, space.wakes if view.wakes is None else view.wakes)
@@ -159,6 +173,18 @@ class Gate:
             # Absent only if the job changed under us (suspended, edited): judge it next time.
             return space.decisions.get(job.name) or Decision(
                 admission.QUEUED, "QuotaExceeded", "waiting for the namespace's queue to be judged")
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The job was deleted: its room is free (the next evaluation, which wake() asks for,
+        no longer holds it)."""
+        space = self._spaces.get(namespace)
+        if space is None:
+            return
+        with space.lock:
+            space.admitted.pop(name, None)
+            space.held.pop(name, None)
+            space.asking.discard(name)
+            space.decisions.pop(name, None)
 
     def wake(self, namespace: str) -> list[str]:
         """Room may have appeared in `namespace`: the jobs to reconcile (their next decide()

@@ -38,6 +38,12 @@ def operator_allowing_token(real_cluster, restricted_namespace, tmp_path):
     op.stop()
 
 
+# A sidecar's idle end: it exits on the kubelet's SIGTERM once training ended (as PID 1, `exec
+# sleep infinity` would ignore it and hold the pod for its whole grace period, which is
+# logship.drainSeconds + 30 s where logs are shipped: 5.5 minutes of a test).
+IDLE = "trap 'exit 0' TERM; sleep infinity & wait"
+
+
 def test_volume_envfrom_and_sidecar_reach_the_training_container(real_cluster, restricted_namespace,
                                                                operator_allowing_token):
     ns = restricted_namespace
@@ -60,7 +66,7 @@ def test_volume_envfrom_and_sidecar_reach_the_training_container(real_cluster, r
                     "initContainers": [{
                         "name": "sidecar", "image": "trainop/trainer-pytorch:0.1.0",
                         "restartPolicy": "Always",  # a native sidecar: ends with the pod
-                        "command": ["sh", "-c", "echo hello > /shared/from-sidecar; exec sleep infinity"],
+                        "command": ["sh", "-c", f"echo hello > /shared/from-sidecar; {IDLE}"],
                         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
                         "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
                     "containers": [{
@@ -95,8 +101,7 @@ SPY = """\
 set -eu
 token=none; ls -R /var/run/secrets 2>/dev/null | grep -q token && token=found
 echo "token=$token gpus=${NVIDIA_VISIBLE_DEVICES:-unset} azure=${AZURE_FEDERATED_TOKEN_FILE:-unset}" > /shared/spy
-exec sleep infinity
-"""
+""" + IDLE
 CHECK = """\
 set -eu
 i=0

@@ -11,10 +11,20 @@ from tests.fixtures.waiting import wait_until
 
 pytestmark = pytest.mark.real
 
+# CoreDNS serves a pod's name once it has seen the EndpointSlice that lists it ready: the test
+# waits for that slice, and the probe still retries for a while (CoreDNS's own watch lags it).
 PROBE = """
-import os, socket, urllib.request
+import os, socket, time, urllib.request
 print("gpus", os.environ.get("NVIDIA_VISIBLE_DEVICES"))
-print("peer", socket.gethostbyname("server-0.peers.{ns}.svc.cluster.local"))
+deadline = time.monotonic() + 30
+while True:
+    try:
+        print("peer", socket.gethostbyname("server-0.peers.{ns}.svc.cluster.local"))
+        break
+    except socket.gaierror:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.5)
 print("service", urllib.request.urlopen("http://web.{ns}.svc.cluster.local/", timeout=10).status)
 socket.create_connection(("kubernetes.default.svc.cluster.local", 443), timeout=10)
 print("apiserver ok")
@@ -52,6 +62,12 @@ def test_pod_network_dns_services_and_devices(real_cluster, real_namespace):
     wait_until(lambda: real_cluster.kubectl("wait", "-n", ns, "--for=condition=Ready", "pod/server-0",
                                             "--timeout=5s", check=False).returncode == 0,
                timeout=180, what="server-0 Ready")
+
+    def published():
+        slices = real_cluster.get("endpointslices", "-n", ns, "-l", "kubernetes.io/service-name=peers")["items"]
+        return any(ep.get("hostname") == "server-0" and (ep.get("conditions") or {}).get("ready")
+                   for sl in slices for ep in sl.get("endpoints") or [])
+    wait_until(published, timeout=60, what="server-0 in the headless Service's EndpointSlice")
     client = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client"},
               "spec": {"restartPolicy": "Never", "nodeSelector": {"agentpool": "gpu"},
                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],

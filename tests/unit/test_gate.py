@@ -57,6 +57,31 @@ def test_a_job_admitted_here_is_not_admitted_twice_before_its_status_says_so():
     assert not G.decide(parse(b, CFG), b, CFG, view()).admitted
 
 
+def test_a_view_read_before_an_admitted_job_reached_the_caches_cannot_admit_into_its_room():
+    """Seen in test_pools under load: `never` read its view while `next` was not yet in the
+    job cache; `next` asked first and was admitted; `never` then judged with its older view,
+    which did not show `next`, and was admitted too (16 GPUs under a cap of 8). The admitted
+    job's demand is held until a view shows it ended or the job is deleted."""
+    never, nxt = body("never", "2026-01-01T00:00:00Z"), body("next", "2026-01-01T00:00:01Z")
+    assert G.decide(parse(nxt, CFG), nxt, CFG, View([never, nxt])()).admitted  # never not asking yet
+    late = G.decide(parse(never, CFG), never, CFG, View([never])())  # read before `next` was cached
+    assert not late.admitted and late.reason == "QuotaExceeded"
+    G.wake("q")
+    assert not G.decide(parse(never, CFG), never, CFG, View([never])()).admitted  # still held
+    G.forget("q", "next")  # deleted
+    G.wake("q")
+    assert G.decide(parse(never, CFG), never, CFG, View([never])()).admitted
+
+
+def test_an_admitted_job_that_ended_lets_go_of_its_room():
+    a, b = body("a", "2026-01-01T00:00:00Z"), body("b", "2026-01-01T00:00:01Z")
+    assert G.decide(parse(a, CFG), a, CFG, View([a, b])()).admitted
+    assert not G.decide(parse(b, CFG), b, CFG, View([a, b])()).admitted
+    a["status"] = {"phase": "Failed"}
+    G.wake("q")
+    assert G.decide(parse(b, CFG), b, CFG, View([a, b])()).admitted
+
+
 def test_a_waiting_job_does_not_judge_the_queue_again_until_woken(monkeypatch):
     a, b = body("a", "2026-01-01T00:00:00Z"), body("b", "2026-01-01T00:00:01Z")
     view = View([a, b])
