@@ -328,9 +328,13 @@ def summary(run_dir: str) -> dict:
             if not t0 <= ts <= t1:
                 continue
             try:
-                clocks.append(int(f[2].split()[0])); power.append(float(f[3].split()[0])); util.append(int(f[5].split()[0]))
+                clock, watts, busy = int(f[2].split()[0]), float(f[3].split()[0]), int(f[5].split()[0])
             except (ValueError, IndexError):
                 pass
+            else:
+                clocks.append(clock)
+                power.append(watts)
+                util.append(busy)
             reasons.add(f[6] if len(f) > 6 else "")
         if clocks:
             res["gpu"] = {"smClockMin": min(clocks), "smClockMedian": st.median(clocks), "powerMedian": st.median(power),
@@ -344,7 +348,7 @@ def summary(run_dir: str) -> dict:
         samples = [s for s in samples if t0 <= s[0] <= t1]
         running, over_vcpu, over_core, busy_vcpus = [], [], [], []
         ticks: dict[tuple[int, int], list[int]] = {}
-        for t, rows in samples:
+        for _, rows in samples:
             rr = [x for x in rows if x[2] == "R"]
             running.append(len(rr))
             per_v: dict[int, int] = {}

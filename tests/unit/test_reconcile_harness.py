@@ -339,6 +339,16 @@ def _scenarios():
             "message": "preempted", "lastTransitionTime": _ago(3)}))
         h.observe()
 
+    def storage_evicted(h):  # the kubelet's eviction past the output emptyDir's sizeLimit
+        running(h)
+        h.edit("pods", "ns", "j-worker-1", lambda p: (p["status"].update(
+            phase="Failed", reason="Evicted", message='Usage of EmptyDir volume "output" exceeds the limit "20Gi". '),
+            p["status"]["conditions"].append({
+                "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                "message": 'Usage of EmptyDir volume "output" exceeds the limit "20Gi". ',
+                "lastTransitionTime": _ago(3)})))
+        h.observe()
+
     def vanished(h):  # a worker deleted by the PodGC after its node went: its last state
         running(h)
         h.edit("pods", "ns", "j-worker-1", lambda p: p["status"]["conditions"].append({
@@ -371,7 +381,7 @@ def _scenarios():
         h.observe()
 
     return {"pending": pending, "running": running, "published": published, "failed_worker": failed_worker,
-            "disrupted": disrupted, "vanished": vanished, "launcher_done": launcher_done, "preflight": preflight}
+            "disrupted": disrupted, "storage_evicted": storage_evicted, "vanished": vanished, "launcher_done": launcher_done, "preflight": preflight}
 
 
 @pytest.mark.parametrize("scenario", sorted(_scenarios()))

@@ -153,6 +153,8 @@ def slim_pod(body) -> dict:
         out_spec["volumes"] = [{"name": "data", "persistentVolumeClaim": {
             "claimName": data[0]["persistentVolumeClaim"].get("claimName")}}]
     out_status = {k: st[k] for k in ("phase", "reason") if k in st}
+    if st.get("reason") == "Evicted" and st.get("message"):  # a storage-limit eviction counts
+        out_status["message"] = st["message"][:1024]            # (jobsync/failures.py): short
     # reasons too: PodScheduled's Unschedulable (WaitingForNodes), DisruptionTarget's cause;
     # and when: schedulingTimeoutSeconds counts from PodScheduled=False's lastTransitionTime
     # (jobsync._waiting_since), whatever the job's cached status says
