@@ -46,6 +46,7 @@ from trainop.memo import Memos
 from trainop.render import dtj as render_dtj
 from trainop.render import logship as render_logship
 from trainop.render.fabric import UNHEALTHY_TAINT
+from trainop.spec import SpecError, priority_class_name
 from trainop.workqueue import WorkQueue
 
 log = logging.getLogger("trainop.controller")
@@ -473,7 +474,10 @@ def _ref(key: tuple) -> dict:
 def _confirm_class(snap: jobsync.JobSnapshot) -> None:
     """A class the watch cache does not hold yet (an admin made it a moment before the job)
     is read from the API server before a job still at the gate fails for naming it."""
-    name = (snap.body.get("spec") or {}).get("priorityClassName")
+    try:  # spec.priorityClassName or an alias of it (a pod template's, the Volcano PodGroup's)
+        name = priority_class_name(snap.body.get("spec") or {})
+    except SpecError:
+        return  # names two classes: decide fails the job with the field
     conds = (snap.body.get("status") or {}).get("conditions")
     if not name or name in snap.classes.pod or name in snap.classes.workload or \
             (snap.body.get("status") or {}).get("phase") in jobsync.TERMINAL or \

@@ -582,7 +582,7 @@ def _scheduling_policy(policy: dict) -> SchedulingPolicy:
                             schedule_timeout_seconds=policy.get("scheduleTimeoutSeconds"))
 
 
-def _priority_class(spec: dict) -> str | None:
+def priority_class_name(spec: dict) -> str | None:
     """spec.priorityClassName, or the one class the pod templates or the Volcano PodGroup
     (runPolicy.schedulingPolicy.priorityClass) name: every name is the job's one class, judged
     by priority.py against limits.maxPriority (the CRD's rules refuse some conflicts; repeated
@@ -667,7 +667,7 @@ def parse(body: dict, cfg: Config) -> Job:
         launcher_resources=cfg.launcher_resources, logship=cfg.section("logship"),
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),
-        priority_class_name=_priority_class(spec),
+        priority_class_name=priority_class_name(spec),
         pod_template=_pod_template(spec, cfg.pod_template_allow, meta.get("namespace", "default")),
         scheduling_policy=_scheduling_policy(run.get("schedulingPolicy") or {}),
         fallback=_fallback(spec, cfg, placement),

@@ -89,6 +89,16 @@ def test_a_class_missing_from_the_cache_is_read_once_before_the_job_fails_for_it
     assert harness.api.count("GET", "priorityclasses") == 1
 
 
+def test_a_class_named_only_through_an_alias_is_read_too_before_the_job_fails_for_it(harness):
+    """runPolicy.schedulingPolicy.priorityClass (or a pod template's priorityClassName) names
+    the job's one class as spec.priorityClassName does: the same read before failing."""
+    harness.submit(dtj("j", runPolicy={"schedulingPolicy": {"priorityClass": "nope"}}))
+    harness.settle()
+    failed = conditions.get_condition(harness.job("j")["status"]["conditions"], "Failed")
+    assert failed["reason"] == "InvalidSpec" and "nope" in failed["message"]
+    assert harness.api.count("GET", "priorityclasses") == 1
+
+
 def test_an_unserved_gang_scheduler_costs_one_discovery_read_per_recheck_not_per_reconcile():
     cfg = config.from_dict({"gangScheduling": {"scheduler": "volcano"}})
     with Harness(cfg, nodes=NODES) as h:
