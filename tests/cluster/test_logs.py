@@ -119,7 +119,7 @@ def test_launcher_pod_has_the_sidecar_the_shared_volume_and_the_identity(cluster
     spec = pod["spec"]
     sidecar = next(c for c in spec["initContainers"] if c["name"] == "logship")
     assert sidecar["restartPolicy"] == "Always"
-    assert {"name": "trainop-run", "emptyDir": {}} in spec["volumes"]
+    assert {"name": "trainop-run", "emptyDir": {"sizeLimit": "20Gi"}} in spec["volumes"]
     assert {"name": "trainop-run", "mountPath": "/var/trainop"} in sidecar["volumeMounts"]
     assert {"name": "trainop-run", "mountPath": "/var/trainop"} in spec["containers"][0]["volumeMounts"]
     assert spec["containers"][0]["command"][:2] == ["/bin/sh", "-c"]
