@@ -260,8 +260,9 @@ def _unschedulable(pod: dict) -> bool:
 def _unjudged(pod: dict) -> bool:
     """Pending, not bound and without the scheduler's PodScheduled verdict yet."""
     status = pod.get("status") or {}
-    return status.get("phase", "Pending") == "Pending" and not (pod.get("spec") or {}).get("nodeName") and not any(
-        c.get("type") == "PodScheduled" for c in status.get("conditions") or [])
+    bound = (pod.get("spec") or {}).get("nodeName")
+    judged = any(c.get("type") == "PodScheduled" for c in status.get("conditions") or [])
+    return status.get("phase", "Pending") == "Pending" and not bound and not judged
 
 
 def _waiting_since(st: _Status, pending: list[dict], was: bool) -> dt.datetime | None:
