@@ -69,7 +69,11 @@ def test_a_foreign_pv_holding_the_name_is_never_changed_or_deleted(cluster, name
                    "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
                             "storageClassName": "", "nfs": {"server": "10.9.9.9", "path": "/theirs"}}})
     try:
-        before = api.core.read_persistent_volume(foreign)
+        # The PV controller writes the new PV's status (Pending → Available) once, on its own
+        # schedule: read `before` after that write, so the resourceVersion compared below can
+        # move only if someone else (the operator) writes the PV.
+        before = wait_until(lambda: (pv := api.core.read_persistent_volume(foreign)).status.phase == "Available"
+                            and pv, timeout=60, what="the PV controller marking the foreign PV Available")
         sas_secret(cluster, namespace, "sv=2024&sig=abc")
         wait_until(lambda: api.condition("held", "Ready").get("reason") == "VolumeConflict", timeout=60,
                    what=f"a VolumeConflict condition (status: {api.status('held')})")
@@ -77,6 +81,7 @@ def test_a_foreign_pv_holding_the_name_is_never_changed_or_deleted(cluster, name
         assert foreign in message and "trainop.io/datastage-uid" in message
         after = api.core.read_persistent_volume(foreign)
         assert after.metadata.resource_version == before.metadata.resource_version  # never patched
+        assert "trainop" not in {f.manager for f in after.metadata.managed_fields or []}
         assert after.spec.nfs.server == "10.9.9.9" and not api.children("held")["pvcs"]
         cluster.kubectl("delete", "dstage", "held", "-n", namespace, "--wait=false")
         wait_until(lambda: api.get("held") is None, timeout=30, what="the DataStage gone")
