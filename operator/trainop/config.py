@@ -75,8 +75,9 @@ Format (every key optional; camelCase like Helm values):
       # given, the path as a prefix of whole segments. http:// only where listed here.
       allowedAccountURLs: [https://*.blob.local.azurestack.external, http://127.0.0.1:10000]
       # ServiceAccounts spec.output.blob.auth.serviceAccountName may name besides
-      # logship.workloadIdentityServiceAccount (the pods then run as it): NAME (any served
-      # namespace) or NAMESPACE/NAME, shell patterns allowed; `default` never
+      # logship.workloadIdentityServiceAccount (the pods then run as it), and the only ones a
+      # DataStage's source.blob.auth.serviceAccountName may name (its copy pod runs as it): NAME
+      # (any served namespace) or NAMESPACE/NAME, shell patterns allowed; `default` never
       allowedServiceAccounts: [team-wi, research/uploader-*]
     jobNetwork:                      # the job's NetworkPolicy (render/dtj.py)
       deniedEgressCIDRs: [169.254.0.0/16, 168.63.129.16/32, fe80::/10]  # what a job's pods may
@@ -103,6 +104,9 @@ Format (every key optional; camelCase like Helm values):
                                      # volumes, imagePullSecrets): NAME or NAMESPACE/NAME, shell
                                      # patterns allowed; none by default (job pods hold no API
                                      # token, so job code can read no Secret it is not given)
+        envFromWithoutPrefix: false  # envFrom on a worker's GPU container with no prefix (or
+                                     # one NVIDIA_ names start with): only where the GPU nodes'
+                                     # toolkit ignores NVIDIA_VISIBLE_DEVICES (docs/security.md)
     datastage:                       # raw keys: render/datastage.py; checked here:
       allowedNfsExports:             # existing exports destination.nfs may name (none by default);
                                      # the copy Job mounts them read-write, so each entry says
@@ -182,9 +186,9 @@ DEFAULTS: dict = {
     "jobNetwork": {"deniedEgressCIDRs": ["169.254.0.0/16", "168.63.129.16/32", "fe80::/10"]},
     "podTemplate": {"allow": {"hostPath": False, "hostNetwork": False, "hostPID": False,
                               "hostIPC": False, "privileged": False, "capabilities": [],
-                              "volumeTypes": [], "secrets": []}},
+                              "volumeTypes": [], "secrets": [], "envFromWithoutPrefix": False}},
 }
-ALLOW_SWITCHES = ("hostPath", "hostNetwork", "hostPID", "hostIPC", "privileged")
+ALLOW_SWITCHES = ("hostPath", "hostNetwork", "hostPID", "hostIPC", "privileged", "envFromWithoutPrefix")
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,7 @@ class PodTemplateAllow:
     capabilities: tuple[str, ...] = ()
     volume_types: tuple[str, ...] = ()
     secrets: tuple[str, ...] = ()  # NAME or NAMESPACE/NAME patterns (fnmatch)
+    env_from_without_prefix: bool = False
 
     def secret_allowed(self, namespace: str, name: str) -> bool:
         return allowed_name(self.secrets, namespace, name)
@@ -461,7 +466,8 @@ def _pod_template_allow(raw: dict) -> PodTemplateAllow:
                             host_pid=allow.get("hostPID", False), host_ipc=allow.get("hostIPC", False),
                             privileged=allow.get("privileged", False),
                             capabilities=lists["capabilities"], volume_types=lists["volumeTypes"],
-                            secrets=lists["secrets"])
+                            secrets=lists["secrets"],
+                            env_from_without_prefix=allow.get("envFromWithoutPrefix", False))
 
 
 def _fabric(raw: dict) -> Fabric:

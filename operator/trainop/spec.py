@@ -419,12 +419,37 @@ IDENTITY_PREFIX = "azure.workload.identity/"
 PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
 
 
+# The one container of each role that holds GPUs (render/dtj.py gives the limit to the worker
+# role's training container only). Every other container gets NVIDIA_VISIBLE_DEVICES=void as an
+# `env` entry, which beats any envFrom, so envFrom is judged here only.
+GPU_CONTAINERS = {"worker": "worker"}
+
+
 def _check_env_names(env: list[dict], where: str) -> None:
     for j, e in enumerate(env or []):
         if e.get("name", "").startswith(GPU_ENV_PREFIX):
             raise SpecError(f"{where}[{j}].name", f"{e['name']} tells the NVIDIA container runtime "
                             f"which GPUs to expose, past spec.gpusPerWorker and every quota: remove "
                             f"it (a worker sees the GPUs it requests)")
+
+
+def _check_gpu_env_from(env_from: list[dict], where: str, allow: PodTemplateAllow) -> None:
+    """envFrom on the GPU container: the operator never reads the ConfigMap or Secret (it may
+    change after this check), so only a prefix that no NVIDIA_* name can start with keeps the
+    device plugin's NVIDIA_VISIBLE_DEVICES the container's own (the kubelet puts the plugin's
+    variables first, so the pod's win). An admin whose GPU nodes' container toolkit ignores the
+    variable in unprivileged containers opens it (podTemplate.allow.envFromWithoutPrefix)."""
+    if allow.env_from_without_prefix:
+        return
+    for j, source in enumerate(env_from or []):
+        prefix = source.get("prefix") or ""
+        if GPU_ENV_PREFIX.startswith(prefix) or prefix.startswith(GPU_ENV_PREFIX):
+            raise SpecError(f"{where}[{j}].prefix", "without a prefix, envFrom could set "
+                            "NVIDIA_VISIBLE_DEVICES in the GPU container and expose every GPU of the "
+                            "node: give it a prefix such as \"CFG_\" (not one NVIDIA_ names can "
+                            "start with), or name each variable in env with "
+                            "valueFrom.configMapKeyRef, or ask the cluster admin for "
+                            "podTemplate.allow.envFromWithoutPrefix")
 
 
 def _check_container_security(sc: dict, where: str, allow: PodTemplateAllow) -> None:
@@ -569,6 +594,9 @@ def _pod_template(spec: dict, allow: PodTemplateAllow, namespace: str) -> dict:
                                 f"admin for podTemplate.allow.volumeTypes")
         _check_containers(pod.get("initContainers") or [], f"{where}.spec.initContainers", allow)
         _check_containers(pod.get("containers") or [], f"{where}.spec.containers", allow)
+        for i, c in enumerate(pod.get("containers") or []):
+            if c.get("name") == GPU_CONTAINERS.get(role):
+                _check_gpu_env_from(c.get("envFrom"), f"{where}.spec.containers[{i}].envFrom", allow)
         _check_identity(pod, where, namespace, allow)
         out[role] = override
     return out
@@ -613,8 +641,51 @@ def _volcano_queue(spec: dict, cfg: Config) -> None:
                         f"to gangScheduling.allowedQueues")
 
 
+# The most JSON a DistributedTrainingJob's or DataStage's spec (with its labels) may hold (issue 22 M7). The
+# operator keeps every object's spec in memory, shared by all namespaces; the API server's own
+# bound is about 1.5 MB an object, so a few hundred large jobs in one namespace would fill its
+# 512Mi. A real spec with a pod template is a few KiB. The caches keep a larger spec as its size
+# only (handlers/indexes.py), and parsing fails it naming `spec`. CRD size bounds (maxLength,
+# maxItems) cannot say this: they bound each field, and their product is no bound at all.
+MAX_SPEC_BYTES = 128 * 1024
+OVERSIZED = "trainop.io/oversized-bytes"  # not a field of either CRD: the API server prunes it
+
+
+def _json_size(value) -> int:
+    return len(json.dumps(value, separators=(",", ":"), default=str))
+
+
+def held_size(body: dict) -> int:
+    """What of `body` a user can make large and the caches keep: its spec and labels."""
+    labels = (body.get("metadata") or {}).get("labels")
+    return _json_size(body.get("spec") or {}) + (_json_size(labels) if labels else 0)
+
+
+def bounded(body: dict) -> dict:
+    """`body` as the caches may keep it: itself, or, where its spec and labels (what a user
+    can make large and the operator reads) exceed MAX_SPEC_BYTES, without its labels and with
+    only the size and runPolicy.managedBy for a spec (a job another controller owns stays
+    that controller's)."""
+    spec, size = body.get("spec") or {}, held_size(body)
+    if size <= MAX_SPEC_BYTES:
+        return body
+    run = spec.get("runPolicy") if isinstance(spec.get("runPolicy"), dict) else {}
+    held = {OVERSIZED: size, **({"runPolicy": {"managedBy": run["managedBy"]}} if run.get("managedBy") else {})}
+    return {**body, "metadata": {**body["metadata"], "labels": {}}, "spec": held}
+
+
+def _check_size(body: dict, fix: str) -> None:
+    size = (body.get("spec") or {}).get(OVERSIZED) or held_size(body)
+    if size > MAX_SPEC_BYTES:
+        raise SpecError("spec", f"is {size // 1024} KiB of JSON (with metadata.labels); the operator takes at most "
+                        f"{MAX_SPEC_BYTES // 1024} KiB (it holds every spec of the cluster in "
+                        f"memory): {fix}")
+
+
 def parse(body: dict, cfg: Config) -> Job:
     """The job as a typed value; SpecError for input only the operator can judge."""
+    _check_size(body, "move large scripts or files into a ConfigMap and mount "
+                "it through spec.podTemplate")
     obj = crds.default({"apiVersion": body.get("apiVersion", "trainop.io/v1alpha1"),
                         "kind": KIND, "metadata": body.get("metadata", {}),
                         "spec": body.get("spec") or {}})
@@ -820,6 +891,7 @@ def parse_stage(obj: dict) -> Stage:
     """The DataStage as a Stage. The CRD schema already rejected what it can; this checks the
     rest (URL shape, auth block) and fills defaults from the same schema. What the admin allows
     (endpoints, exports) is stagesync's to judge, with the configuration."""
+    _check_size(obj, "split the data set into several DataStages")
     obj = crds.default(obj)
     meta, spec = obj["metadata"], obj.get("spec") or {}
     src = (spec.get("source") or {}).get("blob") or {}

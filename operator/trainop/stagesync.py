@@ -46,7 +46,7 @@ from trainop.actions import (
     SetFinalizers,
     delete,
 )
-from trainop.config import Config
+from trainop.config import Config, allowed_name
 from trainop.render import datastage as render
 from trainop.spec import SpecError, Stage, parse_stage
 
@@ -156,7 +156,15 @@ def check_allowed(stage: Stage, cfg: Config) -> None:
     """What only the cluster admin may open up: the account endpoint credentials are sent to, the
     existing NFS exports a namespace may mount (a PV is cluster-wide, and the copy Job mounts the
     export read-write: without this, any namespace could overwrite any export the nodes reach),
-    provisioned servers (a privileged pod in the tenant's namespace), and the mount options."""
+    provisioned servers (a privileged pod in the tenant's namespace), the mount options, and the
+    ServiceAccount the copy pod runs as (with its Role bound to it): like a job's upload account,
+    one the admin lists in blob.allowedServiceAccounts, else a user who may create DataStages but
+    not pods would run pods as any identity of the namespace."""
+    account = stage.auth.service_account_name
+    if account and not allowed_name(cfg.allowed_service_accounts, stage.namespace, account):
+        raise SpecError(f"{AUTH_FIELD}.serviceAccountName", f"{account!r} is not a ServiceAccount "
+                        f"DataStages may read as (the copy pod runs as it): ask the cluster admin "
+                        f"to add it to blob.allowedServiceAccounts")
     try:
         blob.check_endpoint_allowed(stage.account_url, "spec.source.blob.accountURL",
                                     cfg.allowed_account_urls)

@@ -33,7 +33,8 @@ FAST = {"resyncSeconds": 0.5, "datastage": {
     "allowedNfsExports": [{"server": "10.240.0.4", "path": "/export", "namespaces": ["*"]},
                           {"server": "10.240.0.4", "path": "/datasets", "namespaces": ["*"]}],
     "allowProvisionedServers": True,
-    "progressIntervalSeconds": 1}}  # how often the stager reports and a copying stage is looked at
+    "progressIntervalSeconds": 1},  # how often the stager reports and a copying stage is looked at
+    "blob": {"allowedServiceAccounts": ["nobody"]}}  # allowed, never created: "not found"
 BLOBS = {f"train/n{i:02d}/img{i}.JPEG": os.urandom(1000 + 37 * i) for i in range(12)}
 
 

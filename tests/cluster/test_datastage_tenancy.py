@@ -90,6 +90,29 @@ def test_a_foreign_pv_holding_the_name_is_never_changed_or_deleted(cluster, name
         cluster.kubectl("delete", "pv", foreign, "--wait=false", check=False)
 
 
+def test_a_datastage_reads_only_as_an_account_the_admin_lists(cluster, namespace, operator_factory):
+    """Issue 22: the copy pod runs as source.blob.auth.serviceAccountName, with the stager's Role
+    bound to it. An existing account the admin did not list is refused naming the field, and
+    nothing is created; a listed one gets its copy Job, running as it."""
+    operator_factory(config=FAST | {"blob": {"allowedServiceAccounts": ["reader-wi"]}})
+    api = Api(cluster, namespace)
+    for account in ("platform-admin", "reader-wi"):
+        cluster.kubectl("create", "serviceaccount", account, "-n", namespace)
+    wi = {"workloadIdentity": True}
+    cluster.apply(datastage("borrowed", ACCOUNT, wi | {"serviceAccountName": "platform-admin"}), namespace)
+    cluster.apply(datastage("listed", ACCOUNT, wi | {"serviceAccountName": "reader-wi"}), namespace)
+    api.wait_phase("borrowed", "Failed")
+    ready = api.condition("borrowed", "Ready")
+    assert ready["reason"] == "InvalidSpec" and ready["message"].startswith(
+        "spec.source.blob.auth.serviceAccountName: 'platform-admin' is not a ServiceAccount"), ready
+    assert "blob.allowedServiceAccounts" in ready["message"]
+    job = wait_until(lambda: next(iter(api.copy_jobs("listed")), None), timeout=60, what="the listed one's copy Job")
+    assert job.spec.template.spec.service_account_name == "reader-wi"
+    assert not any(api.children("borrowed").values())
+    bindings = k8s.RbacAuthorizationV1Api(cluster.api_client()).list_namespaced_role_binding(namespace).items
+    assert not [s for b in bindings for s in b.subjects or [] if s.name == "platform-admin"]
+
+
 def _selector(label_selector) -> str:
     """A LabelSelector as the API server's label-selector string."""
     parts = [f"{k}={v}" for k, v in (label_selector.match_labels or {}).items()]

@@ -1,5 +1,5 @@
 """Issue 22 M7: one namespace must not be able to fill the shared operator's memory through its
-watch caches. The attack: anyone who may create ConfigMaps labels a flood of them
+watch caches. The attacks: jobs with specs as large as the API server takes, and: anyone who may create ConfigMaps labels a flood of them
 trainop.io/job-name (the operator watches ConfigMaps by that label), with large data, some
 with the exact name of a job's progress ConfigMap but not owned by it, some owned by a real job
 (ownerReferences are not checked by the API server) under other names. The ConfigMaps are real
@@ -15,6 +15,7 @@ import json
 import pytest
 from kubernetes import client as k8s
 
+from tests.cluster.test_dtj import FAST, Api, manifest
 from tests.fixtures.waiting import wait_until
 from trainop.handlers import indexes
 from trainop.render import logship
@@ -84,3 +85,31 @@ def test_a_flood_of_labelled_config_maps_does_not_grow_the_index(cluster, namesp
     _, held = indexed(cluster, namespace)
     assert [v["data"] for v in held[(namespace, "victim")]] == [{}]
 
+
+
+def test_jobs_as_large_as_the_api_server_takes_are_held_as_their_size_and_fail(cluster, namespace,
+                                                                              operator_factory):
+    """Each job carries ~1 MB of pod-template annotations (the API server takes it: the CRD
+    bounds no field's size, and bounds per field would multiply to no bound at all). The
+    operator's index keeps each as its size; each fails naming spec, with nothing created,
+    while a normal job beside them runs."""
+    operator_factory(config=FAST)
+    api = Api(cluster, namespace)
+    annotations = {f"k{i}": "x" * 100_000 for i in range(10)}
+    custom = k8s.CustomObjectsApi(cluster.api_client())
+    for i in range(3):  # the client, not kubectl apply: its annotation would double the body
+        custom.create_namespaced_custom_object("trainop.io", "v1alpha1", namespace, "distributedtrainingjobs", manifest(
+            f"huge-{i}", podTemplate={"worker": {"metadata": {"annotations": annotations}}}))
+    cluster.apply(manifest("normal"), namespace)
+    api.wait_running("normal")
+    for i in range(3):
+        status = api.wait_phase(f"huge-{i}", "Failed")
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "InvalidSpec" and failed["message"].startswith("spec: is 976 KiB of JSON"), failed
+        assert not any(api.children(f"huge-{i}").values())
+    listed = cluster.get("dtj", "-n", namespace)["items"]
+    held = {b["metadata"]["name"]: len(json.dumps(asyncio.run(indexes.dtj_bodies(
+        body=b, name=b["metadata"]["name"], namespace=namespace)))) for b in listed}
+    print(f"jobs listed: {sum(len(json.dumps(b)) for b in listed)} bytes; held by the index: {held}")
+    assert sum(len(json.dumps(b)) for b in listed) > 3_000_000
+    assert all(size < 4096 for size in held.values()), held

@@ -72,6 +72,8 @@ ATTACKS = {
     "gpu-env-template": (worker(containers=[{"name": "worker", "env": [
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]),
         f"{TOKEN}.containers[0].env[0].name", "NVIDIA container runtime"),
+    "gpu-envfrom": (worker(containers=[{"name": "worker", "envFrom": [{"configMapRef": {"name": "gpus"}}]}]),
+                    f"{TOKEN}.containers[0].envFrom[0].prefix", "NVIDIA_VISIBLE_DEVICES"),
     # M1: the PodGroup's class past the cap, another team's Volcano queue
     "podgroup-class": ({"runPolicy": {"schedulingPolicy": {"priorityClass": "system-node-critical"}}},
                        "spec.priorityClassName", "limits.maxPriority"),
@@ -121,7 +123,8 @@ def test_an_allowed_template_keeps_every_container_but_the_shipper_from_the_iden
     cluster.kubectl("create", "secret", "generic", "shared-settings", "-n", namespace, "--from-literal=a=b")
     spec = {"output": WI_OUTPUT, **worker(
         initContainers=[sidecar(name="warmup", command=["true"])],
-        containers=[{"name": "worker", "envFrom": [{"secretRef": {"name": "shared-settings"}}]},
+        containers=[{"name": "worker", "envFrom": [{"secretRef": {"name": "shared-settings"},
+                                                                "prefix": "SHARED_"}]},
                     sidecar(name="exporter")])}
     cluster.apply(manifest("wi", workers=2, gpusPerWorker=1, **spec), namespace)
     launcher = api.wait_running("wi")

@@ -27,7 +27,7 @@ WORKER = {
             {"name": "worker",
              "env": [{"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "token", "key": "value"}}},
                      {"name": "MY_NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
-             "envFrom": [{"configMapRef": {"name": "train-settings"}}],
+             "envFrom": [{"configMapRef": {"name": "train-settings"}, "prefix": "SETTINGS_"}],
              "volumeMounts": [{"name": "settings", "mountPath": "/settings", "readOnly": True}],
              "securityContext": {"readOnlyRootFilesystem": True}},
             {"name": "exporter", "image": "registry.example.com/exporter:1",

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.real
 # written its file yet: a bounded wait on that condition.
 SCRIPT = """\
 set -eu
-test "$EXPERIMENT" = pod-template-e2e
+test "$SETTINGS_EXPERIMENT" = pod-template-e2e
 test "$(cat /etc/train-settings/EXPERIMENT)" = pod-template-e2e
 test "$API_TOKEN" = s3cret
 i=0
@@ -25,7 +25,7 @@ until [ -s /shared/from-sidecar ]; do
   i=$((i + 1)); [ "$i" -le 600 ] || { echo "no file from the sidecar" >&2; exit 3; }
   sleep 0.1
 done
-echo "rank $RANK: EXPERIMENT=$EXPERIMENT file=$(cat /etc/train-settings/EXPERIMENT) sidecar=$(cat /shared/from-sidecar)"
+echo "rank $RANK: EXPERIMENT=$SETTINGS_EXPERIMENT file=$(cat /etc/train-settings/EXPERIMENT) sidecar=$(cat /shared/from-sidecar)"
 """
 
 
@@ -71,7 +71,7 @@ def test_volume_envfrom_and_sidecar_reach_the_training_container(real_cluster, r
                         "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}],
                     "containers": [{
                         "name": "worker",
-                        "envFrom": [{"configMapRef": {"name": "train-settings"}}],
+                        "envFrom": [{"configMapRef": {"name": "train-settings"}, "prefix": "SETTINGS_"}],
                         "env": [{"name": "API_TOKEN",
                                  "valueFrom": {"secretKeyRef": {"name": "token", "key": "value"}}}],
                         "volumeMounts": [{"name": "settings", "mountPath": "/etc/train-settings"},
@@ -144,13 +144,15 @@ def test_job_code_and_a_templates_sidecar_hold_no_token_and_see_no_gpu(real_clus
                 if line.startswith("training token="))
     assert line == "training token=none; sidecar token=none gpus=void azure=unset"
 
-    # The same job asking for the token, three ways: refused, nothing created on any node.
+    # The same job asking for a token (two ways) or every GPU of the node (two ways): refused,
+    # nothing created on any node.
     attacks = {
         "mount": {"containers": [{"name": "worker", "volumeMounts": [
             {"name": "trainop-api-token", "mountPath": "/stolen"}]}]},
         "project": {"volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {
             "path": "token", "audience": "api://AzureADTokenExchange"}}]}}]},
         "gpus": {"containers": [{"name": "worker", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]},
+        "gpus-envfrom": {"containers": [{"name": "worker", "envFrom": [{"configMapRef": {"name": "gpus"}}]}]},
     }
     for name, spec in attacks.items():
         bad = {**manifest, "metadata": {"name": f"spy-{name}"},

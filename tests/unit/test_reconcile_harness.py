@@ -99,6 +99,26 @@ def test_a_class_named_only_through_an_alias_is_read_too_before_the_job_fails_fo
     assert harness.api.count("GET", "priorityclasses") == 1
 
 
+def test_a_spec_too_large_for_the_shared_operator_is_held_as_its_size_and_fails_the_job(harness):
+    """Issue 22 M7: one namespace's jobs of ~200 KB each (pod-template annotations; the API
+    server takes up to ~1.5 MB) would fill the shared operator's memory. The cache keeps such a
+    spec as its size; the job fails naming `spec` and creates nothing; a job beside it runs."""
+    big = {"worker": {"metadata": {"annotations": {f"k{i}": "x" * 10_000 for i in range(20)}}}}
+    harness.submit(dtj("big", podTemplate=big))
+    harness.submit({**dtj("labelled"), "metadata": {"name": "labelled",
+                                                    "labels": {f"l{i}": "v" * 60 for i in range(2000)}}})
+    harness.submit({**dtj("small"), "metadata": {"name": "small", "annotations": {"note": "y" * 100_000}}})
+    harness.settle()
+    for name, kib in (("big", 195), ("labelled", 137)):
+        failed = conditions.get_condition(harness.job(name)["status"]["conditions"], "Failed")
+        assert failed["reason"] == "InvalidSpec" and failed["message"].startswith(f"spec: is {kib} KiB of JSON"), failed
+        assert "ConfigMap" in failed["message"]
+    held = {key[1]: len(repr(value)) for key, value in harness.ix["dtj_bodies"].items()}
+    assert max(held["big"], held["labelled"]) < 2048 and held["small"] < 4096, held  # annotations dropped too
+    created = {k for k in harness.api.by_kind() if k.startswith("POST") and k != "POST events"}
+    assert created and all(p["metadata"]["name"].startswith("small") for p in harness.api.list("pods", "ns"))
+
+
 def test_an_unserved_gang_scheduler_costs_one_discovery_read_per_recheck_not_per_reconcile():
     cfg = config.from_dict({"gangScheduling": {"scheduler": "volcano"}})
     with Harness(cfg, nodes=NODES) as h:

@@ -29,7 +29,7 @@ WORKER = {
         "containers": [
             {"name": "worker",
              "env": [{"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "t", "key": "k"}}}],
-             "envFrom": [{"configMapRef": {"name": "train-settings"}}],
+             "envFrom": [{"configMapRef": {"name": "train-settings"}, "prefix": "SETTINGS_"}],
              "volumeMounts": [{"name": "settings", "mountPath": "/settings"}],
              "securityContext": {"readOnlyRootFilesystem": True}},
             {"name": "exporter", "image": "exporter:1", "resources": {"requests": {"cpu": "10m"}},
@@ -69,7 +69,7 @@ def test_worker_override_merges_every_field():
     worker, exporter = spec["containers"]
     base = plain["spec"]["containers"][0]
     assert worker["env"] == base["env"] + WORKER["spec"]["containers"][0]["env"]
-    assert worker["envFrom"] == [{"configMapRef": {"name": "train-settings"}}]
+    assert worker["envFrom"] == [{"configMapRef": {"name": "train-settings"}, "prefix": "SETTINGS_"}]
     assert worker["volumeMounts"] == base["volumeMounts"] + [{"name": "settings", "mountPath": "/settings"}]
     assert worker["securityContext"] == base["securityContext"] | {"readOnlyRootFilesystem": True}
     assert worker["image"] == base["image"] and worker["command"] == base["command"]
@@ -247,7 +247,7 @@ def sidecar(**fields):
     ({"containers": [{"name": "worker", "env": [
         {"name": "K", "valueFrom": {"secretKeyRef": {"name": "other-team", "key": "k"}}}]}]},
      "containers[0].env[0].valueFrom.secretKeyRef.name", "podTemplate.allow.secrets"),
-    ({"containers": [{"name": "worker", "envFrom": [{"secretRef": {"name": "other-team"}}]}]},
+    ({"containers": [{"name": "worker", "envFrom": [{"secretRef": {"name": "other-team"}, "prefix": "T_"}]}]},
      "containers[0].envFrom[0].secretRef.name", "podTemplate.allow.secrets"),
     ({"volumes": [{"name": "v", "secret": {"secretName": "other-team"}}]},
      "volumes[0].secret.secretName", "podTemplate.allow.secrets"),
@@ -296,12 +296,36 @@ def test_spec_env_cannot_choose_the_gpus():
                                                         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}])
 
 
+@pytest.mark.parametrize("prefix", [None, "", "N", "NVIDIA_", "NVIDIA_X_"])
+def test_envfrom_on_the_gpu_container_cannot_name_an_nvidia_variable(prefix):
+    """Issue 22, M6: an unprefixed envFrom ConfigMap could hold NVIDIA_VISIBLE_DEVICES=all,
+    which the kubelet puts after the device plugin's value: refused on the worker's training
+    container, unless the prefix keeps every name off NVIDIA_ or the admin opens it."""
+    source = {"configMapRef": {"name": "gpu-settings"}} | ({"prefix": prefix} if prefix is not None else {})
+
+    def template(name, role="worker"):
+        return {role: {"spec": {"containers": [{"name": name, "envFrom": [source]}]}}}
+    says = refused("spec.podTemplate.worker.spec.containers[0].envFrom[0].prefix", podTemplate=template("worker"))
+    assert "NVIDIA_VISIBLE_DEVICES" in says and "configMapKeyRef" in says
+    job(podTemplate=template("exporter"))  # a sidecar: no GPU, NVIDIA_VISIBLE_DEVICES=void wins
+    job(podTemplate=template("launcher", "launcher"))  # the launcher holds no GPU either
+    opened = config.from_dict({"podTemplate": {"allow": {"envFromWithoutPrefix": True}}})
+    assert job(opened, podTemplate=template("worker")).pod_template
+
+
+def test_envfrom_with_a_prefix_reaches_the_gpu_container():
+    j = job(workers=1, gpusPerWorker=1, podTemplate={"worker": {"spec": {"containers": [
+        {"name": "worker", "envFrom": [{"configMapRef": {"name": "s"}, "prefix": "CFG_"}]}]}}})
+    assert dtj.render_worker(j, 0, 0)["spec"]["containers"][0]["envFrom"] == [
+        {"configMapRef": {"name": "s"}, "prefix": "CFG_"}]
+
+
 def test_only_the_admins_secrets_and_namespaces():
     cfg = config.from_dict({"podTemplate": {"allow": {"secrets": ["hf-*", "team-b/wandb"]}}})
 
     def env(name):
         return {"worker": {"spec": {"containers": [{"name": "worker", "envFrom": [
-            {"secretRef": {"name": name}}]}]}}}
+            {"secretRef": {"name": name}, "prefix": "S_"}]}]}}}
     job(cfg, podTemplate=env("hf-token"))  # team-a
     refused("spec.podTemplate.worker.spec.containers[0].envFrom[0].secretRef.name", cfg,
             podTemplate=env("wandb"))  # allowed in team-b only

@@ -9,12 +9,14 @@ import pytest
 
 from trainop import config
 from trainop.actions import Apply, Create, Delete, Patch, Ref, SetFinalizers
+from trainop.handlers import indexes
 from trainop.spec import parse_stage
 from trainop.stagesync import FINALIZER, SECRET_RECHECK_SECONDS, StageSnapshot, decide
 
 CFG = config.from_dict({"datastage": {"allowedNfsExports": [
     {"server": "10.1.2.3", "path": "/export", "namespaces": ["team-a"]},
-    {"server": "10.1.2.4", "path": "/tenants/{namespace}"}], "allowProvisionedServers": True}})
+    {"server": "10.1.2.4", "path": "/tenants/{namespace}"}], "allowProvisionedServers": True},
+    "blob": {"allowedServiceAccounts": ["reader-wi"]}})
 NOW = "2026-05-01T12:00:00Z"
 UID = "stage-uid"
 SAS = {"sasSecretRef": {"name": "storage", "key": "sas"}}
@@ -234,6 +236,23 @@ def test_admin_lists_open_other_endpoints_and_exports():
     assert "datastage.allowProvisionedServers" in out.status["conditions"][0]["message"]
 
 
+@pytest.mark.parametrize("account,namespace", [("platform-admin", "team-a"), ("default", "team-a"),
+                                               ("reader-wi", "team-a")])
+def test_the_copy_pod_runs_only_as_an_account_the_admin_lists(account, namespace):
+    """Issue 22 (H3's DataStage twin): the copy pod runs as the named ServiceAccount and the
+    stager's Role is bound to it, so only blob.allowedServiceAccounts may be named."""
+    cfg = config.from_dict({"datastage": {"allowedNfsExports": [{"server": "10.1.2.3", "path": "/export",
+                                                                 "namespaces": ["*"]}]},
+                            "blob": {"allowedServiceAccounts": ["team-b/reader-wi"]}})
+    auth = {"workloadIdentity": True, "serviceAccountName": account}
+    out = decide(snap(body(auth=auth, namespace=namespace), service_accounts={account}), cfg, NOW)
+    assert out.status["phase"] == "Failed" and out.actions == []
+    message = out.status["conditions"][0]["message"]
+    assert message.startswith("spec.source.blob.auth.serviceAccountName: ") and "blob.allowedServiceAccounts" in message
+    allowed = decide(snap(body(auth=auth, namespace="team-b"), service_accounts={account}), cfg, NOW)
+    assert allowed.status["phase"] == ("Copying" if account == "reader-wi" else "Failed")
+
+
 # issue 22 M4: an export is whose the admin says (the copy Job mounts it read-write)
 @pytest.mark.parametrize("namespace,destination,field", [
     ("team-b", {"nfs": {"server": "10.1.2.3", "path": "/export/data"}}, "spec.destination.nfs.server"),
@@ -335,3 +354,16 @@ def test_a_look_alike_config_map_not_owned_by_the_stage_is_not_read():
     cm = report(bytesCopied=5, bytesTotal=5, filesCopied=1, filesTotal=1)
     cm["metadata"]["ownerReferences"] = [{"controller": True, "uid": "someone-else"}]
     assert "bytesCopied" not in decide(snap(body(), progress=cm), CFG, NOW).status
+
+
+def test_a_stage_spec_too_large_for_the_shared_operator_fails_naming_spec():
+    """Issue 22 M7: the caches keep a DataStage spec above spec.MAX_SPEC_BYTES as its size only
+    (handlers/indexes.slim_owner); decide fails it, creating nothing."""
+    b = body()
+    b["spec"]["source"]["blob"]["prefixes"] = [f"{i:06d}/" + "p" * 200 for i in range(1000)]
+    del b["spec"]["source"]["blob"]["prefix"]
+    for held in (b, indexes.slim_owner(b)):
+        out = decide(snap(held), CFG, NOW)
+        assert out.status["phase"] == "Failed" and out.actions == []
+        assert out.status["conditions"][0]["message"].startswith("spec: is 205 KiB of JSON")
+    assert len(repr(indexes.slim_owner(b))) < 2048

@@ -64,6 +64,7 @@ from trainop.render import logship as render_logship
 from trainop.render import podgroup as render_podgroup
 from trainop.render.fabric import PREFLIGHT, UNHEALTHY_TAINT
 from trainop.resume import CHECKPOINT_KEY
+from trainop.spec import bounded
 
 LABEL_JOB = common.LABEL_JOB
 JOB_KIND, STAGE_KIND = "DistributedTrainingJob", "DataStage"  # controller.py's key kinds
@@ -178,9 +179,19 @@ def _job_key(body, namespace) -> tuple:
     return namespace, body["metadata"]["labels"][LABEL_JOB]
 
 
+def slim_owner(body) -> dict:
+    """A DistributedTrainingJob or DataStage as the caches keep it: without managedFields and
+    annotations, which the operator never reads (together they can be larger than the spec),
+    and with a spec (and labels) above spec.MAX_SPEC_BYTES kept as its size (parsing then fails
+    it naming spec): one namespace cannot fill the shared operator's memory with large objects
+    (M7)."""
+    meta = {k: v for k, v in body["metadata"].items() if k not in ("managedFields", "annotations")}
+    return bounded({**dict(body), "metadata": meta})
+
+
 @kopf.index(GROUP, VERSION, "distributedtrainingjobs")
 async def dtj_bodies(body, name, namespace, **_):
-    return {(namespace, name): dict(body)}
+    return {(namespace, name): slim_owner(body)}
 
 
 @kopf.index("v1", "pods", labels=_HAS_JOB)
@@ -306,7 +317,7 @@ async def quotas(body, namespace, **_):
 
 @kopf.index(GROUP, VERSION, "datastages")
 async def stage_bodies(body, name, namespace, **_):
-    return {(namespace, name): dict(body)}
+    return {(namespace, name): slim_owner(body)}
 
 
 def _stage_child(body, namespace, **parts):
