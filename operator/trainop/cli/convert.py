@@ -2,7 +2,8 @@
 PyTorchJobs and TFJobs (kubeflow.org/v1) into DistributedTrainingJobs. Reads FILE (or stdin;
 several YAML documents allowed) and writes the jobs as YAML to stdout or OUT. Every source field
 that is not carried over, and every default that differs, is printed to stderr as a warning
-naming the source field. The whole map: docs/migrating.md.
+naming the source field. Exits 2, saying why, for a kind it does not read or broken YAML. The
+whole map: docs/migrating.md.
 """
 
 from __future__ import annotations
