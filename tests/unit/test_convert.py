@@ -375,3 +375,17 @@ def test_cli_refuses_with_a_clear_message(text, message, tmp_path, capsys):
     assert out == "" and f"trainop convert: {path}" in err and message in err
     assert cli.main(["convert", str(tmp_path / "missing.yaml")]) == 2
     assert "cannot read it" in capsys.readouterr().err
+
+
+def test_a_training_operator_ttl_is_kept_and_its_managed_by_dropped():
+    job = peer("pytorch-simple.yaml")
+    job["spec"]["runPolicy"] = {"ttlSecondsAfterFinished": 60, "managedBy": "kubeflow.org/training-operator",
+                                "cleanPodPolicy": "All", "schedulingPolicy": {"minAvailable": 1}}
+    dtj, warnings = convert.convert(job)
+    # the Training Operator deletes the whole job too: the same meaning
+    assert dtj["spec"]["runPolicy"] == {"ttlSecondsAfterFinished": 60, "cleanPodPolicy": "All",
+                                        "schedulingPolicy": {"minAvailable": 1}}
+    assert "spec.runPolicy.ttlSecondsAfterFinished" not in fields(warnings)
+    warned(warnings, "spec.runPolicy.managedBy", "kubeflow.org/training-operator", "dropped")
+    warned(warnings, "spec.runPolicy.schedulingPolicy.minAvailable", "became 1")
+    spec.parse(dtj, CFG)
