@@ -43,7 +43,7 @@ def _complete(text: str) -> bool:
 def test_the_walk_finds_every_verb_and_sub_command():
     # a guard on the walk itself, so the checks below are not vacuous
     assert {"run", "submit", "get", "describe", "delete", "logs", "quota", "tensorboard",
-            "operator", "devcluster"} <= {path[0] for path in VERBS if path}
+            "operator", "devcluster", "convert"} <= {path[0] for path in VERBS if path}
     assert ("devcluster", "images") in VERBS
 
 

@@ -22,6 +22,7 @@ VERB_MODULES = [
     "trainop.cli.logs",
     "trainop.cli.tensorboard",
     "trainop.cli.quota",
+    "trainop.cli.convert",
 ]
 
 
