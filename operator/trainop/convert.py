@@ -546,7 +546,15 @@ def _env(roles: list[_Role], out: dict, templates: dict, ctx: _Ctx) -> None:
             else:
                 env[e["name"]] = {"name": e["name"], **({"value": str(e["value"])} if "value" in e else {})}
         for i, e in enumerate(c.get("envFrom") or []):
-            if _secret_ok(e.get("secretRef"), f"{role.cpath}.envFrom[{i}]", ctx):
+            where = f"{role.cpath}.envFrom[{i}]"
+            if trole in spec.GPU_CONTAINERS and spec.may_set_gpu_env(e) \
+                    and not ctx.cfg.pod_template_allow.env_from_without_prefix:
+                ctx.warn(where, "dropped; without a prefix it could set NVIDIA_VISIBLE_DEVICES in the "
+                         "GPU container, which the operator refuses: name each variable in "
+                         "spec.podTemplate.worker's env with valueFrom.configMapKeyRef, or add a "
+                         "prefix (the names change), or ask the cluster admin for "
+                         "podTemplate.allow.envFromWithoutPrefix")
+            elif _secret_ok(e.get("secretRef"), where, ctx):
                 _container_entry(templates, trole, out).setdefault("envFrom", []).append(e)
     if env:
         out["env"] = list(env.values())

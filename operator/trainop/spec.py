@@ -433,6 +433,12 @@ def _check_env_names(env: list[dict], where: str) -> None:
                             f"it (a worker sees the GPUs it requests)")
 
 
+def may_set_gpu_env(env_from: dict) -> bool:
+    """Can this envFrom entry set an NVIDIA_* variable (no prefix, or one such names share)?"""
+    prefix = env_from.get("prefix") or ""
+    return GPU_ENV_PREFIX.startswith(prefix) or prefix.startswith(GPU_ENV_PREFIX)
+
+
 def _check_gpu_env_from(env_from: list[dict], where: str, allow: PodTemplateAllow) -> None:
     """envFrom on the GPU container: the operator never reads the ConfigMap or Secret (it may
     change after this check), so only a prefix that no NVIDIA_* name can start with keeps the
@@ -442,8 +448,7 @@ def _check_gpu_env_from(env_from: list[dict], where: str, allow: PodTemplateAllo
     if allow.env_from_without_prefix:
         return
     for j, source in enumerate(env_from or []):
-        prefix = source.get("prefix") or ""
-        if GPU_ENV_PREFIX.startswith(prefix) or prefix.startswith(GPU_ENV_PREFIX):
+        if may_set_gpu_env(source):
             raise SpecError(f"{where}[{j}].prefix", "without a prefix, envFrom could set "
                             "NVIDIA_VISIBLE_DEVICES in the GPU container and expose every GPU of the "
                             "node: give it a prefix such as \"CFG_\" (not one NVIDIA_ names can "

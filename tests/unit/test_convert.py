@@ -248,7 +248,6 @@ def test_every_field_of_a_full_mpijob():
     assert worker["spec"]["volumes"] == [{"name": "user-data", "persistentVolumeClaim": {"claimName": "corpus"}}]
     assert worker["spec"]["containers"][0] == {
         "name": "worker", "env": [{"name": "CFG", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "cfg"}}}],
-        "envFrom": [{"configMapRef": {"name": "settings"}}],
         "volumeMounts": [{"name": "user-data", "mountPath": "/corpus"}]}
     assert worker["spec"]["containers"][1] == {"name": "exporter", "image": "example/exporter:1",
                                                "resources": {"limits": {"cpu": "100m"}}}
@@ -287,6 +286,7 @@ def test_every_field_of_a_full_mpijob():
     warned(warnings, "spec.mpiReplicaSpecs.Worker.template.metadata.labels", "trainop.io/")
     warned(warnings, f"{c}.env[1]", "NVIDIA_VISIBLE_DEVICES", "dropped")
     warned(warnings, f"{c}.env[3]", "hf-token", "dropped")
+    warned(warnings, f"{c}.envFrom[0]", "dropped", "NVIDIA_VISIBLE_DEVICES", "configMapKeyRef")
     warned(warnings, f"{c}.ports", "dropped")
     warned(warnings, f"{c}.resources.limits[example.com/fpga]", "dropped")
     warned(warnings, f"{c}.resources.limits[nvidia.com/gpu]", "spec.gpusPerWorker: 4")
@@ -296,13 +296,14 @@ def test_every_field_of_a_full_mpijob():
 
 def test_what_the_admin_allows_is_kept():
     cfg = config.from_dict({"podTemplate": {"allow": {"secrets": ["team-a/hf-token", "regcred"],
-                                                      "hostPath": True}},
+                                                      "hostPath": True, "envFromWithoutPrefix": True}},
                             "gangScheduling": {"allowedQueues": ["research"]}})
     dtj, warnings = convert.convert(copy.deepcopy(FULL), cfg)
     worker = dtj["spec"]["podTemplate"]["worker"]["spec"]
     assert [v["name"] for v in worker["volumes"]] == ["user-data", "token", "host"]
     assert worker["imagePullSecrets"] == [{"name": "regcred"}]
     assert {"name": "token", "mountPath": "/token"} in worker["containers"][0]["volumeMounts"]
+    assert worker["containers"][0]["envFrom"] == [{"configMapRef": {"name": "settings"}}]
     assert dtj["spec"]["runPolicy"]["schedulingPolicy"] == {"queue": "research"}
     assert not [w for w in warnings if "hf-token" in w or "hostPath" in w]
 
