@@ -34,7 +34,8 @@ READ_CONTAINER = {"name", "image", "imagePullPolicy", "command", "args", "env", 
 # Pod fields the translation reads; any other one is reported as dropped.
 READ_POD = {"containers", "initContainers", "volumes", "nodeSelector", "tolerations", "affinity",
             "priorityClassName", "securityContext", "restartPolicy", "imagePullSecrets",
-            "serviceAccountName", "serviceAccount", "hostNetwork", "hostPID", "hostIPC"}
+            "serviceAccountName", "serviceAccount", "hostNetwork", "hostPID", "hostIPC",
+            "terminationGracePeriodSeconds"}
 
 
 class ConvertError(ValueError):
@@ -215,7 +216,12 @@ def _mpijob(src: dict, out: dict, ctx: _Ctx) -> None:
                            f"nothing to run the ranks")
     main = worker or launcher
     out.update(framework=_guess_framework([launcher.container, main.container], ctx), launcher="mpi")
-    _image(main, [launcher], out, ctx)
+    _image(main, [], out, ctx)
+    image = launcher.container.get("image")
+    if worker and image and image != out.get("image"):
+        out.setdefault("mpirun", {})["image"] = image
+        ctx.warn(f"{launcher.cpath}.image", f"{image}: became spec.mpirun.image (the workers run "
+                 f"spec.image)")
     out["workers"] = workers
     if as_worker:
         ctx.warn("spec.runLauncherAsWorker", f"trainop's launcher runs no rank: workers is "
@@ -230,9 +236,10 @@ def _mpijob(src: dict, out: dict, ctx: _Ctx) -> None:
                  f"flags for it (-f hostfile -n -ppn, ssh through trainop's config) and the image's "
                  f"mpirun must accept them")
     if src.get("sshAuthMountPath"):
-        ctx.warn("spec.sshAuthMountPath", f"{src['sshAuthMountPath']}: dropped; trainop mounts its own "
-                 f"ssh key and configs under /etc/trainop and starts sshd with them, so the image's "
-                 f"~/.ssh and sshd config are not used (spec.securityContext names the user)")
+        out["ssh"] = {"mountPath": src["sshAuthMountPath"]}
+        ctx.warn("spec.sshAuthMountPath", f"{src['sshAuthMountPath']}: became spec.ssh.mountPath (the "
+                 f"key as id_rsa, id_rsa.pub, authorized_keys, known_hosts); the workers' sshd is "
+                 f"trainop's own, with its config under /etc/trainop, not the image's")
     if src.get("launcherCreationPolicy") == "AtStartup":
         ctx.warn("spec.launcherCreationPolicy", "AtStartup: dropped; trainop creates the launcher once "
                  "every worker is Ready (the MPI Operator's WaitForWorkersReady)")
@@ -244,9 +251,7 @@ def _mpijob(src: dict, out: dict, ctx: _Ctx) -> None:
             ctx.warn(f"{worker.cpath}.command", f"{shlex.join([*(c.get('command') or []), *(c.get('args') or [])])}: "
                      f"dropped; trainop runs its own sshd on every worker (the ranks come from the "
                      f"launcher's command)")
-    if launcher.container.get("resources"):
-        ctx.warn(f"{launcher.cpath}.resources", "dropped: the launcher's resources are the operator's "
-                 f"(launcherResources, {ctx.cfg.launcher_resources}); it runs mpirun only")
+    _launcher_resources(launcher, out, ctx)
     templates: dict = {}
     _env([launcher, *([worker] if worker else [])], out, templates, ctx)
     _placement(main, out, ctx)
@@ -307,9 +312,32 @@ def _launch(launcher: _Role, out: dict, ctx: _Ctx) -> None:
         ctx.warn(where, f"-x {' -x '.join(launch.forwarded)}: dropped; each worker's ranks get that "
                  f"worker container's own environment (and spec.env), so a variable of the image "
                  f"reaches them without -x; set a value in spec.env to change it")
-    if launch.dropped:
-        ctx.warn(where, f"mpirun options dropped, trainop renders its own (--hostfile, --map-by slot, "
-                 f"--bind-to none, transports by spec.infiniband): {' '.join(launch.dropped)}")
+    kept, dropped = [], []
+    for group in launch.dropped:
+        try:
+            spec.check_mpirun_args(tuple(shlex.split(group)))
+            kept += shlex.split(group)
+        except spec.SpecError:
+            dropped.append(group)
+    if kept:
+        out.setdefault("mpirun", {})["extraArgs"] = kept
+        ctx.warn(where, f"mpirun options carried over into spec.mpirun.extraArgs: {shlex.join(kept)}")
+    if dropped:
+        ctx.warn(where, f"mpirun options dropped, trainop renders its own (the hostfile, the rank "
+                 f"count, the ssh transport): {' '.join(dropped)}")
+
+
+def _launcher_resources(launcher: _Role, out: dict, ctx: _Ctx) -> None:
+    res, where = launcher.container.get("resources") or {}, f"{launcher.cpath}.resources"
+    keep = {which: {k: v for k, v in (res.get(which) or {}).items()
+                    if k in spec.WORKER_RESOURCES or k.startswith("hugepages-")}
+            for which in ("requests", "limits")}
+    keep = {k: v for k, v in keep.items() if v}
+    if keep:
+        out.setdefault("mpirun", {})["resources"] = keep
+        ctx.warn(where, "became spec.mpirun.resources")
+    if any(set(res.get(w) or {}) - set(keep.get(w) or {}) for w in ("requests", "limits")):
+        ctx.warn(where, "GPUs and other devices dropped: the launcher runs mpirun only")
 
 
 # ---- PyTorchJob and TFJob ------------------------------------------------------------------------
@@ -615,6 +643,12 @@ def _pods(roles: dict[str, _Role], out: dict, templates: dict, ctx: _Ctx, others
                          "keys dropped: they are the operator's")
             if kept:
                 tmpl.setdefault("metadata", {})[kind] = kept
+        grace = pod.get("terminationGracePeriodSeconds")
+        if grace is not None:
+            out["terminationGracePeriodSeconds"] = max(grace, out.get("terminationGracePeriodSeconds", 0))
+            ctx.warn(f"{where}.terminationGracePeriodSeconds", f"{grace}: became "
+                     f"spec.terminationGracePeriodSeconds ({out['terminationGracePeriodSeconds']}, "
+                     f"every pod of the job)")
         renamed, shm = _volumes(role, pspec, ctx)
         if shm and trole == "worker":
             out["shmSize"] = shm

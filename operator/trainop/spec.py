@@ -244,7 +244,7 @@ class Job:
     training: Training
     output: Output | None  # spec.output, parsed
     run_policy: RunPolicy
-    launcher_resources: dict
+    launcher_resources: dict  # spec.mpirun.resources, else the operator's launcherResources
     logship: dict  # the operator's `logship` configuration section (render/logship.py)
     security: SecurityContext
     priority_class_name: str | None = None  # spec.priorityClassName (priority.py resolves it)
@@ -261,6 +261,11 @@ class Job:
     fabric: Fabric = Fabric()          # the operator's infiniband/preflight sections
     denied_egress: tuple[str, ...] = ()  # jobNetwork.deniedEgressCIDRs (render/dtj.py)
     empty_dir_size_limit: str | None = None  # limits.emptyDirSizeLimit (render: scratch_volume)
+    launcher_image: str | None = None        # spec.mpirun.image (None: spec.image)
+    mpirun_args: tuple[str, ...] = ()        # spec.mpirun.extraArgs, checked
+    launcher_command: tuple[str, ...] | None = None  # spec.mpirun.command
+    ssh_mount_path: str | None = None        # spec.ssh.mountPath
+    termination_grace_period_seconds: int | None = None  # spec.terminationGracePeriodSeconds
     # Kueue's admitted flavors per pod set ("workers", "launcher"), set by kueue.place once the
     # Workload is admitted; render/dtj.py adds them to the pods' placement.
     flavors: tuple[tuple[str, FlavorPlacement], ...] = ()
@@ -740,7 +745,7 @@ def parse(body: dict, cfg: Config) -> Job:
                              clean_pod_policy=run["cleanPodPolicy"], suspend=run["suspend"],
                              scheduling_timeout_seconds=_scheduling_timeout(run, placement, cfg),
                              failure_rules=_failure_rules(run)),
-        launcher_resources=cfg.launcher_resources, logship=cfg.section("logship"),
+        launcher_resources=_launcher_resources(spec, cfg), logship=cfg.section("logship"),
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),
         priority_class_name=priority_class_name(spec),
@@ -751,6 +756,10 @@ def parse(body: dict, cfg: Config) -> Job:
         fabric=cfg.fabric, denied_egress=cfg.denied_egress_cidrs,
         empty_dir_size_limit=cfg.empty_dir_size_limit,
         checkpoint=_checkpoint(spec, meta["name"], meta.get("uid")),
+        launcher_image=(spec.get("mpirun") or {}).get("image"),
+        mpirun_args=_mpirun_args(spec), launcher_command=_launcher_command(spec),
+        ssh_mount_path=_ssh_mount_path(spec, data["mountPath"]),
+        termination_grace_period_seconds=spec.get("terminationGracePeriodSeconds"),
     )
     if job.pod_template:
         # The operator's own fields win: the merge refuses an override that contradicts what
@@ -759,6 +768,87 @@ def parse(body: dict, cfg: Config) -> Job:
         from trainop.render import dtj
         dtj.check_overrides(job)
     return job
+
+
+# mpirun flags that would break the gang (spec.mpirun.extraArgs): the rank count and the hosts
+# are the operator's (the hostfile is the gang), so is the ssh transport (its own config, keys
+# and pinned host key), and --app replaces the program. Open MPI spells them with one or two
+# dashes; Hydra (Intel MPI, MPICH) with one.
+MPIRUN_DENIED = {
+    "the rank count (spec.workers x slotsPerWorker)": ("np", "n", "c"),
+    "the hosts (the operator's hostfile is the gang)": (
+        "hostfile", "machinefile", "default-hostfile", "H", "host", "f", "hosts", "ppn",
+        "rankfile", "add-hostfile", "add-host"),
+    "the ssh transport (the operator's keys and pinned host key)": (
+        "launcher", "launcher-exec", "bootstrap", "bootstrap-exec", "rsh", "launch-agent"),
+    "the program (spec.command)": ("app", "configfile"),
+}
+# MCA parameters of the same things (--mca NAME VALUE; -mca; --prtemca in Open MPI 5).
+MCA_DENIED = ("plm_rsh_", "plm_ssh_", "orte_default_hostfile", "prte_default_hostfile")
+MCA_FLAGS = ("mca", "gmca", "prtemca", "pmixmca")
+
+
+def _mpirun_args(spec: dict) -> tuple[str, ...]:
+    args = tuple((spec.get("mpirun") or {}).get("extraArgs") or ())
+    if args and spec["launcher"] != "mpi":
+        raise SpecError("spec.mpirun", "a torchrun job has no mpirun: remove spec.mpirun")
+    check_mpirun_args(args)
+    return args
+
+
+def check_mpirun_args(args: tuple[str, ...]) -> None:
+    """SpecError naming spec.mpirun.extraArgs[i] for a flag that would break the gang."""
+    for i, arg in enumerate(args):
+        flag = arg.lstrip("-").split("=", 1)[0]
+        if not arg.startswith("-"):
+            continue
+        for what, flags in MPIRUN_DENIED.items():
+            if flag in flags:
+                raise SpecError(f"spec.mpirun.extraArgs[{i}]", f"{arg} would change {what}: remove "
+                                f"it (spec.mpirun.command replaces the whole launcher command)")
+        if flag in MCA_FLAGS and i + 1 < len(args) and args[i + 1].startswith(MCA_DENIED):
+            raise SpecError(f"spec.mpirun.extraArgs[{i + 1}]", f"{args[i + 1]} is the operator's "
+                            f"(the ssh transport or the hostfile): remove it")
+
+
+def _launcher_command(spec: dict) -> tuple[str, ...] | None:
+    mpirun = spec.get("mpirun") or {}
+    if mpirun and spec["launcher"] != "mpi":
+        raise SpecError("spec.mpirun", "a torchrun job has no launcher pod: remove spec.mpirun")
+    return tuple(mpirun["command"]) if mpirun.get("command") else None
+
+
+def _launcher_resources(spec: dict, cfg: Config) -> dict:
+    resources = (spec.get("mpirun") or {}).get("resources")
+    if not resources:
+        return cfg.launcher_resources
+    for which in ("requests", "limits"):
+        for key in resources.get(which) or {}:
+            if key not in WORKER_RESOURCES and not key.startswith("hugepages-"):
+                raise SpecError(f"spec.mpirun.resources.{which}", f"{key!r} cannot be set here: "
+                                f"only {', '.join(WORKER_RESOURCES)} and hugepages-<size>")
+    return resources
+
+
+# Where the operator mounts something itself: an image's ssh folder may not sit on or above them.
+OPERATOR_MOUNTS = ("/etc/trainop", "/output", "/dev/shm", "/var/run/secrets")
+
+
+def _ssh_mount_path(spec: dict, data_mount: str) -> str | None:
+    path = (spec.get("ssh") or {}).get("mountPath")
+    if path is None:
+        return None
+    if spec["launcher"] != "mpi":
+        raise SpecError("spec.ssh", "a torchrun job uses no ssh: remove spec.ssh")
+    clean = "/" + "/".join(p for p in path.split("/") if p not in ("", "."))
+    if ".." in clean.split("/"):
+        raise SpecError("spec.ssh.mountPath", f"{path!r}: write it without '..'")
+    for taken in OPERATOR_MOUNTS + (data_mount,):
+        if clean == taken or clean.startswith(taken + "/") or taken.startswith(clean.rstrip("/") + "/"):
+            raise SpecError("spec.ssh.mountPath", f"{path!r} overlaps {taken}, where the operator "
+                            f"mounts something itself: choose the image's ssh folder, e.g. "
+                            f"/home/mpiuser/.ssh or /root/.ssh")
+    return clean
 
 
 def _pool_of(spec: dict, cfg: Config) -> NodePool | None:

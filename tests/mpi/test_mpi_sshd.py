@@ -141,7 +141,7 @@ def render():
     cfg = config.load(None)
     made = []
 
-    def make(program: str):
+    def make(program: str, **extra):
         # not under pytest's tmp_path: its parents are root-only (0700)
         base = Path(tempfile.mkdtemp(prefix="trainop-mpi-"))
         made.append(base)
@@ -156,7 +156,8 @@ def render():
                               "env": [{"name": "TRAINOP_TEST", "value": "forwarded"},
                                       {"name": "PYTHONPATH", "value": site},
                                       {"name": "SAVED", "value": str(shm / "saved")}],
-                              "securityContext": {"runAsUser": user.pw_uid, "runAsGroup": user.pw_gid}}}, cfg)
+                              "securityContext": {"runAsUser": user.pw_uid, "runAsGroup": user.pw_gid},
+                              **extra}}, cfg)
 
         def remap(text: str) -> str:  # the pod's paths, in this test's folder
             return text.replace(common.MOUNT_ROOT, str(root)).replace(dtj.WORKER_ENV, str(shm / "worker-env"))
@@ -311,6 +312,38 @@ def test_launcher_runs_ranks_over_sshd_on_both_workers(rendered):
                      for r in range(4)], stdout + stderr
     assert (base / "shm" / "worker-env").stat().st_mode & 0o077 == 0  # the job's user's alone
     print(f"mpirun over sshd: 4 ranks on 2 workers in {elapsed:.1f}s")
+
+
+@pytest.mark.parametrize("mpirun", [
+    # flags of the user's own, one of them replacing the operator's --map-by
+    {"extraArgs": ["--map-by", "ppr:2:node", "--mca", "btl_tcp_if_include", "lo", "-x", "EXTRA"]},
+    # the whole launcher command: the user's own mpirun, given the operator's hostfile, rank
+    # count and ssh through $(VAR) (Kubernetes' spelling), and forwarding by itself
+    {"command": ["mpirun", "-np", "$(TRAINOP_NUM_RANKS)", "--hostfile", "$(TRAINOP_HOSTFILE)",
+                 "--mca", "plm_rsh_agent", "$(TRAINOP_SSH)", "--mca", "orte_keep_fqdn_hostnames", "1",
+                 "--bind-to", "none", "-x", "PATH", "-x", "PYTHONPATH", "-x", "TRAINOP_TEST", "-x", "EXTRA"]},
+], ids=["extra-args", "own-command"])
+def test_the_users_mpirun_flags_and_launcher_command_run_over_sshd(render, mpirun):
+    """Issue 25: spec.mpirun as rendered, on real Open MPI and sshd."""
+    _need("mpirun", "/usr/sbin/sshd", "unshare")
+    user = _test_user()
+    python, _ = _rank_python(user)
+    if "command" in mpirun:
+        mpirun = {"command": [*mpirun["command"], python, "-c", RANK_PROGRAM]}
+    job, base, root, remap, user = render(RANK_PROGRAM, mpirun=mpirun,
+                                          env=[{"name": "TRAINOP_TEST", "value": "forwarded"},
+                                               {"name": "PYTHONPATH", "value": _rank_python(user)[1]},
+                                               {"name": "EXTRA", "value": "x"}])
+    workers = _start_workers(job, base, remap, user)
+    try:
+        launcher = _launcher(job, base, remap, user, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout, stderr = launcher.communicate(timeout=120)
+    finally:
+        _stop(workers)
+    assert launcher.returncode == 0, f"launcher failed ({launcher.returncode}):\n{stdout}\n{stderr}\n{_worker_logs(base)}"
+    lines = sorted(re.findall(r"rank \d+/\d+ via \S+ uid \d+ sum \d+ env \S+", stdout))
+    assert lines == [f"rank {r}/4 via 127.0.0.{2 + r // 2} uid {user.pw_uid} sum 6 env forwarded"
+                     for r in range(4)], stdout + stderr
 
 
 # Ranks that save on SIGTERM as the trainer does: every rank learns of a stop through an

@@ -52,12 +52,14 @@ def test_pi_carries_image_user_command_and_resources_and_names_what_it_drops():
         "securityContext": {"runAsUser": 1000, "runAsGroup": 1000},
         "command": ["/home/mpiuser/pi"],
         "runPolicy": {"cleanPodPolicy": "Running"},
+        "ssh": {"mountPath": "/home/mpiuser/.ssh"},
+        "mpirun": {"resources": {"limits": {"cpu": 1, "memory": "1Gi"}}},
     }
     warned(warnings, "spec.runPolicy.ttlSecondsAfterFinished", "60", "dropped", "launcher Job",
            "whole DistributedTrainingJob")
-    warned(warnings, "spec.sshAuthMountPath", "/home/mpiuser/.ssh", "dropped", "/etc/trainop")
-    warned(warnings, "spec.mpiReplicaSpecs.Launcher.template.spec.containers[0].resources", "dropped",
-           "launcherResources")
+    warned(warnings, "spec.sshAuthMountPath", "/home/mpiuser/.ssh", "spec.ssh.mountPath", "/etc/trainop")
+    warned(warnings, "spec.mpiReplicaSpecs.Launcher.template.spec.containers[0].resources",
+           "spec.mpirun.resources")
     warned(warnings, "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].command", "/usr/sbin/sshd",
            "own sshd")
     warned(warnings, "spec.mpiReplicaSpecs.Launcher.template.spec.containers[0].securityContext.runAsUser",
@@ -183,7 +185,7 @@ spec:
           containers:
           - name: launcher
             image: example/launcher:1
-            command: [mpirun, -np, "8", -x, NCCL_DEBUG=INFO, python, /train.py]
+            command: [mpirun, -np, "8", --map-by, "ppr:4:node", --hostfile, /etc/mpi/hostfile, -x, NCCL_DEBUG=INFO, python, /train.py]
             resources: {limits: {cpu: 2}}
     Worker:
       replicas: 1
@@ -193,6 +195,7 @@ spec:
           labels: {app: bert, trainop.io/role: x}
         spec:
           serviceAccountName: trainer
+          terminationGracePeriodSeconds: 120
           imagePullSecrets: [{name: regcred}]
           nodeSelector: {kubernetes.azure.com/agentpool: gpu}
           tolerations: [{key: sku, operator: Equal, value: gpu, effect: NoSchedule}]
@@ -242,6 +245,9 @@ def test_every_field_of_a_full_mpijob():
                                               "effect": "NoSchedule"}]}
     assert s["priorityClassName"] == "high"
     assert s["runPolicy"] == {"backoffLimit": 2, "cleanPodPolicy": "None", "activeDeadlineSeconds": 7200}
+    assert s["mpirun"] == {"image": "example/launcher:1", "resources": {"limits": {"cpu": 2}},
+                           "extraArgs": ["--map-by", "ppr:4:node"]}
+    assert s["terminationGracePeriodSeconds"] == 120
     assert "securityContext" not in s
     worker = s["podTemplate"]["worker"]
     assert worker["metadata"] == {"labels": {"app": "bert"}}
@@ -267,8 +273,11 @@ def test_every_field_of_a_full_mpijob():
     warned(warnings, f"{run}.schedulingPolicy.priorityClass", "spec.priorityClassName: high")
     warned(warnings, "spec.runLauncherAsWorker", "workers is 2")
     warned(warnings, "spec.slotsPerWorker", "unset", "slotsPerWorker: 1")
-    warned(warnings, f"{launcher}.image", "example/launcher:1", "spec.image")
-    warned(warnings, f"{launcher}.resources", "launcherResources")
+    warned(warnings, f"{launcher}.image", "example/launcher:1", "spec.mpirun.image")
+    warned(warnings, f"{launcher}.resources", "spec.mpirun.resources")
+    warned(warnings, f"{launcher}.command", "carried over", "--map-by ppr:4:node")
+    warned(warnings, f"{launcher}.command", "dropped", "--hostfile /etc/mpi/hostfile")
+    warned(warnings, f"{pod}.terminationGracePeriodSeconds", "120", "spec.terminationGracePeriodSeconds")
     warned(warnings, f"{launcher}.command", "-np 8", "2 ranks")
     warned(warnings, f"{launcher}.command", "NCCL_DEBUG", "spec.env")
     warned(warnings, "spec.mpiReplicaSpecs.Worker.restartPolicy", "ExitCode", "failurePolicy")

@@ -1,13 +1,14 @@
 """render/dtj.py: every child of a DistributedTrainingJob, with explicit expected values."""
 
 import base64
+import dataclasses
 import shlex
 
 import pytest
 
 from trainop import config
 from trainop.render import dtj
-from trainop.spec import parse
+from trainop.spec import SpecError, parse
 
 CFG = config.load(None)
 GPU_TOL = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -220,6 +221,86 @@ def test_hydra_mpirun():
         "-bootstrap-exec", "/etc/trainop/mpi/ssh", "a.out"]
     assert dtj.mpirun_command(job(mpiImplementation="MPICH", command=["a.out"]))[7:11] == [
         "-launcher", "ssh", "-launcher-exec", "/etc/trainop/mpi/ssh"]
+
+
+def test_mpirun_extra_args_go_before_the_program_and_replace_the_mapping():
+    j = job(workers=2, command=["a.out"], mpirun={"extraArgs": ["--mca", "btl_tcp_if_include", "eth0",
+                                                                "--map-by", "ppr:1:node", "-x", "MY_VAR"]})
+    cmd = dtj.mpirun_command(j)
+    assert cmd[-8:] == ["--mca", "btl_tcp_if_include", "eth0", "--map-by", "ppr:1:node", "-x", "MY_VAR", "a.out"]
+    assert cmd.count("--map-by") == 1 and cmd[cmd.index("--bind-to") + 1] == "none"  # theirs; ours
+    hydra = dtj.mpirun_command(job(mpiImplementation="MPICH", command=["a.out"],
+                                   mpirun={"extraArgs": ["-bind-to", "core"]}))
+    assert hydra[-3:] == ["-bind-to", "core", "a.out"]
+
+
+@pytest.mark.parametrize("args, index, says", [
+    (["-np", "64"], 0, "rank count"), (["--np=64"], 0, "rank count"), (["-H", "evil:8"], 0, "hosts"),
+    (["--hostfile", "/tmp/h"], 0, "hosts"), (["-f", "/tmp/h"], 0, "hosts"), (["-ppn", "8"], 0, "hosts"),
+    (["-launcher-exec", "/bin/sh"], 0, "ssh transport"), (["--app", "x"], 0, "program"),
+    (["-x", "A", "--mca", "plm_rsh_agent", "rsh"], 3, "ssh transport"),
+    (["--prtemca", "plm_ssh_args", "-p 22"], 1, "ssh transport"),
+])
+def test_mpirun_flags_that_would_break_the_gang_are_refused(args, index, says):
+    with pytest.raises(SpecError) as err:
+        job(mpirun={"extraArgs": args})
+    assert err.value.field == f"spec.mpirun.extraArgs[{index}]" and says in str(err.value)
+
+
+def test_a_launcher_command_of_the_users_own():
+    """spec.mpirun.command replaces the rendered mpirun; $(VAR) is replaced as Kubernetes does in
+    a container's command, and the launcher's environment has the same names."""
+    j = job(workers=2, gpusPerWorker=4, mpirun={
+        "command": ["horovodrun", "-np", "$(TRAINOP_NUM_RANKS)", "--hostfile", "$(TRAINOP_HOSTFILE)",
+                    "-p", "$(TRAINOP_SSH_PORT)", "python", "train.py", "--cost", "$$(NOT_A_VAR)", "$(HOME)"],
+        "image": "example/launcher:1", "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}})
+    pod = dtj.render_launcher(j, attempt=0)["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    line = next(x for x in c["command"][2].splitlines() if x.startswith("horovodrun "))
+    assert line == ("horovodrun -np 8 --hostfile /etc/trainop/mpi/hostfile -p 2222 python train.py "
+                    "--cost '$(NOT_A_VAR)' '$(HOME)' &")
+    assert c["image"] == "example/launcher:1" and c["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["TRAINOP_NUM_RANKS"] == "8" and env["TRAINOP_SSH"] == "/etc/trainop/mpi/ssh"
+    assert dtj.render_worker(j, 0, 0)["spec"]["containers"][0]["image"] == j.image  # workers keep spec.image
+    with pytest.raises(SpecError) as err:
+        job(launcher="torchrun", mpirun={"image": "x"})
+    assert err.value.field == "spec.mpirun"
+    with pytest.raises(SpecError) as err:
+        job(mpirun={"resources": {"limits": {"nvidia.com/gpu": 1}}})
+    assert err.value.field in ("spec.mpirun.resources.limits", "spec.mpirun.resources.limits[nvidia.com/gpu]")
+
+
+@pytest.mark.parametrize("user, mode", [(1000, 0o440), (0, 0o400)])
+def test_ssh_mount_path_puts_the_key_where_the_image_looks(user, mode):
+    j = job(workers=2, ssh={"mountPath": "/home/mpiuser/.ssh/"})
+    j = dataclasses.replace(j, security=dataclasses.replace(j.security, run_as_user=user))
+    for pod in (dtj.render_worker(j, 0, 0)["spec"], dtj.render_launcher(j, 0)["spec"]["template"]["spec"]):
+        volume = next(v for v in pod["volumes"] if v["name"] == "ssh-auth")
+        assert volume["secret"] == {"secretName": "j1-ssh", "defaultMode": mode, "items": [
+            {"key": "id_ed25519", "path": "id_rsa"}, {"key": "id_ed25519.pub", "path": "id_rsa.pub"},
+            {"key": "authorized_keys", "path": "authorized_keys"}, {"key": "known_hosts", "path": "known_hosts"}]}
+        assert {"name": "ssh-auth", "mountPath": "/home/mpiuser/.ssh", "readOnly": True} in \
+            pod["containers"][0]["volumeMounts"]
+
+
+@pytest.mark.parametrize("path", ["/etc/trainop/ssh", "/etc", "/", "/output/keys", "/data", "/a/../etc/trainop"])
+def test_ssh_mount_path_may_not_cover_the_operators_mounts(path):
+    with pytest.raises(SpecError) as err:
+        job(ssh={"mountPath": path})
+    assert err.value.field == "spec.ssh.mountPath"
+
+
+def test_termination_grace_period_on_every_pod_and_never_below_the_log_drain():
+    j = job(workers=2, terminationGracePeriodSeconds=600)
+    assert dtj.render_worker(j, 1, 0)["spec"]["terminationGracePeriodSeconds"] == 600
+    assert dtj.render_launcher(j, 0)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 600
+    out = {"blob": {"accountURL": "https://a.blob.core.windows.net", "container": "out",
+                    "auth": {"sasSecretRef": {"name": "s", "key": "k"}}}}
+    shipped = dtj.render_worker(job(workers=1, output=out, terminationGracePeriodSeconds=5), 0, 0)
+    drain = dtj.render_worker(job(workers=1, output=out), 0, 0)["spec"]["terminationGracePeriodSeconds"]
+    assert shipped["spec"]["terminationGracePeriodSeconds"] == drain > 5
+    assert "terminationGracePeriodSeconds" not in dtj.render_worker(job(workers=1), 0, 0)["spec"]
 
 
 def test_command_and_args_overrides():

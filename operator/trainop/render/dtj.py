@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import re
 import shlex
 
 from trainop import blob
@@ -136,27 +137,57 @@ def container_env(job: Job, attempt: int = 0, resume: Resume | None = None) -> l
     return common.env({k: v for k, v in base.items() if k not in user}) + [dict(e) for e in job.env]
 
 
+def _gives(args: tuple[str, ...], flag: str) -> bool:
+    """Does spec.mpirun.extraArgs set `flag` (-flag, --flag, --flag=value)?"""
+    return any(a.startswith("-") and a.lstrip("-").split("=", 1)[0] == flag for a in args)
+
+
 def mpirun_command(job: Job) -> list[str]:
     hostfile = f"{CONF_DIR}/hostfile"
+    user = job.mpirun_args
     if job.mpi_implementation == "OpenMPI":
         forwarded = ["PATH"] + [e["name"] for e in container_env(job)]
-        return ["mpirun", "-np", str(job.total_slots),
-                "--hostfile", hostfile, "--map-by", "slot",
+        return ["mpirun", "-np", str(job.total_slots), "--hostfile", hostfile,
+                *([] if _gives(user, "map-by") else ["--map-by", "slot"]),
                 # Open MPI's default core binding cost 20% of GPU throughput (TOOLCHAIN.md), and
                 # container CPU quotas do not line up with cores anyway.
-                "--bind-to", "none",
+                *([] if _gives(user, "bind-to") else ["--bind-to", "none"]),
                 "--mca", "orte_keep_fqdn_hostnames", "1",
                 # Only the launcher sshes; workers never need to reach each other over ssh.
                 "--mca", "plm_rsh_no_tree_spawn", "1",
                 "--mca", "plm_rsh_agent", "ssh",
                 "--mca", "plm_rsh_args", f"-F {CONF_DIR}/ssh_config",
                 *[x for name in forwarded for x in ("-x", name)],
-                *rank_command(job)]
+                *user, *rank_command(job)]
     # Hydra (Intel MPI, MPICH) forwards the whole environment by default.
     launcher = ["-bootstrap", "ssh", "-bootstrap-exec"] if job.mpi_implementation == "Intel" \
         else ["-launcher", "ssh", "-launcher-exec"]
     return ["mpirun", "-f", hostfile, "-n", str(job.total_slots), "-ppn",
-            str(job.slots_per_worker), *launcher, f"{CONF_DIR}/ssh", *rank_command(job)]
+            str(job.slots_per_worker), *launcher, f"{CONF_DIR}/ssh", *user, *rank_command(job)]
+
+
+def launcher_env(job: Job) -> dict[str, str]:
+    """What spec.mpirun.command may name as $(NAME), and finds in its environment."""
+    return {"TRAINOP_HOSTFILE": f"{CONF_DIR}/hostfile", "TRAINOP_NUM_RANKS": str(job.total_slots),
+            "TRAINOP_SLOTS_PER_WORKER": str(job.slots_per_worker),
+            "TRAINOP_SSH": f"{CONF_DIR}/ssh", "TRAINOP_SSH_PORT": str(SSH_PORT)}
+
+
+_VAR = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_]*)\))")
+
+
+def launcher_command(job: Job) -> list[str]:
+    """spec.mpirun.command with $(NAME) replaced as Kubernetes replaces it in a container's
+    command ($$ is a literal $; an unknown name stays as written), else the rendered mpirun."""
+    if not job.launcher_command:
+        return mpirun_command(job)
+    values = launcher_env(job)
+
+    def one(match: re.Match) -> str:
+        if match.group(1) == "$":
+            return "$"
+        return values.get(match.group(2), match.group(0))
+    return [_VAR.sub(one, arg) for arg in job.launcher_command]
 
 
 def _wait_for_dns(hosts_expr: str) -> list[str]:
@@ -182,7 +213,7 @@ def launcher_script(job: Job) -> str:
     # hand the signal to the ranks instead, which save a checkpoint and end, and mpirun with them.
     return fabric.memlock_preamble(job) + "\n".join([
         "set -eu", *_wait_for_dns(f"$(cat {CONF_DIR}/hosts)"),
-        shlex.join(mpirun_command(job)) + " &",
+        shlex.join(launcher_command(job)) + " &",
         "mpirun=$!",
         "trap 'echo \"trainop: stopping: the ranks save and end, mpirun with them\" >&2' TERM",
         "set +e",
@@ -406,6 +437,7 @@ def _placement(job: Job, pod_set: str) -> dict:
 # it, the client as IdentityFile and sshd as HostKey. (0600 would leave the user no access
 # without an fsGroup and add nothing with one.)
 SSH_SECRET_MODE = 0o440
+SSH_AUTH_VOLUME = "ssh-auth"  # spec.ssh.mountPath's copy of the key
 
 
 def _ssh_volumes(job: Job) -> tuple[list[dict], list[dict]]:
@@ -419,6 +451,18 @@ def _ssh_volumes(job: Job) -> tuple[list[dict], list[dict]]:
     ]
     mounts = [{"name": "ssh", "mountPath": SSH_DIR, "readOnly": True},
               {"name": "mpi", "mountPath": CONF_DIR, "readOnly": True}]
+    if job.ssh_mount_path:
+        # The MPI Operator's sshAuthMountPath: the key where an image's own ssh or sshd looks
+        # (its file names; the key is ed25519 whatever the name says). ssh refuses a private
+        # key others may read when the user owns it: root's copy is 0400, a non-root user
+        # reads its root-owned copy through the pods' fsGroup.
+        files = {SSH_KEY: "id_rsa", f"{SSH_KEY}.pub": "id_rsa.pub",
+                 "authorized_keys": "authorized_keys", "known_hosts": "known_hosts"}
+        mode = 0o400 if job.security.run_as_user == 0 else SSH_SECRET_MODE
+        volumes.append({"name": SSH_AUTH_VOLUME, "secret": {
+            "secretName": secret_name(job), "defaultMode": mode,
+            "items": [{"key": k, "path": p} for k, p in files.items()]}})
+        mounts.append({"name": SSH_AUTH_VOLUME, "mountPath": job.ssh_mount_path, "readOnly": True})
     return volumes, mounts
 
 
@@ -451,6 +495,12 @@ def pod_security_context(job: Job) -> dict:
         "fsGroup": user.fs_group,
         # an output claim full of checkpoints is not re-chowned file by file at every start
         "fsGroupChangePolicy": "OnRootMismatch"})
+
+
+def _grace(job: Job) -> dict:
+    """spec.terminationGracePeriodSeconds, on every pod of the job (else Kubernetes' 30 s)."""
+    seconds = job.termination_grace_period_seconds
+    return {} if seconds is None else {"terminationGracePeriodSeconds": seconds}
 
 
 def _container_base(job: Job, name: str, attempt: int, resume: Resume | None) -> dict:
@@ -495,8 +545,9 @@ def _ship_logs(job: Job, role: str, index: int | None, attempt: int, pod_spec: d
     annotations.update(parts.annotations)
     if parts.service_account_name:
         pod_spec["serviceAccountName"] = parts.service_account_name
-    if parts.termination_grace_period_seconds is not None:
-        pod_spec["terminationGracePeriodSeconds"] = parts.termination_grace_period_seconds
+    if parts.termination_grace_period_seconds is not None:  # the drain is the least a pod gets
+        pod_spec["terminationGracePeriodSeconds"] = max(
+            parts.termination_grace_period_seconds, pod_spec.get("terminationGracePeriodSeconds", 0))
 
 
 def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = None,
@@ -535,7 +586,7 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
     pod_spec = {"hostname": worker_name(job, index), "subdomain": service_name(job),
                 "restartPolicy": "Never", **_placement(job, WORKER_POD_SET), **NO_TOKEN,
                 "securityContext": pod_security_context(job),
-                "containers": [container], "volumes": volumes}
+                "containers": [container], "volumes": volumes, **_grace(job)}
     annotations: dict[str, str] = {}
     _ship_logs(job, WORKER, index, attempt, pod_spec, labels, annotations, resume)
     fabric.shape_pod(job, pod_spec, WORKER, index, master=host(job, 0))
@@ -561,9 +612,13 @@ def render_launcher(job: Job, attempt: int, resume: Resume | None = None) -> dic
         "resources": dict(job.launcher_resources),
         "volumeMounts": mounts,
     }
+    if job.launcher_image:
+        container["image"] = job.launcher_image
+    if job.launcher_command:
+        container["env"] = container["env"] + common.env(launcher_env(job))
     pod_spec = {"restartPolicy": "Never", **_placement(job, LAUNCHER_POD_SET), **NO_TOKEN,
                 "securityContext": pod_security_context(job), "containers": [container],
-                "volumes": volumes}
+                "volumes": volumes, **_grace(job)}
     annotations: dict[str, str] = {}
     _ship_logs(job, LAUNCHER, None, attempt, pod_spec, labels, annotations)
     fabric.shape_pod(job, pod_spec, LAUNCHER)
