@@ -36,6 +36,10 @@ Format (every key optional; camelCase like Helm values):
     schedulingTimeoutSeconds: 900    # how long pods on an autoscaled pool may wait for nodes
                                      # before the job fails (SchedulingTimeout); a job's
                                      # runPolicy.schedulingTimeoutSeconds overrides it
+    startTimeoutSeconds: 600         # how long a pod may fail to start (an image that cannot
+                                     # be pulled, a missing Secret or ConfigMap for its env)
+                                     # before the job fails; runPolicy.startTimeoutSeconds
+                                     # overrides it; null: never (the condition stays)
     defaultNodePools: {cpu: system, gpu: gpu, infiniband: ibgpu}
     images: {pytorch: IMAGE, tensorflow: IMAGE, keras: IMAGE}
     launcherResources: {requests: {cpu: 500m, memory: 512Mi}}
@@ -164,6 +168,7 @@ DEFAULTS: dict = {
     },
     "launcherResources": {"requests": {"cpu": "500m", "memory": "512Mi"}},
     "schedulingTimeoutSeconds": 900,
+    "startTimeoutSeconds": 600,
     # 1e9 is the highest value Kubernetes lets a user-defined PriorityClass have: larger ones
     # are system-cluster-critical and system-node-critical, which no training job may borrow.
     # The emptyDirs trainop adds to a job's pods (the log folder it shares with the shipper, and
@@ -285,6 +290,7 @@ class Config:
     max_priority: int | None
     raw: dict
     scheduling_timeout_seconds: int | None = 900  # default for jobs on autoscaled pools
+    start_timeout_seconds: int | None = 600  # default runPolicy.startTimeoutSeconds
     allowed_account_urls: tuple[str, ...] = ()       # blob.allowedAccountURLs
     allowed_service_accounts: tuple[str, ...] = ()   # blob.allowedServiceAccounts
     allowed_nfs_exports: tuple[NfsExport, ...] = ()  # datastage.allowedNfsExports
@@ -398,11 +404,15 @@ def from_dict(data: dict | None) -> Config:
     timeout = raw.get("schedulingTimeoutSeconds")
     if timeout is not None and (not _count(timeout) or timeout < 1):
         raise ConfigError("schedulingTimeoutSeconds: must be a positive integer (seconds) or null")
+    start_timeout = raw.get("startTimeoutSeconds")
+    if start_timeout is not None and (not _count(start_timeout) or start_timeout < 1):
+        raise ConfigError("startTimeoutSeconds: must be a positive integer (seconds) or null")
     return Config(resync_seconds=float(resync), safety_resync_seconds=float(safety),
                   node_pools=pools,
                   default_node_pools=dict(raw["defaultNodePools"]), images=dict(raw["images"]),
                   launcher_resources=raw["launcherResources"], max_gpus_per_job=max_gpus,
                   max_priority=max_priority, raw=raw, scheduling_timeout_seconds=timeout,
+                  start_timeout_seconds=start_timeout,
                   allowed_account_urls=_account_urls(raw), allowed_nfs_exports=_nfs_exports(raw),
                   allowed_service_accounts=_service_accounts(raw),
                   nfs_client_cidrs=_cidrs(raw, "datastage", "nfsClientCIDRs"),

@@ -94,6 +94,7 @@ class RunPolicy:
     scheduling_timeout_seconds: int | None = None  # resolved: the spec's, else the config's
                                                    # default on an autoscaled pool
     failure_rules: tuple[FailureRule, ...] = ()
+    start_timeout_seconds: int | None = None  # resolved: the spec's, else the config's
 
 
 # runPolicy.managedBy: the MPI Operator's convention (its own name or absent: it reconciles;
@@ -744,7 +745,8 @@ def parse(body: dict, cfg: Config) -> Job:
                              ttl_seconds_after_finished=run.get("ttlSecondsAfterFinished"),
                              clean_pod_policy=run["cleanPodPolicy"], suspend=run["suspend"],
                              scheduling_timeout_seconds=_scheduling_timeout(run, placement, cfg),
-                             failure_rules=_failure_rules(run)),
+                             failure_rules=_failure_rules(run),
+                             start_timeout_seconds=run.get("startTimeoutSeconds", cfg.start_timeout_seconds)),
         launcher_resources=_launcher_resources(spec, cfg), logship=cfg.section("logship"),
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),

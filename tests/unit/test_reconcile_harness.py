@@ -410,8 +410,55 @@ def _scenarios():
                                              "finishedAt": _ago(5)}}}]))
         h.observe()
 
+    def not_starting(h):  # an image that cannot be pulled, a template sidecar's missing Secret
+        h.submit(dtj("j", runPolicy={"startTimeoutSeconds": 600}))
+        h.settle()
+        _cannot_start(h, "j-worker-0", "worker", "ErrImagePull", 'failed to pull "nope:1": not found')
+        _cannot_start(h, "j-worker-1", "exporter", "CreateContainerConfigError", 'secret "gone" not found',
+                      init=True)
+        h.observe()
+
     return {"pending": pending, "running": running, "published": published, "failed_worker": failed_worker,
-            "disrupted": disrupted, "storage_evicted": storage_evicted, "vanished": vanished, "launcher_done": launcher_done, "preflight": preflight}
+            "disrupted": disrupted, "storage_evicted": storage_evicted, "vanished": vanished,
+            "launcher_done": launcher_done, "preflight": preflight, "not_starting": not_starting}
+
+
+def _cannot_start(h: Harness, pod: str, container: str, reason: str, message: str, init: bool = False):
+    key = "initContainerStatuses" if init else "containerStatuses"
+    h.edit("pods", "ns", pod, lambda p: p.update(status={
+        "phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+        key: [{"name": container, "ready": False, "restartCount": 0,
+               "state": {"waiting": {"reason": reason, "message": message}}}]}))
+
+
+def test_a_pod_that_can_never_start_is_named_then_fails_the_job_at_its_deadline(harness):
+    """Issue 24: PodsNotStarting names the pod, reason and kubelet message at once and stays
+    put while the kubelet alternates ErrImagePull and ImagePullBackOff; at startTimeoutSeconds
+    the job fails with that reason, every pod deleted, no restart counted."""
+    harness.submit(dtj("j", runPolicy={"startTimeoutSeconds": 60}))
+    harness.settle()
+    _cannot_start(harness, "j-worker-1", "worker", "ErrImagePull", 'rpc error: "example/nope:1": not found')
+    harness.settle()
+    cond = conditions.get_condition(harness.job("j")["status"]["conditions"], "PodsNotStarting")
+    assert (cond["status"], cond["reason"]) == ("True", "ErrImagePull")
+    assert cond["message"].startswith('pod j-worker-1: container worker: ErrImagePull: rpc error: "example/nope:1": not found')
+    writes = harness.api.count("PATCH", "distributedtrainingjobs/status")
+    _cannot_start(harness, "j-worker-1", "worker", "ImagePullBackOff", 'Back-off pulling image "example/nope:1"')
+    harness.settle()
+    assert conditions.get_condition(harness.job("j")["status"]["conditions"], "PodsNotStarting") == cond
+    assert harness.api.count("PATCH", "distributedtrainingjobs/status") == writes  # nothing new to say
+    # 61 s later, as the job's own condition says (its lastTransitionTime is the clock)
+    harness.edit("distributedtrainingjobs", "ns", "j", lambda j: next(
+        c for c in j["status"]["conditions"] if c["type"] == "PodsNotStarting").update(
+        lastTransitionTime=_ago(61)))
+    harness.settle()
+    status = harness.job("j")["status"]
+    failed = conditions.get_condition(status["conditions"], "Failed")
+    assert (status["phase"], failed["reason"]) == ("Failed", "ErrImagePull"), status
+    assert "startTimeoutSeconds=60" in failed["message"]
+    assert status["restarts"] == {"failures": 0, "disruptions": 0}
+    assert harness.api.list("pods", "ns") == []
+
 
 
 @pytest.mark.parametrize("scenario", sorted(_scenarios()))

@@ -55,6 +55,7 @@ import kopf
 
 from trainop import GROUP, VERSION, phases
 from trainop.config import POOL_LABEL
+from trainop.jobsync.starting import NOT_STARTING
 from trainop.kueue import GROUP as KUEUE_GROUP
 from trainop.kueue import VERSION as KUEUE_VERSION
 from trainop.render import common
@@ -141,6 +142,14 @@ def _containers(items) -> list[dict]:
     return [{k: c[k] for k in ("name", "resources", "restartPolicy") if k in c} for c in items or []]
 
 
+def _short_waiting(state: dict) -> dict:
+    """A container state with a waiting message of at most 1 KiB (an image pull's can be long)."""
+    waiting = state.get("waiting")
+    if not waiting or len(waiting.get("message") or "") <= 1024:
+        return state
+    return {**state, "waiting": {**waiting, "message": waiting["message"][:1024]}}
+
+
 def slim_pod(body) -> dict:
     spec, st = body.get("spec") or {}, body.get("status") or {}
     out_spec = {"containers": _containers(spec.get("containers")),
@@ -163,13 +172,18 @@ def slim_pod(body) -> dict:
         {k: c[k] for k in ("type", "status", "reason", "lastTransitionTime") if k in c}
         for c in st.get("conditions") or []]
     out_status["containerStatuses"] = [
-        {k: cs[k] for k in ("name", "state", "lastState") if k in cs}
+        {k: _short_waiting(cs[k]) if k == "state" else cs[k] for k in ("name", "state", "lastState") if k in cs}
         for cs in st.get("containerStatuses") or []]
-    # the preflight's result is its termination message (preflight.py; at most 4 KiB)
-    pre = [cs for cs in st.get("initContainerStatuses") or [] if cs.get("name") == PREFLIGHT]
-    if pre:
-        out_status["initContainerStatuses"] = [
-            {k: pre[0][k] for k in ("name", "state", "lastState") if k in pre[0]}]
+    # the preflight's result is its termination message (preflight.py; at most 4 KiB); of the
+    # other init containers only why one cannot start (jobsync/starting.py)
+    inits = []
+    for cs in st.get("initContainerStatuses") or []:
+        if cs.get("name") == PREFLIGHT:
+            inits.append({k: cs[k] for k in ("name", "state", "lastState") if k in cs})
+        elif ((cs.get("state") or {}).get("waiting") or {}).get("reason") in NOT_STARTING:
+            inits.append({"name": cs.get("name"), "state": _short_waiting(cs["state"])})
+    if inits:
+        out_status["initContainerStatuses"] = inits
     return _obj(body, spec=out_spec, status=out_status)
 
 

@@ -9,6 +9,7 @@ import datetime as dt
 
 from trainop import conditions, podgroup, resume
 from trainop.actions import Apply, Create, CreateSSHSecret, Outcome
+from trainop.jobsync import starting
 from trainop.jobsync.fabric import _fabric, _training_transport
 from trainop.jobsync.failures import _gang_failed, _gang_failures, attempt
 from trainop.jobsync.model import (
@@ -131,6 +132,9 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
     previous = _previous_attempt(plan, st, attempt_)
     if previous:
         return previous
+    never = starting.judge(plan, job, st, plan.snap.pods)  # an image or Secret that is not there
+    if never:
+        return never
     workers = {int(p["metadata"]["labels"][common.LABEL_INDEX]): p for p in plan.snap.pods
                if p["metadata"]["labels"].get(common.LABEL_ROLE) == render.WORKER}
     launched = plan.snap.launcher is not None or \
