@@ -1,5 +1,7 @@
 """spec.parse / capacity_error / config: typed parsing with errors that name the field."""
 
+import json
+
 import pytest
 
 from trainop import config, crds
@@ -140,6 +142,18 @@ def test_every_crd_field_has_a_description():
             walk(node["items"], f"{path}[]")
     walk(crds.schema("DistributedTrainingJob"), "")
     assert missing == []
+
+
+def test_the_copied_core_types_keep_kubernetes_descriptions_within_the_size_etcd_takes():
+    """Issue 25: `kubectl explain dtj.spec.podTemplate...` explains Kubernetes' own fields. The
+    CRD is stored as one etcd object (1.5 MiB request limit): it stays under 1 MB of JSON."""
+    pod = crds.schema("DistributedTrainingJob")["properties"]["spec"]["properties"]["podTemplate"][
+        "properties"]["worker"]["properties"]["spec"]["properties"]
+    probe = pod["containers"]["items"]["properties"]["readinessProbe"]
+    assert "health check" in probe["description"]
+    assert "before liveness probes" in probe["properties"]["initialDelaySeconds"]["description"]
+    assert pod["volumes"]["items"]["description"].startswith("core/v1 Volume")  # where it comes from
+    assert len(json.dumps(crds.crd("DistributedTrainingJob"))) < 1_000_000
 
 
 SCHEMA_KEYWORDS = {"type", "description", "properties", "items", "required", "default", "enum",
