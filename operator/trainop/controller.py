@@ -316,6 +316,7 @@ class Controller:
         # someone labelled like it is not the shipper's report (the hostfile's owner is judged
         # by jobsync, which never adopts).
         config_maps = {c["metadata"]["name"]: c for c in self._all("dtj_configmaps", ck)}
+        services = {s["metadata"]["name"]: s for s in self._all("dtj_services", ck)}
         named = SimpleNamespace(name=name)  # what the renderers' name functions read
         progress = config_maps.get(render_logship.progress_name(named))
         if progress is not None and not _controlled(progress, uid):
@@ -330,7 +331,9 @@ class Controller:
             pods=[p for p in self._all("dtj_pods", ck)
                   if any(_controlled(p, owner) for owner in owners if owner)],
             launcher=launcher,
-            service=self._one("dtj_services", ck),
+            # by name: with runLauncherAsWorker the launcher has a Service of its own
+            service=services.get(render_dtj.service_name(named)),
+            launcher_service=services.get(render_dtj.launcher_service_name(named)),
             config_map=config_maps.get(render_dtj.config_map_name(named)),
             progress=progress, network_policy=self._one("dtj_netpols", ck),
             ssh_secret=self.applier.has_ssh_secret(uid),

@@ -210,7 +210,10 @@ def _mpijob(src: dict, out: dict, ctx: _Ctx) -> None:
     for name in set(specs) - {"Launcher", "Worker"}:
         ctx.warn(f"{path}.{name}", "not an MPIJob replica type: dropped")
     as_worker = bool(src.get("runLauncherAsWorker"))
-    workers = (worker.replicas if worker else 0) + as_worker
+    # trainop's own runLauncherAsWorker needs a worker beside it; with none, the launcher's
+    # ranks go to one worker instead
+    keep_as_worker = as_worker and worker is not None and worker.replicas >= 1
+    workers = (worker.replicas if worker else 0) + (as_worker and not keep_as_worker)
     if workers < 1:
         raise ConvertError(f"{path}.Worker: no workers (and runLauncherAsWorker is not set): "
                            f"nothing to run the ranks")
@@ -223,10 +226,13 @@ def _mpijob(src: dict, out: dict, ctx: _Ctx) -> None:
         ctx.warn(f"{launcher.cpath}.image", f"{image}: became spec.mpirun.image (the workers run "
                  f"spec.image)")
     out["workers"] = workers
-    if as_worker:
-        ctx.warn("spec.runLauncherAsWorker", f"trainop's launcher runs no rank: workers is "
-                 f"{workers} (Worker replicas + 1) so that the job keeps its rank count; the launcher "
-                 f"pod is extra")
+    if keep_as_worker:
+        out.setdefault("mpirun", {})["runLauncherAsWorker"] = True
+        ctx.warn("spec.runLauncherAsWorker", "became spec.mpirun.runLauncherAsWorker: the launcher "
+                 "runs ranks (rank 0 among them) and gets a worker's resources and GPUs")
+    elif as_worker:
+        ctx.warn("spec.runLauncherAsWorker", f"no Worker replicas: workers is {workers}, which runs "
+                 f"the launcher's ranks (trainop's runLauncherAsWorker needs a worker beside it)")
     _resources(main, out, ctx)
     _slots(src, out, ctx)
     impl = src.get("mpiImplementation") or "OpenMPI"
@@ -251,7 +257,12 @@ def _mpijob(src: dict, out: dict, ctx: _Ctx) -> None:
             ctx.warn(f"{worker.cpath}.command", f"{shlex.join([*(c.get('command') or []), *(c.get('args') or [])])}: "
                      f"dropped; trainop runs its own sshd on every worker (the ranks come from the "
                      f"launcher's command)")
-    _launcher_resources(launcher, out, ctx)
+    if keep_as_worker:
+        if launcher.container.get("resources"):
+            ctx.warn(f"{launcher.cpath}.resources", "dropped: a launcher that runs ranks gets the "
+                     "workers' resources and GPUs (spec.resources, gpusPerWorker)")
+    else:
+        _launcher_resources(launcher, out, ctx)
     templates: dict = {}
     _env([launcher, *([worker] if worker else [])], out, templates, ctx)
     _placement(main, out, ctx)
@@ -300,9 +311,10 @@ def _launch(launcher: _Role, out: dict, ctx: _Ctx) -> None:
     if argv[0].rsplit("/", 1)[-1] == "horovodrun" or "horovodrun" in argv[-1:]:
         ctx.warn(where, "horovodrun: replaced by trainop's mpirun (Horovod's ranks find each other "
                  "through MPI the same way)")
-    total = out["workers"] * out.get("slotsPerWorker", max(out.get("gpusPerWorker", 0), 1))
+    hosts = out["workers"] + bool((out.get("mpirun") or {}).get("runLauncherAsWorker"))
+    total = hosts * out.get("slotsPerWorker", max(out.get("gpusPerWorker", 0), 1))
     if launch.ranks is not None and launch.ranks != str(total):
-        ctx.warn(where, f"-np {launch.ranks}: trainop runs workers x slotsPerWorker = {total} ranks; "
+        ctx.warn(where, f"-np {launch.ranks}: trainop runs {hosts} pods x slotsPerWorker = {total} ranks; "
                  f"change workers or slotsPerWorker to get {launch.ranks}")
     if launch.env:
         out.setdefault("env", []).extend(launch.env)

@@ -267,6 +267,7 @@ class Job:
     launcher_command: tuple[str, ...] | None = None  # spec.mpirun.command
     ssh_mount_path: str | None = None        # spec.ssh.mountPath
     termination_grace_period_seconds: int | None = None  # spec.terminationGracePeriodSeconds
+    launcher_as_worker: bool = False         # spec.mpirun.runLauncherAsWorker
     # Kueue's admitted flavors per pod set ("workers", "launcher"), set by kueue.place once the
     # Workload is admitted; render/dtj.py adds them to the pods' placement.
     flavors: tuple[tuple[str, FlavorPlacement], ...] = ()
@@ -275,12 +276,17 @@ class Job:
         return dict(self.flavors).get(pod_set)
 
     @property
+    def rank_hosts(self) -> int:
+        """Pods that run ranks: the workers, and the launcher with runLauncherAsWorker."""
+        return self.workers + self.launcher_as_worker
+
+    @property
     def total_gpus(self) -> int:
-        return self.workers * self.gpus_per_worker
+        return self.rank_hosts * self.gpus_per_worker
 
     @property
     def total_slots(self) -> int:
-        return self.workers * self.slots_per_worker
+        return self.rank_hosts * self.slots_per_worker
 
 
 def _placement(spec: dict, cfg: Config) -> Placement:
@@ -714,11 +720,13 @@ def parse(body: dict, cfg: Config) -> Job:
     _check_env_names(spec.get("env") or [], "spec.env")
     _volcano_queue(spec, cfg)
     gpus = spec["gpusPerWorker"]
-    total = spec["workers"] * gpus
+    hosts = spec["workers"] + _launcher_as_worker(spec)
+    total = hosts * gpus
     if cfg.max_gpus_per_job is not None and total > cfg.max_gpus_per_job:
-        raise SpecError("spec.gpusPerWorker", f"the job needs {total} GPUs ({spec['workers']} "
-                        f"workers x {gpus}); this cluster allows at most {cfg.max_gpus_per_job} "
-                        f"per job: reduce workers or gpusPerWorker")
+        raise SpecError("spec.gpusPerWorker", f"the job needs {total} GPUs ({hosts} "
+                        f"{'pods with ranks' if hosts != spec['workers'] else 'workers'} x {gpus}); this "
+                        f"cluster allows at most {cfg.max_gpus_per_job} per job: reduce workers or "
+                        f"gpusPerWorker")
     data, train, run, output = spec["data"], spec["training"], spec["runPolicy"], spec.get("output")
     user = spec["securityContext"]
     placement = _placement(spec, cfg)
@@ -762,6 +770,7 @@ def parse(body: dict, cfg: Config) -> Job:
         mpirun_args=_mpirun_args(spec), launcher_command=_launcher_command(spec),
         ssh_mount_path=_ssh_mount_path(spec, data["mountPath"]),
         termination_grace_period_seconds=spec.get("terminationGracePeriodSeconds"),
+        launcher_as_worker=_launcher_as_worker(spec),
     )
     if job.pod_template:
         # The operator's own fields win: the merge refuses an override that contradicts what
@@ -818,6 +827,24 @@ def _launcher_command(spec: dict) -> tuple[str, ...] | None:
     if mpirun and spec["launcher"] != "mpi":
         raise SpecError("spec.mpirun", "a torchrun job has no launcher pod: remove spec.mpirun")
     return tuple(mpirun["command"]) if mpirun.get("command") else None
+
+
+def _launcher_as_worker(spec: dict) -> bool:
+    """spec.mpirun.runLauncherAsWorker: the launcher pod is also the last rank host."""
+    mpirun = spec.get("mpirun") or {}
+    if not mpirun.get("runLauncherAsWorker"):
+        return False
+    if mpirun.get("resources"):
+        raise SpecError("spec.mpirun.resources", "a launcher that runs ranks gets what a worker "
+                        "gets (spec.resources and gpusPerWorker): remove mpirun.resources")
+    if (spec.get("preflight") or {}).get("enabled"):
+        raise SpecError("spec.preflight.enabled", "the fabric check runs on the worker pods only, "
+                        "not on a launcher that runs ranks: turn one of them off")
+    if (spec.get("output") or {}).get("blob"):
+        raise SpecError("spec.mpirun.runLauncherAsWorker", "rank 0 runs on the launcher, while "
+                        "the log shipper uploads worker 0's output folder: use spec.output.pvc "
+                        "(shared by every pod) or add a worker instead")
+    return True
 
 
 def _launcher_resources(spec: dict, cfg: Config) -> dict:

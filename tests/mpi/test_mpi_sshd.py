@@ -253,8 +253,10 @@ def _launcher(job, base: Path, remap, user, **popen) -> subprocess.Popen:
     """The rendered launcher command, as the pod's user, in a private mount namespace whose
     /etc/hosts maps the workers' DNS names to their addresses."""
     hosts = base / "hosts"
+    # a launcher that runs ranks (runLauncherAsWorker) is itself: 127.0.0.1
     hosts.write_text("127.0.0.1 localhost\n" + "".join(
-        f"127.0.0.{2 + i} {dtj.host(job, i)}\n" for i in range(job.workers)))
+        f"127.0.0.{2 + i} {dtj.host(job, i)}\n" for i in range(job.workers)) + "".join(
+        f"127.0.0.1 {name}\n" for name in dtj.rank_hosts(job)[:job.launcher_as_worker]))
     launcher_pod = dtj.render_launcher(job, attempt=0)["spec"]["template"]
     launcher = launcher_pod["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in launcher["env"] if "value" in e}
@@ -344,6 +346,26 @@ def test_the_users_mpirun_flags_and_launcher_command_run_over_sshd(render, mpiru
     lines = sorted(re.findall(r"rank \d+/\d+ via \S+ uid \d+ sum \d+ env \S+", stdout))
     assert lines == [f"rank {r}/4 via 127.0.0.{2 + r // 2} uid {user.pw_uid} sum 6 env forwarded"
                      for r in range(4)], stdout + stderr
+
+
+def test_a_launcher_that_runs_ranks_starts_its_own_locally_and_the_workers_over_sshd(render):
+    """Issue 25, runLauncherAsWorker: the launcher is the hostfile's first host; Open MPI knows
+    it as itself (its name resolves to its own address) and starts those ranks, rank 0 among
+    them, directly; the workers' over their sshd."""
+    _need("mpirun", "/usr/sbin/sshd", "unshare")
+    job, base, root, remap, user = render(RANK_PROGRAM, mpirun={"runLauncherAsWorker": True})
+    assert job.total_slots == 6
+    workers = _start_workers(job, base, remap, user)
+    try:
+        launcher = _launcher(job, base, remap, user, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout, stderr = launcher.communicate(timeout=120)
+    finally:
+        _stop(workers)
+    assert launcher.returncode == 0, f"launcher failed ({launcher.returncode}):\n{stdout}\n{stderr}\n{_worker_logs(base)}"
+    lines = sorted(re.findall(r"rank \d+/\d+ via \S+ uid \d+ sum \d+ env \S+", stdout))
+    via = ["local", "local", "127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"]
+    assert lines == [f"rank {r}/6 via {via[r]} uid {user.pw_uid} sum 15 env forwarded" for r in range(6)], \
+        stdout + stderr
 
 
 # Ranks that save on SIGTERM as the trainer does: every rank learns of a stop through an

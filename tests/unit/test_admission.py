@@ -88,6 +88,18 @@ def test_gang_demand_is_every_worker_plus_the_launcher():
     assert len(admission.gang_pods(job(launcher="torchrun", workers=3))) == 3
 
 
+def test_a_launcher_that_runs_ranks_counts_its_gpus_and_one_of_the_users_own_its_resources():
+    def usage(j):
+        total = {}
+        for p in admission.gang_pods(j):
+            for k, v in admission.pod_usage(p).items():
+                total[k] = total.get(k, 0) + v
+        return total
+    assert usage(job(workers=3, gpus=4, mpirun={"runLauncherAsWorker": True}))["requests.nvidia.com/gpu"] == 16
+    own = usage(job(workers=3, gpus=4, mpirun={"resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}))
+    assert own["requests.nvidia.com/gpu"] == 12 and own["requests.cpu"] == D("4")
+
+
 def test_infiniband_jobs_count_the_rdma_resource():
     pods = admission.gang_pods(job(workers=2, gpus=8, infiniband=True))
     assert sum(admission.pod_usage(p).get("requests.rdma/ib", 0) for p in pods) == 2

@@ -234,7 +234,7 @@ def test_every_field_of_a_full_mpijob():
     assert dtj["metadata"] == {"name": "full", "namespace": "team-a", "labels": {"app": "bert"}}
     assert s["queue"] == "team-a-queue"
     assert s["image"] == "example/train:1"
-    assert s["workers"] == 2  # 1 worker + the launcher that ran as one
+    assert s["workers"] == 1  # and the launcher runs ranks too (mpirun.runLauncherAsWorker)
     assert s["gpusPerWorker"] == 4 and s["slotsPerWorker"] == 1
     assert s["resources"] == {"limits": {"cpu": 16, "memory": "64Gi"}}
     assert s["shmSize"] == "16Gi"
@@ -245,7 +245,7 @@ def test_every_field_of_a_full_mpijob():
                                               "effect": "NoSchedule"}]}
     assert s["priorityClassName"] == "high"
     assert s["runPolicy"] == {"backoffLimit": 2, "cleanPodPolicy": "None", "activeDeadlineSeconds": 7200}
-    assert s["mpirun"] == {"image": "example/launcher:1", "resources": {"limits": {"cpu": 2}},
+    assert s["mpirun"] == {"image": "example/launcher:1", "runLauncherAsWorker": True,
                            "extraArgs": ["--map-by", "ppr:4:node"]}
     assert s["terminationGracePeriodSeconds"] == 120
     assert "securityContext" not in s
@@ -271,10 +271,10 @@ def test_every_field_of_a_full_mpijob():
     warned(warnings, f"{run}.schedulingPolicy.minAvailable", "3", "dropped", "workers only")
     warned(warnings, f"{run}.schedulingPolicy.queue", "research", "gangScheduling.allowedQueues")
     warned(warnings, f"{run}.schedulingPolicy.priorityClass", "spec.priorityClassName: high")
-    warned(warnings, "spec.runLauncherAsWorker", "workers is 2")
+    warned(warnings, "spec.runLauncherAsWorker", "became spec.mpirun.runLauncherAsWorker")
     warned(warnings, "spec.slotsPerWorker", "unset", "slotsPerWorker: 1")
     warned(warnings, f"{launcher}.image", "example/launcher:1", "spec.mpirun.image")
-    warned(warnings, f"{launcher}.resources", "spec.mpirun.resources")
+    warned(warnings, f"{launcher}.resources", "dropped", "workers' resources")
     warned(warnings, f"{launcher}.command", "carried over", "--map-by ppr:4:node")
     warned(warnings, f"{launcher}.command", "dropped", "--hostfile /etc/mpi/hostfile")
     warned(warnings, f"{pod}.terminationGracePeriodSeconds", "120", "spec.terminationGracePeriodSeconds")

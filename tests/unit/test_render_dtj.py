@@ -303,6 +303,46 @@ def test_termination_grace_period_on_every_pod_and_never_below_the_log_drain():
     assert "terminationGracePeriodSeconds" not in dtj.render_worker(job(workers=1), 0, 0)["spec"]
 
 
+def test_a_launcher_that_runs_ranks_is_a_worker_too():
+    """spec.mpirun.runLauncherAsWorker: first in the hostfile, a worker's GPUs, volumes and a
+    DNS name of its own Service; (workers + 1) x slots ranks."""
+    j = job(workers=2, gpusPerWorker=4, data={"dataStageRef": {"name": "imagenet"}},
+            mpirun={"runLauncherAsWorker": True})
+    assert (j.total_slots, j.total_gpus) == (12, 12)
+    assert dtj.hostfile(j) == ("j1-launcher.j1-launcher.team-a.svc slots=4\n"
+                               "j1-worker-0.j1.team-a.svc slots=4\nj1-worker-1.j1.team-a.svc slots=4\n")
+    assert dtj.render_config_map(j)["data"]["hosts"].splitlines()[0] == "j1-launcher.j1-launcher.team-a.svc"
+    launcher = dtj.render_launcher(j, 0, claim_name="imagenet-data")
+    pod = launcher["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert (pod["hostname"], pod["subdomain"]) == ("j1-launcher", "j1-launcher")
+    assert c["resources"] == dtj.render_worker(j, 0, 0)["spec"]["containers"][0]["resources"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert {"shm", "output", "data", "ssh", "mpi"} <= {v["name"] for v in pod["volumes"]}
+    assert launcher["spec"]["template"]["metadata"]["labels"]["trainop.io/reads-datastage"] == "imagenet"
+    assert "mpirun -np 12 " in c["command"][2]
+    service = dtj.render_launcher_service(j)
+    assert service["metadata"]["name"] == "j1-launcher" and service["spec"] == {
+        "clusterIP": "None", "publishNotReadyAddresses": True,
+        "selector": {"trainop.io/job-name": "j1", "trainop.io/role": "launcher"}}
+    plain = dtj.render_launcher(job(workers=2, gpusPerWorker=4), 0)["spec"]["template"]["spec"]
+    assert "hostname" not in plain and "nvidia.com/gpu" not in str(plain["containers"][0]["resources"])
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"mpirun": {"runLauncherAsWorker": True, "resources": {"requests": {"cpu": "1"}}}}, "spec.mpirun.resources"),
+    ({"mpirun": {"runLauncherAsWorker": True}, "preflight": {"enabled": True}}, "spec.preflight.enabled"),
+    ({"mpirun": {"runLauncherAsWorker": True}, "output": {"blob": {
+        "accountURL": "https://a.blob.core.windows.net", "container": "out",
+        "auth": {"sasSecretRef": {"name": "s", "key": "k"}}}}}, "spec.mpirun.runLauncherAsWorker"),
+    ({"mpirun": {"runLauncherAsWorker": True}, "launcher": "torchrun"}, "spec.mpirun"),
+])
+def test_what_a_launcher_that_runs_ranks_cannot_have(extra, field):
+    with pytest.raises(SpecError) as err:
+        job(workers=2, gpusPerWorker=1, **extra)
+    assert err.value.field == field, str(err.value)
+
+
 def test_command_and_args_overrides():
     assert dtj.rank_command(job(command=["python3", "x.py"])) == ["python3", "x.py"]
     assert dtj.rank_command(job(command=["python3", "x.py"], args=["-v"])) == ["python3", "x.py", "-v"]

@@ -108,6 +108,8 @@ def _shared_children(plan: _Plan, job: Job) -> None:
     if job.launcher != "mpi":
         return
     acts.append(Apply(render.render_config_map(job), body, _version(snap.config_map)))
+    if job.launcher_as_worker:
+        acts.append(Apply(render.render_launcher_service(job), body, _version(snap.launcher_service)))
     if not snap.ssh_secret:  # generated once: a new key on every reconcile would break the gang
         acts.append(CreateSSHSecret(job, body))
 
@@ -155,7 +157,7 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
         if waiting:
             return plan.wait(for_nodes or waiting)
         if job.launcher == "mpi":
-            plan.out.actions.append(Create(render.render_launcher(job, attempt_, resume_from),
+            plan.out.actions.append(Create(render.render_launcher(job, attempt_, resume_from, claim),
                                            plan.body))
     # Asserted on every pass (idempotent), so an operator that died between creating the
     # launcher and writing the status still records the transition after its restart.
@@ -165,7 +167,8 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
     if st.is_true("Restarting"):
         st.cond("Restarting", False, "GangRestarted", f"attempt {attempt_} is running")
     st.cond("Running", True, "LauncherCreated" if job.launcher == "mpi" else "WorkersRunning",
-            f"{job.total_slots} ranks on {job.workers} workers (attempt {attempt_})")
+            f"{job.total_slots} ranks on {job.workers} workers"
+            f"{' and the launcher' if job.launcher_as_worker else ''} (attempt {attempt_})")
     st.phase("Running")
     return plan.out
 

@@ -35,6 +35,7 @@ class JobSnapshot:
     pods: list[dict] = field(default_factory=list)        # label trainop.io/job-name=<job>
     launcher: dict | None = None                          # the launcher batch/v1 Job
     service: dict | None = None
+    launcher_service: dict | None = None  # runLauncherAsWorker's (render/dtj.py)
     config_map: dict | None = None                        # the MPI hostfile ConfigMap
     progress: dict | None = None                          # the log shipper's ConfigMap (display only)
     network_policy: dict | None = None                    # the job's pods' isolation

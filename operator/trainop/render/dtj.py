@@ -62,6 +62,21 @@ def host(job: Job, index: int) -> str:
     return f"{worker_name(job, index)}.{service_name(job)}.{job.namespace}.svc"
 
 
+def launcher_service_name(job: Job) -> str:
+    """The headless Service that names a launcher running ranks (runLauncherAsWorker)."""
+    return launcher_name(job)
+
+
+def rank_hosts(job: Job) -> list[str]:
+    """Every pod that runs ranks, in hostfile order: a launcher that runs ranks first (Open MPI
+    maps its first ranks, rank 0 included, to mpirun's own node wherever the hostfile lists it,
+    so every MPI gets the MPI Operator's order), then the workers."""
+    hosts = [host(job, i) for i in range(job.workers)]
+    if job.launcher_as_worker:
+        hosts.insert(0, f"{launcher_name(job)}.{launcher_service_name(job)}.{job.namespace}.svc")
+    return hosts
+
+
 def _labels(job: Job, role: str | None = None, index: int | None = None,
             attempt: int | None = None) -> dict[str, str]:
     out = common.labels(job.name, role, index)
@@ -303,8 +318,7 @@ def hostfile(job: Job) -> str:
         line = "{host} slots={slots}\n"
     else:
         line = "{host}:{slots}\n"
-    return "".join(line.format(host=host(job, i), slots=job.slots_per_worker)
-                   for i in range(job.workers))
+    return "".join(line.format(host=h, slots=job.slots_per_worker) for h in rank_hosts(job))
 
 
 def sshd_config() -> str:
@@ -343,6 +357,18 @@ def ssh_config() -> str:
 
 
 # ---- manifests --------------------------------------------------------------------------------
+def render_launcher_service(job: Job) -> dict:
+    """runLauncherAsWorker: the launcher's DNS name (<job>-launcher.<job>-launcher.<ns>.svc), a
+    headless Service of its own so that the workers' Service keeps its selector."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": common.metadata(launcher_service_name(job), job.namespace, _labels(job)),
+        "spec": {"clusterIP": "None", "selector": _labels(job, LAUNCHER),
+                 # what the hostfile needs from the first moment: the pod's name, before mpirun
+                 "publishNotReadyAddresses": True},
+    }
+
+
 def render_service(job: Job) -> dict:
     port = {"name": "ssh", "port": SSH_PORT} if job.launcher == "mpi" \
         else {"name": "rendezvous", "port": RDZV_PORT}
@@ -400,7 +426,7 @@ def render_ssh_secret(job: Job, private_key: str, public_key: str) -> dict:
 
 
 def render_config_map(job: Job) -> dict:
-    hosts = "".join(host(job, i) + "\n" for i in range(job.workers))
+    hosts = "".join(h + "\n" for h in rank_hosts(job))
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": common.metadata(config_map_name(job), job.namespace, _labels(job)),
@@ -550,12 +576,9 @@ def _ship_logs(job: Job, role: str, index: int | None, attempt: int, pod_spec: d
             parts.termination_grace_period_seconds, pod_spec.get("terminationGracePeriodSeconds", 0))
 
 
-def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = None,
-                  resume: Resume | None = None) -> dict:
-    """Worker pod `index` of gang attempt `attempt`; `claim_name` is the DataStage's claim;
-    `resume` what the attempt resumes from (resume.plan)."""
-    labels = _labels(job, WORKER, index, attempt)
-    container = _container_base(job, WORKER, attempt, resume)
+def _rank_volumes(job: Job, claim_name: str | None, labels: dict) -> tuple[list[dict], list[dict]]:
+    """What a pod that runs ranks mounts: /dev/shm, the output folder, the DataStage's claim
+    (`claim_name`; its label goes on the pod), the checkpoint claim."""
     volumes = [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": job.shm_size}},
                _output_volume(job)]
     mounts = [{"name": "shm", "mountPath": "/dev/shm"},
@@ -568,6 +591,16 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
     if job.checkpoint and job.checkpoint.claim:
         volumes.append(checkpoint_volume(job))
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_VOLUME_MOUNT})
+    return volumes, mounts
+
+
+def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = None,
+                  resume: Resume | None = None) -> dict:
+    """Worker pod `index` of gang attempt `attempt`; `claim_name` is the DataStage's claim;
+    `resume` what the attempt resumes from (resume.plan)."""
+    labels = _labels(job, WORKER, index, attempt)
+    container = _container_base(job, WORKER, attempt, resume)
+    volumes, mounts = _rank_volumes(job, claim_name, labels)
     if job.launcher == "mpi":
         ssh_volumes, ssh_mounts = _ssh_volumes(job)
         volumes += ssh_volumes
@@ -601,27 +634,37 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
     return pod
 
 
-def render_launcher(job: Job, attempt: int, resume: Resume | None = None) -> dict:
+def render_launcher(job: Job, attempt: int, resume: Resume | None = None,
+                    claim_name: str | None = None) -> dict:
     """The mpirun launcher as a batch/v1 Job. backoffLimit 0: a failure restarts the whole gang
-    (runPolicy.backoffLimit, counted by the operator), never the launcher alone."""
+    (runPolicy.backoffLimit, counted by the operator), never the launcher alone. With
+    runLauncherAsWorker it also runs ranks: a worker's resources and volumes, and a DNS name
+    (its own headless Service) for the hostfile."""
     labels = _labels(job, LAUNCHER, None, attempt)
     volumes, mounts = _ssh_volumes(job)
+    ranks: dict = {}
+    if job.launcher_as_worker:
+        rank_volumes, rank_mounts = _rank_volumes(job, claim_name, labels)
+        volumes, mounts = rank_volumes + volumes, rank_mounts + mounts
+        ranks = {"hostname": launcher_name(job), "subdomain": launcher_service_name(job)}
     # mpirun forwards the launcher's environment (-x) to every rank: the checkpoint settings too
     container = _container_base(job, LAUNCHER, attempt, resume) | {
         "command": ["sh", "-c", launcher_script(job)],
-        "resources": dict(job.launcher_resources),
+        "resources": worker_resources(job) if job.launcher_as_worker else dict(job.launcher_resources),
         "volumeMounts": mounts,
     }
     if job.launcher_image:
         container["image"] = job.launcher_image
     if job.launcher_command:
         container["env"] = container["env"] + common.env(launcher_env(job))
-    pod_spec = {"restartPolicy": "Never", **_placement(job, LAUNCHER_POD_SET), **NO_TOKEN,
+    pod_spec = {**ranks, "restartPolicy": "Never", **_placement(job, LAUNCHER_POD_SET), **NO_TOKEN,
                 "securityContext": pod_security_context(job), "containers": [container],
                 "volumes": volumes, **_grace(job)}
     annotations: dict[str, str] = {}
     _ship_logs(job, LAUNCHER, None, attempt, pod_spec, labels, annotations)
     fabric.shape_pod(job, pod_spec, LAUNCHER)
+    if job.launcher_as_worker and job.infiniband:  # on the workers' fabric, as they are
+        pod_spec["affinity"] = fabric.fabric_affinity(job)
     template_meta: dict = {"labels": dict(labels)}
     if annotations:
         template_meta["annotations"] = annotations
@@ -674,7 +717,7 @@ def pod_variants(job: Job) -> list[dict]:
                 for i in sorted({0, min(1, j.workers - 1)})
                 for a, r in ((0, None), (1, fetch if i == 0 and j.checkpoint else None))]
         if j.launcher == "mpi":
-            out.append(render_launcher(j, 1)["spec"]["template"])
+            out.append(render_launcher(j, 1, claim_name=claim)["spec"]["template"])
     return out
 
 
