@@ -221,8 +221,8 @@ def test_copy_reports_progress_then_ready_and_deletion_removes_the_pv(cluster, n
     assert status["claimName"] == "imagenet-data" and status["bytesCopied"] == total  # progress kept
     assert api.condition("imagenet", "Ready")["reason"] == "CopyComplete"
     assert api.condition("imagenet", "Copied")["status"] == "True"
-    for reason in ("Normal/Copying", "Normal/CopyComplete"):
-        assert reason in api.events("imagenet")
+    for reason in ("Normal/Copying", "Normal/CopyComplete"):  # posted after the status write
+        wait_until(lambda: reason in api.events("imagenet"), timeout=30, what=f"Event {reason}")
     cols = cluster.kubectl("get", "dstage", "-n", namespace).stdout.splitlines()
     assert cols[0].split() == ["NAME", "PHASE", "PROGRESS", "CLAIM", "AGE"]
     assert cols[1].split()[:6] == ["imagenet", "Ready", f"{len(BLOBS)}/{len(BLOBS)}", "files,", "100%", "imagenet-data"]

@@ -77,6 +77,11 @@ class Api:
                           what=f"{name}'s launcher pod of attempt {attempt} Running "
                                f"(status: {self.status(name)})")
 
+    def wait_event(self, name: str, reason: str) -> None:
+        """An Event is posted after the status write that a test waited for: wait for it too."""
+        wait_until(lambda: reason in self.event_reasons(name), timeout=30,
+                   what=f"Event {reason} of {name} (have: {self.event_reasons(name)})")
+
     def event_reasons(self, name: str) -> list[str]:
         events = self.events.list_namespaced_event(
             self.ns, field_selector=f"involvedObject.name={name},involvedObject.kind=DistributedTrainingJob")
@@ -182,7 +187,7 @@ def test_worker_crash_restarts_the_gang_then_succeeds(cluster, namespace, api, o
     assert (status["attempt"], status["restarts"]["failures"], status["restarts"]["disruptions"]) == (1, 1, 0)
     assert [(h["attempt"], h["cause"], h["counted"], h["pod"]) for h in status["restarts"]["history"]] == [
         (1, "OOMKilled", True, "crash-worker-1")]
-    assert "Warning/GangRestart" in api.event_reasons("crash")
+    api.wait_event("crash", "Warning/GangRestart")
 
 
 def test_backoff_limit_exhausted_fails_naming_the_pod(cluster, namespace, api, op):
@@ -198,7 +203,7 @@ def test_backoff_limit_exhausted_fails_naming_the_pod(cluster, namespace, api, o
     assert failed["message"] == (f"pod bo-worker-0 on node {node} container worker exited with code 137 "
                                  "(OOMKilled); runPolicy.backoffLimit=1 restarts used")
     assert status["restarts"]["failures"] == 1 and status["lastFailure"]["exitCode"] == 137
-    assert "Warning/BackoffLimitExceeded" in api.event_reasons("bo")
+    api.wait_event("bo", "Warning/BackoffLimitExceeded")
     # the active launcher of the failed attempt is stopped, running workers go
     wait_until(lambda: api.launcher("bo") is None, timeout=30, what="launcher Job deleted")
     wait_until(lambda: all(p.status.phase in ("Succeeded", "Failed") for p in api.pods("bo")),
@@ -332,7 +337,7 @@ def test_operator_rejects_what_only_it_can_judge(cluster, namespace, api, op, sp
     api.wait_phase("judge", "Failed")
     cond = api.condition("judge", "Failed")
     assert (cond["reason"], cond["message"]) == (reason, message)
-    assert f"Warning/{reason}" in api.event_reasons("judge")
+    api.wait_event("judge", f"Warning/{reason}")
     assert not any(api.children("judge").values())
 
 

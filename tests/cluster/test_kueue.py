@@ -213,7 +213,7 @@ def test_a_preempted_gang_stops_requeues_and_runs_again_on_its_flavor(
     wait_until(lambda: not api.pods(low), what="the preempted gang's pods gone")
     status = api.status(low)
     assert status.get("attempt", 0) == 0 and status["evictions"] == 1
-    assert "Warning/Preempted" in api.event_reasons(low)
+    api.wait_event(low, "Warning/Preempted")
     wl = workload(api, low)
     assert "admission" not in wl["status"]
     assert conditions_of(wl)["Requeued"]["status"] == "True"

@@ -101,7 +101,7 @@ def test_autoscaled_spot_pool_at_zero_waits_for_nodes_then_runs(cluster, namespa
     assert not [line for line in ours if "[ERROR" in line or "[WARNING" in line], log[-3000:]
     assert sum("grow] DistributedTrainingJob Starting: 2/2 workers wait for nodes" in line for line in ours) == 1
     assert sum("grow] DistributedTrainingJob Starting: 1/2 workers wait for nodes" in line for line in ours) == 1
-    assert "Normal/WaitingForNodes" in api.event_reasons("grow")
+    api.wait_event("grow", "Normal/WaitingForNodes")
 
 
 def test_nodes_that_never_come_fail_the_job_and_free_its_quota(cluster, namespace, api, pools, operator_factory):

@@ -101,7 +101,7 @@ def test_second_job_waits_with_no_pod_and_runs_when_the_first_ends(cluster, name
     cond = api.condition("second", "Admitted")
     assert (cond["status"], cond["reason"]) == ("False", "QuotaExceeded")
     assert cond["message"] == f"needs 8 nvidia.com/gpu; 0 of 8 free in ResourceQuota {namespace}/gpu"
-    assert "Normal/QuotaExceeded" in api.event_reasons("second")
+    api.wait_event("second", "Normal/QuotaExceeded")
     assert status["gpus"] == 8 and api.children("second") == {
         "pods": [], "services": [], "secrets": [], "configmaps": [], "jobs": []}
 
@@ -110,7 +110,7 @@ def test_second_job_waits_with_no_pod_and_runs_when_the_first_ends(cluster, name
     api.wait_running("second")
     seen = pod_watch.pods_of("second")  # watched since before the second job existed
     assert len(seen) == 3 and min(t for t, _ in seen) > ending  # 2 workers + the launcher
-    assert "Normal/QuotaReserved" in api.event_reasons("second")
+    api.wait_event("second", "Normal/QuotaReserved")
 
 
 def metric(port: int, name: str, namespace: str) -> float | None:
