@@ -419,6 +419,8 @@ def execute(p: Plan, progress: Progress, echo: TextIO | None = None,
             reader.start()
         reports: list[dict] = []
         failure = None
+        stall = p.job.run_policy.stall_timeout_seconds
+        moved = (None, start)  # (step, when) of the last report whose step moved, as the operator
         try:
             while any(r.is_alive() for r in readers) or not lines.empty():
                 try:
@@ -432,10 +434,16 @@ def execute(p: Plan, progress: Progress, echo: TextIO | None = None,
                     if (record := parse_report(line)) is not None:
                         reports.append(record)
                         progress.report(record)
+                        if record.get("step") != moved[0]:
+                            moved = (record.get("step"), time.monotonic())
                 failed = [(n, pr.returncode) for n, pr in procs.items() if pr.poll() not in (None, 0)]
                 if failed and failure is None:
                     name, code = failed[0]
                     failure = f"{name} exited with code {code}"
+                    _stop(procs)
+                if stall and failure is None and moved[0] is not None and time.monotonic() - moved[1] > stall:
+                    failure = (f"Stall: no step past {moved[0]} for {stall}s "
+                               f"(runPolicy.stallTimeoutSeconds; every rank's stacks are in the log)")
                     _stop(procs)
                 if deadline_seconds and failure is None and time.monotonic() - start > deadline_seconds:
                     failure = f"spec.runPolicy.activeDeadlineSeconds ({deadline_seconds}s) exceeded"

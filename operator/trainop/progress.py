@@ -5,7 +5,8 @@ Pure: no I/O, no clock (the caller passes `now`).
 by render/logship.progress_metrics): percent from step/totalSteps, seconds left from the steps
 left times the report's seconds per step, and the ETA from the report's own time. Computed from
 the report alone, it changes only when a new report arrives, so reconciles between reports write
-nothing. Nothing the operator decides reads it (docs/security.md): a pod controls these numbers.
+nothing. Nothing the operator decides reads it (docs/security.md): a pod controls these numbers
+(the stall check, jobsync/stall.py, reads the report's step itself, by the operator's clock).
 """
 
 from __future__ import annotations

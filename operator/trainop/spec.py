@@ -95,6 +95,7 @@ class RunPolicy:
                                                    # default on an autoscaled pool
     failure_rules: tuple[FailureRule, ...] = ()
     start_timeout_seconds: int | None = None  # resolved: the spec's, else the config's
+    stall_timeout_seconds: int | None = None  # runPolicy.stallTimeoutSeconds (None: off)
 
 
 # runPolicy.managedBy: the MPI Operator's convention (its own name or absent: it reconciles;
@@ -754,7 +755,8 @@ def parse(body: dict, cfg: Config) -> Job:
                              clean_pod_policy=run["cleanPodPolicy"], suspend=run["suspend"],
                              scheduling_timeout_seconds=_scheduling_timeout(run, placement, cfg),
                              failure_rules=_failure_rules(run),
-                             start_timeout_seconds=run.get("startTimeoutSeconds", cfg.start_timeout_seconds)),
+                             start_timeout_seconds=run.get("startTimeoutSeconds", cfg.start_timeout_seconds),
+                             stall_timeout_seconds=run.get("stallTimeoutSeconds")),
         launcher_resources=_launcher_resources(spec, cfg), logship=cfg.section("logship"),
         security=SecurityContext(run_as_user=user["runAsUser"], run_as_group=user["runAsGroup"],
                                  fs_group=user.get("fsGroup", user["runAsGroup"])),

@@ -24,23 +24,23 @@ STEPS, EPOCHS, EVERY = 10, 2, 4  # 20 steps, checkpoints at 4, 8, ...
 DIGEST = re.compile(r"rank 0/2 parameter sha256 ([0-9a-f]{64})")
 
 
-def manifest(tmp_path: Path, name: str, framework: str, launcher: str) -> Path:
+def manifest(tmp_path: Path, name: str, framework: str, launcher: str, **spec) -> Path:
     job = {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
            "metadata": {"name": name},
            "spec": {"framework": framework, "launcher": launcher, "workers": 2, "gpusPerWorker": 1,
                     "data": {"synthetic": True}, "training": {"batchSize": 4, "imageSize": 32},
                     "checkpoint": {"everySteps": EVERY, "volume": {"claimName": "checkpoints"}},
-                    "runPolicy": {"backoffLimit": 2}}}
+                    "runPolicy": {"backoffLimit": 2}, **spec}}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job))
     return path
 
 
-def start(path: Path, state: Path) -> subprocess.Popen:
+def start(path: Path, state: Path, epochs: int = EPOCHS) -> subprocess.Popen:
     env = dict(os.environ, TRAINOP_STATE=str(state), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
                TF_DETERMINISTIC_OPS="1", TF_CPP_MIN_LOG_LEVEL="3")
     return subprocess.Popen([sys.executable, "-m", "trainop", "run", str(path), "--local",
-                             "--epochs", str(EPOCHS), "--steps", str(STEPS)],
+                             "--epochs", str(epochs), "--steps", str(STEPS)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import json
 import re
 import sys
 
@@ -459,6 +460,39 @@ def test_a_pod_that_can_never_start_is_named_then_fails_the_job_at_its_deadline(
     assert status["restarts"] == {"failures": 0, "disruptions": 0}
     assert harness.api.list("pods", "ns") == []
 
+
+
+def _report(h: Harness, step: int) -> None:
+    """What worker 0's shipper writes: the trainer's latest report into <job>-progress."""
+    h.edit("configmaps", "ns", "j-progress", lambda cm: cm.update(data={"metrics": json.dumps(
+        {"epoch": 1, "step": step, "totalSteps": 100, "imagesPerSec": 10.0, "time": 1.79e9})}))
+    h.settle()
+
+
+def test_a_gang_whose_step_stops_moving_is_restarted_as_a_stall(harness):
+    """Issue 24: runPolicy.stallTimeoutSeconds. A report left from before (or the attempt's first)
+    starts no clock; a step that moves does; stallTimeoutSeconds later, with no further step, the
+    condition Stalled and a gang restart counted in class Stall."""
+    out = {"blob": {"accountURL": "https://acct.blob.core.windows.net", "container": "out",
+                    "auth": {"sasSecretRef": {"name": "sas", "key": "token"}}}}
+    harness.api.store("secrets", {"apiVersion": "v1", "kind": "Secret",
+                                  "metadata": {"name": "sas", "namespace": "ns"}, "data": {"token": "eA=="}})
+    run_to_running(harness, "j", output=out, runPolicy={"stallTimeoutSeconds": 60, "backoffLimit": 3})
+    _report(harness, 10)
+    assert harness.job("j")["status"]["stall"] == {"attempt": 0, "step": 10}  # no clock yet
+    _report(harness, 12)
+    stall = harness.job("j")["status"]["stall"]
+    assert stall["step"] == 12 and "since" in stall
+    assert not conditions.get_condition(harness.job("j")["status"]["conditions"], "Stalled")
+    # 61 s pass with no new step (the operator's own clock is the status's `since`)
+    harness.edit("distributedtrainingjobs", "ns", "j", lambda j: j["status"]["stall"].update(since=_ago(61)))
+    harness.settle()
+    status = harness.job("j")["status"]
+    stalled = conditions.get_condition(status["conditions"], "Stalled")
+    assert stalled["status"] == "True" and "no step past 12" in stalled["message"], stalled
+    assert status["attempt"] == 1 and status["restarts"]["failures"] == 1
+    assert status["restarts"]["history"][-1]["cause"] == "Stall"
+    assert "stall" not in status
 
 
 @pytest.mark.parametrize("scenario", sorted(_scenarios()))

@@ -83,7 +83,8 @@ def _show_metrics(snap: JobSnapshot, st: _Status) -> None:
     """The log shipper's latest report into `status.metrics`, and what it says of progress
     (percent, throughput, ETA: progress.py) into `status.progress`, for people, `trainop get`
     and kubectl's columns. Display only: the shipper writes its own ConfigMap, never this job's
-    status, and nothing decided here reads `metrics` or `progress` (docs/security.md). Copied
+    status, and nothing decided here reads `metrics` or `progress` (docs/security.md; the
+    stall check reads the report's step from the ConfigMap itself, jobsync/stall.py). Copied
     also once the job is over, since the final report may land after the launcher completed;
     an ETA only while the job runs."""
     metrics = logship.progress_metrics(snap.progress)

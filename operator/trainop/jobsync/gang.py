@@ -9,7 +9,7 @@ import datetime as dt
 
 from trainop import conditions, podgroup, resume
 from trainop.actions import Apply, Create, CreateSSHSecret, Outcome
-from trainop.jobsync import starting
+from trainop.jobsync import stall, starting
 from trainop.jobsync.fabric import _fabric, _training_transport
 from trainop.jobsync.failures import _gang_failed, _gang_failures, attempt
 from trainop.jobsync.model import (
@@ -143,7 +143,7 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
         (job.launcher == "torchrun" and st.is_true("Running"))
     ended = _judged(plan, job, st, workers, launched, attempt_) or \
         _succeeded(plan, job, st, workers) or \
-        (launched and _launched(plan, job, st, workers))
+        (launched and (_launched(plan, job, st, workers) or stall.judge(plan, job, st, attempt_)))
     if ended:
         return ended
     resume_from = resume.plan(job, st.data.get("checkpoint"))

@@ -144,6 +144,8 @@ def checkpoint_env(job: Job, attempt: int, resume: Resume | None) -> dict[str, s
 def container_env(job: Job, attempt: int = 0, resume: Resume | None = None) -> list[dict]:
     base = {"PYTHONUNBUFFERED": "1", "TRAINOP_JOB_NAME": job.name} | network_env(job) | \
         checkpoint_env(job, attempt, resume)
+    if job.run_policy.stall_timeout_seconds:  # each rank's watchdog (trainop_trainer/stall.py)
+        base["TRAINOP_STALL_SECONDS"] = str(job.run_policy.stall_timeout_seconds)
     if job.launcher == "mpi" and job.mpi_implementation == "OpenMPI":
         # Ranks learn where every other rank runs (for a native backend's rendezvous and local
         # ranks) from the hostfile, as under the MPI Operator; mpirun forwards this with -x.

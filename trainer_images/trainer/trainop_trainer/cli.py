@@ -70,10 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "the reports count them as badSamples) and another image of the set stands in; above "
                         "this fraction of the data set the run fails (0: none allowed; default %(default)s)")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--report-seconds", type=float, default=60.0,
-                   help="rank 0 also reports within an epoch at most this often (its own throughput "
-                        "times the ranks), for progress and the ETA; 0: once per epoch")
     env = os.environ
+    stall = float(env.get("TRAINOP_STALL_SECONDS") or 0)
+    p.add_argument("--stall-seconds", type=float, default=stall,
+                   help="the job's hang timeout (default: $TRAINOP_STALL_SECONDS, its "
+                        "runPolicy.stallTimeoutSeconds; 0: off): every rank writes its Python stacks to "
+                        "stderr when no step ends for half of it")
+    p.add_argument("--report-seconds", type=float, default=min(60.0, stall / 4) if stall else 60.0,
+                   help="rank 0 also reports within an epoch at most this often (its own throughput "
+                        "times the ranks), for progress and the ETA; 0: once per epoch (default 60, or a "
+                        "quarter of --stall-seconds: the operator judges a stall by these reports)")
     p.add_argument("--checkpoint-dir", type=Path, default=env.get("TRAINOP_CHECKPOINT_DIR") or None,
                    help="this attempt's checkpoint folder, <root>/attempt-<n> (default: $TRAINOP_CHECKPOINT_DIR; "
                         "unset: no checkpoints)")
@@ -186,6 +192,7 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
         checkpoint_dir=args.checkpoint_dir,
         checkpoint_every=int(args.checkpoint_every),
         report_seconds=max(0.0, args.report_seconds),
+        stall_seconds=max(0.0, args.stall_seconds),
         resume_from=args.resume_from,
         max_bad_samples=args.max_bad_samples,
     )

@@ -40,4 +40,5 @@ class Config:
     checkpoint_every: int = 0
     resume_from: str | None = None
     report_seconds: float = 60.0  # rank 0 also reports within an epoch, at most this often (0: never)
+    stall_seconds: float = 0.0  # the hang timeout: every rank's stacks to stderr after half of it (0: off)
     max_bad_samples: float = MAX_BAD_SAMPLES  # fraction of the set that may be bad (data.BadSamples)

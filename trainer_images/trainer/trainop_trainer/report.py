@@ -10,6 +10,7 @@ report) let the operator show percent done and an ETA (status.progress).
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import io
 import json
@@ -44,6 +45,13 @@ class Reporter:
     events: Any = None  # events.open_writer(...) on the chief: the reports as TensorBoard scalars
     transport: str | None = None  # "IB" | "Socket": the network NCCL chose (nccl.py); None: no NCCL
     report_seconds: float = 0.0  # rank 0 also reports within an epoch, at most this often (0: never)
+    # runPolicy.stallTimeoutSeconds ($TRAINOP_STALL_SECONDS): every rank writes its Python stacks
+    # to stderr (its log) when no step ends for half of it (0: no watchdog). Half: the operator
+    # counts from the last report, at most a quarter (report_seconds) before the last step, and
+    # must find the stacks written when it stops the gang. faulthandler, not py-spy: it needs no
+    # ptrace capability (the pods have none), and its C watchdog thread dumps every thread even
+    # while the main thread is blocked inside a collective.
+    stall_seconds: float = 0.0
     # Bad samples the gang skipped (data.BadSamples), as of the last epoch's collective (reports
     # within an epoch repeat it: they gather nothing); None: synthetic data, no key reported.
     bad_samples: int | None = None
@@ -62,6 +70,11 @@ class Reporter:
         """An epoch begins at global step `step`: the clock of the reports within it starts."""
         self._tick = (time.perf_counter(), step)
 
+    def alive(self) -> None:
+        """A step ended (every rank calls it): the stall watchdog starts its count again."""
+        if self.stall_seconds:
+            faulthandler.dump_traceback_later(self.stall_seconds / 2, exit=False)
+
     def due(self) -> bool:
         """A report within the epoch is due (rank 0, at most every `report_seconds`)."""
         return bool(self.chief and self.report_seconds and self._tick is not None
@@ -78,6 +91,7 @@ class Reporter:
         self._tick = (now, step)
 
     def final(self, epoch: int, step: int, loss: float) -> None:
+        faulthandler.cancel_dump_traceback_later()
         timed = self._epochs[1:] or self._epochs
         seconds = sum(s for s, _ in timed)
         steps = sum(n for _, n in timed)

@@ -225,6 +225,7 @@ def train(cfg: Config, world: World) -> None:
     start = _resume(tf, cfg, world, backend, model, optimizer, state)
     reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief,
                                total_steps=cfg.epochs * steps, report_seconds=cfg.report_seconds,
+                               stall_seconds=cfg.stall_seconds,
                                events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None,
                                bad_samples=0 if bad_samples is not None else None)
 
@@ -363,6 +364,7 @@ def _custom_loop(tf, keras, cfg, world, backend, model, optimizer, batches, star
             _set_lr(optimizer, cfg, world, global_step, steps)
             loss_sum += train_step(iterator)
             global_step += 1
+            reporter.alive()
             if reporter.due():
                 reporter.between(epoch, global_step, float(loss_sum.numpy()) / (global_step - first))  # waits for the device
             if _after_step(saver, global_step, epoch):
@@ -397,6 +399,7 @@ def _fit(tf, keras, cfg, world, backend, model, optimizer, batches, start, steps
             _set_lr(optimizer, cfg, world, self.step(batch), steps)
 
         def on_train_batch_end(self, batch, logs=None):
+            reporter.alive()
             if reporter.due():  # Keras's loss in `logs`: the epoch's mean so far
                 reporter.between(self.epoch + 1, self.step(batch) + 1, float(logs["loss"]))
             if _after_step(saver, self.step(batch) + 1, self.epoch + 1):

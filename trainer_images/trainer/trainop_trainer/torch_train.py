@@ -158,6 +158,7 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
     loss_fn = nn.CrossEntropyLoss()
     reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief,
                                total_steps=cfg.epochs * steps, report_seconds=cfg.report_seconds,
+                               stall_seconds=cfg.stall_seconds,
                                events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None,
                                bad_samples=0 if bad_samples is not None else None)
 
@@ -186,6 +187,7 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
                 group["lr"] = lr
             loss_sum += step_fn(*next(batches))
             global_step += 1
+            reporter.alive()
             if reporter.due():
                 reporter.between(epoch, global_step, loss_sum.item() / (global_step - first))  # waits for the device
             if saver.after_step(global_step, epoch):
