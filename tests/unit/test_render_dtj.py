@@ -2,6 +2,7 @@
 
 import base64
 import shlex
+import subprocess
 
 import pytest
 
@@ -107,6 +108,15 @@ def test_gpu_worker_pod():
 BLOB_OUTPUT = {"blob": {"accountURL": "https://a.blob.core.windows.net", "container": "results",
                         "auth": {"sasSecretRef": {"name": "storage", "key": "sas"}}}}
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+# The MPI worker's training container: NET_BIND_SERVICE in the bounding set, for sshd binaries
+# with that file capability (the MPI Operator's images); restricted Pod Security allows it.
+MPI_WORKER_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}
+
+
+def expected_security(spec: dict, container: dict) -> dict:
+    mpi_worker = container["name"] == "worker" and "-c" in container.get("command", []) \
+        and "/usr/sbin/sshd" in container["command"][-1]
+    return MPI_WORKER_CONTAINER if mpi_worker else RESTRICTED_CONTAINER
 
 
 def pod_specs(j):
@@ -124,7 +134,7 @@ def test_every_pod_runs_as_the_images_non_root_user_without_privileges():
             "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
             "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
         for c in spec["containers"] + spec.get("initContainers", []):
-            assert c["securityContext"] == RESTRICTED_CONTAINER, c["name"]
+            assert c["securityContext"] == expected_security(spec, c), c["name"]
     # worker 0 and the launcher ship logs: the sidecar is covered above
     assert [c["name"] for c in pod_specs(j)[0]["initContainers"]] == ["logship"]
 
@@ -145,7 +155,7 @@ def test_infiniband_adds_no_capability():
     never holds it; registration is bounded by the node's RLIMIT_MEMLOCK (docs/security.md)."""
     for spec in pod_specs(job(workers=2, gpusPerWorker=8, infiniband=True)):
         for c in spec["containers"]:
-            assert c["securityContext"] == RESTRICTED_CONTAINER
+            assert c["securityContext"] == expected_security(spec, c)
 
 
 def test_infiniband_worker_requests_rdma_and_sets_transport():
@@ -218,8 +228,27 @@ def test_hydra_mpirun():
     assert dtj.mpirun_command(job(workers=2, mpiImplementation="Intel", command=["a.out"])) == [
         "mpirun", "-f", "/etc/trainop/mpi/hostfile", "-n", "2", "-ppn", "1", "-bootstrap", "ssh",
         "-bootstrap-exec", "/etc/trainop/mpi/ssh", "a.out"]
-    assert dtj.mpirun_command(job(mpiImplementation="MPICH", command=["a.out"]))[7:11] == [
-        "-launcher", "ssh", "-launcher-exec", "/etc/trainop/mpi/ssh"]
+    assert dtj.mpirun_command(job(mpiImplementation="MPICH", command=["a.out"]))[7:13] == [
+        "-launcher", "ssh", "-launcher-exec", "/etc/trainop/mpi/ssh", "${TRAINOP_POD_IP:+-localhost $TRAINOP_POD_IP}",
+        "a.out"]
+
+
+def test_mpich_proxies_call_the_launcher_back_at_its_pod_ip():
+    """Hydra's proxies reach mpiexec at the name it gives them, by default the launcher pod's
+    hostname, which no worker resolves: MPICH's launcher passes its pod IP (downward API),
+    expanded by its shell, never quoted."""
+    launcher = dtj.render_launcher(job(workers=2, mpiImplementation="MPICH", command=["a.out"]), attempt=0)
+    (c,) = launcher["spec"]["template"]["spec"]["containers"]
+    assert {"name": "TRAINOP_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in c["env"]
+    mpirun = next(line for line in c["command"][2].splitlines() if line.startswith("mpirun "))
+    assert mpirun == ("mpirun -f /etc/trainop/mpi/hostfile -n 2 -ppn 1 -launcher ssh -launcher-exec "
+                      "/etc/trainop/mpi/ssh ${TRAINOP_POD_IP:+-localhost $TRAINOP_POD_IP} a.out &")
+    expanded = subprocess.run(["sh", "-c", f'set -- {mpirun.removesuffix(" &")}; printf "%s\\n" "$@"'],
+                              env={"TRAINOP_POD_IP": "10.1.2.3"}, capture_output=True, text=True).stdout
+    assert expanded.splitlines()[-4:] == ["/etc/trainop/mpi/ssh", "-localhost", "10.1.2.3", "a.out"]
+    for other in ("OpenMPI", "Intel"):
+        rendered = dtj.render_launcher(job(workers=2, mpiImplementation=other), attempt=0)
+        assert "TRAINOP_POD_IP" not in str(rendered)
 
 
 def test_command_and_args_overrides():

@@ -20,6 +20,7 @@ from trainop.resume import Resume
 from trainop.spec import CHECKPOINT_VOLUME_MOUNT, Job
 
 SSH_PORT = 2222  # unprivileged, so the same config works for non-root images
+SSHD_CAPABILITY = "NET_BIND_SERVICE"  # in the MPI workers' bounding set (render_worker)
 RDZV_PORT = 29400
 DNS_WAIT_SECONDS = 300
 SSH_DIR = f"{common.MOUNT_ROOT}/ssh"
@@ -136,6 +137,15 @@ def container_env(job: Job, attempt: int = 0, resume: Resume | None = None) -> l
     return common.env({k: v for k, v in base.items() if k not in user}) + [dict(e) for e in job.env]
 
 
+# The launcher pod's IP (downward API, MPICH jobs). Hydra's proxies on the workers call mpiexec
+# back at the name it gives them, by default its hostname, which no other pod resolves (the
+# launcher is a Job's pod, outside the job's Service); MPICH 4.2 on real pods:
+# "unable to get host address for <launcher pod>". The launcher's shell expands HYDRA_LOCALHOST
+# (to nothing where the variable is unset: `trainop run --local`).
+POD_IP_ENV = "TRAINOP_POD_IP"
+HYDRA_LOCALHOST = f"${{{POD_IP_ENV}:+-localhost ${POD_IP_ENV}}}"
+
+
 def mpirun_command(job: Job) -> list[str]:
     hostfile = f"{CONF_DIR}/hostfile"
     if job.mpi_implementation == "OpenMPI":
@@ -155,8 +165,14 @@ def mpirun_command(job: Job) -> list[str]:
     # Hydra (Intel MPI, MPICH) forwards the whole environment by default.
     launcher = ["-bootstrap", "ssh", "-bootstrap-exec"] if job.mpi_implementation == "Intel" \
         else ["-launcher", "ssh", "-launcher-exec"]
+    localhost = [HYDRA_LOCALHOST] if job.mpi_implementation == "MPICH" else []
     return ["mpirun", "-f", hostfile, "-n", str(job.total_slots), "-ppn",
-            str(job.slots_per_worker), *launcher, f"{CONF_DIR}/ssh", *rank_command(job)]
+            str(job.slots_per_worker), *launcher, f"{CONF_DIR}/ssh", *localhost, *rank_command(job)]
+
+
+def _shell_join(cmd: list[str]) -> str:
+    """shlex.join, but HYDRA_LOCALHOST left for the shell to expand."""
+    return " ".join(arg if arg == HYDRA_LOCALHOST else shlex.quote(arg) for arg in cmd)
 
 
 def _wait_for_dns(hosts_expr: str) -> list[str]:
@@ -182,7 +198,7 @@ def launcher_script(job: Job) -> str:
     # hand the signal to the ranks instead, which save a checkpoint and end, and mpirun with them.
     return fabric.memlock_preamble(job) + "\n".join([
         "set -eu", *_wait_for_dns(f"$(cat {CONF_DIR}/hosts)"),
-        shlex.join(mpirun_command(job)) + " &",
+        _shell_join(mpirun_command(job)) + " &",
         "mpirun=$!",
         "trap 'echo \"trainop: stopping: the ranks save and end, mpirun with them\" >&2' TERM",
         "set +e",
@@ -249,7 +265,32 @@ def sshd_script(job: Job | None = None) -> str:
         "}",
         "trap stop TERM",
         'wait "$sshd"',
+        "status=$?",
+        *_sshd_exec_failure(),
+        'exit "$status"',
     ]) + "\n"
+
+
+# The start of the termination message a worker writes when its shell could not exec sshd
+# (exit 126 or 127); jobsync/failures.py names the cause SshdNotExecutable from it.
+SSHD_EXEC_FAILED = "trainop: the image's /usr/sbin/sshd could not be executed"
+
+
+def _sshd_exec_failure() -> list[str]:
+    """Shell lines: when sshd could not be exec'd, say why, in the log and as the container's
+    termination message (which the pod's status carries to the operator)."""
+    fix = ("a file capability beyond NET_BIND_SERVICE, the one the worker's bounding set holds "
+           "(see getcap /usr/sbin/sshd): remove it in the image (setcap -r /usr/sbin/sshd), or add "
+           "that capability through spec.podTemplate.worker where the admin's "
+           "podTemplate.allow.capabilities lists it")
+    return [
+        'if [ "$status" = 126 ] || [ "$status" = 127 ]; then',
+        '  if [ ! -e /usr/sbin/sshd ]; then why="the image has none: install openssh-server"',
+        '  elif [ ! -x /usr/sbin/sshd ]; then why="it is not executable by uid $(id -u)"',
+        f'  else why="the kernel refused it (exit $status), most likely {fix}"; fi',
+        f'  echo "{SSHD_EXEC_FAILED}: $why" | tee /dev/termination-log >&2',
+        "fi",
+    ]
 
 
 def ssh_session() -> str:
@@ -521,6 +562,10 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
         ssh_volumes, ssh_mounts = _ssh_volumes(job)
         volumes += ssh_volumes
         mounts += ssh_mounts
+        # Stock MPI images (the MPI Operator's base since v0.4.0) give sshd the file capability
+        # cap_net_bind_service=+eip; the kernel refuses to exec such a binary (EPERM, exit 126)
+        # unless the capability is in the bounding set. Restricted Pod Security allows this one.
+        container["securityContext"]["capabilities"]["add"] = [SSHD_CAPABILITY]
         container |= {"command": ["sh", "-c", sshd_script(job)],
                       "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
                       "readinessProbe": {"tcpSocket": {"port": SSH_PORT},
@@ -561,6 +606,9 @@ def render_launcher(job: Job, attempt: int, resume: Resume | None = None) -> dic
         "resources": dict(job.launcher_resources),
         "volumeMounts": mounts,
     }
+    if job.mpi_implementation == "MPICH":
+        container["env"] = container["env"] + [
+            {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     pod_spec = {"restartPolicy": "Never", **_placement(job, LAUNCHER_POD_SET), **NO_TOKEN,
                 "securityContext": pod_security_context(job), "containers": [container],
                 "volumes": volumes}
