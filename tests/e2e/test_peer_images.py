@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tests.e2e.test_real_pods import wait_phase
+from tests.fixtures.cluster import OperatorProcess
 from trainop import convert
 from trainop.devcluster import images
 
@@ -62,6 +63,27 @@ def proc_status(cluster, namespace: str, pod: str, pid: str) -> dict[str, str]:
 SSHD_PID = 'for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = sshd ] && echo ${p#/proc/} && break; done'
 
 
+def run_pi(cluster, ns: str, job: dict) -> None:
+    """Apply the pi job; it Succeeds on the real nodes, one rank on each worker, and prints pi."""
+    name = job["metadata"]["name"]
+    cluster.apply(job, ns)
+    try:
+        wait_phase(cluster, ns, name, "Succeeded")
+    except AssertionError as failed:
+        logs = {what: cluster.kubectl("logs", "-n", ns, what, "-c", container, check=False)
+                for what, container in ((f"job/{name}-launcher", "launcher"), (f"{name}-worker-0", "worker"))}
+        raise AssertionError(f"{failed}\n" + "\n".join(f"{what} log:\n{log.stdout[-3000:]}{log.stderr}"
+                                                       for what, log in logs.items())) from None
+    cluster.assert_ran_on_real_nodes(ns, f"trainop.io/job-name={name}")
+    log = cluster.logs(ns, f"job/{name}-launcher", "-c", "launcher")
+    assert "Workers: 2" in log, log[-3000:]
+    assert {f"Rank {r} on host {name}-worker-{r}" for r in (0, 1)} <= set(log.splitlines()), log[-3000:]
+    assert "pi is approximately 3.14" in log, log[-3000:]
+    # every option of the rendered command is one this MPI knows (Open MPI 5 warns of renamed,
+    # deprecated or unknown ones)
+    assert not re.search(r"(?i)warning|deprecated|not recognized|unknown option|unrecognized", log), log[-3000:]
+
+
 @pytest.mark.parametrize("mpi", sorted(EXAMPLES))
 def test_mpi_operator_pi_image_runs_unchanged_as_uid_1000(real_cluster, restricted_namespace, restricted_operator,
                                                           mpi):
@@ -73,20 +95,7 @@ def test_mpi_operator_pi_image_runs_unchanged_as_uid_1000(real_cluster, restrict
     ns, name = restricted_namespace, f"pi-{mpi}"
     example, build, version = EXAMPLES[mpi]
     load_everywhere(real_cluster, build)
-    real_cluster.apply(converted(example, name), ns)
-    try:
-        wait_phase(real_cluster, ns, name, "Succeeded")
-    except AssertionError as failed:
-        log = real_cluster.kubectl("logs", "-n", ns, f"job/{name}-launcher", "-c", "launcher", check=False)
-        raise AssertionError(f"{failed}\nlauncher log:\n{log.stdout[-4000:]}{log.stderr}") from None
-    real_cluster.assert_ran_on_real_nodes(ns, f"trainop.io/job-name={name}")
-    log = real_cluster.logs(ns, f"job/{name}-launcher", "-c", "launcher")
-    assert "Workers: 2" in log, log[-3000:]
-    assert {f"Rank {r} on host {name}-worker-{r}" for r in (0, 1)} <= set(log.splitlines()), log[-3000:]
-    assert "pi is approximately 3.14" in log, log[-3000:]
-    # every option of the rendered command is one this MPI knows (Open MPI 5 warns of renamed,
-    # deprecated or unknown ones)
-    assert not re.search(r"(?i)warning|deprecated|not recognized|unknown option|unrecognized", log), log[-3000:]
+    run_pi(real_cluster, ns, converted(example, name))
 
     # What ran: the image's own MPI and OpenSSH, sshd as uid 1000 with only NET_BIND_SERVICE
     # in its bounding set, no privilege gained (no_new_privs), no capability in effect.
@@ -98,3 +107,24 @@ def test_mpi_operator_pi_image_runs_unchanged_as_uid_1000(real_cluster, restrict
     assert uid == "1000", shown
     sshd = proc_status(real_cluster, ns, worker, sshd_pid)
     assert (int(sshd["CapBnd"], 16), int(sshd["CapEff"], 16), sshd["NoNewPrivs"]) == (CAP_NET_BIND_SERVICE, 0, "1"), sshd
+
+
+@pytest.mark.parametrize("mpi", sorted(EXAMPLES))
+def test_mpi_operator_pi_image_runs_as_root_where_the_admin_allows_it(real_cluster, real_namespace, tmp_path, mpi):
+    """The same images as root (what they run as without a securityContext), where the operator's
+    configuration allows privileged pods (podTemplate.allow.privileged) and the namespace
+    enforces no Pod Security level: root's sshd logs root in with the job's key, and the job
+    Succeeds as root."""
+    ns, name = real_namespace, f"root-{mpi}"
+    example, build, _ = EXAMPLES[mpi]
+    load_everywhere(real_cluster, build)
+    op = OperatorProcess(real_cluster, [ns], tmp_path / "operator.log",
+                         config={"podTemplate": {"allow": {"privileged": True}}}).start()
+    try:
+        job = converted(example, name)
+        job["spec"]["securityContext"] = {"runAsUser": 0, "runAsGroup": 0}
+        run_pi(real_cluster, ns, job)
+    finally:
+        op.stop()
+    shown = real_cluster.kubectl("exec", "-n", ns, f"{name}-worker-1", "-c", "worker", "--", "id", "-u").stdout
+    assert shown == "0\n"

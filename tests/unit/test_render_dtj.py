@@ -150,6 +150,34 @@ def test_a_custom_image_runs_as_its_own_user():
         assert not any(m["mountPath"].startswith("/home") for m in spec["containers"][0]["volumeMounts"])
 
 
+def test_root_where_the_admin_allows_it_gets_what_root_sshd_and_mpirun_need():
+    """Measured with the MPI Operator's Open MPI 5 image as root on a real node: sshd's
+    privilege separation needs chroot and setuid, Open MPI 5's mpirun crashes under drop ALL and
+    refuses root unless told twice; ssh and sshd refuse a root-owned key that its group reads."""
+    allowed = config.from_dict({"podTemplate": {"allow": {"privileged": True}}})
+
+    def admitted(**spec):
+        return parse({"metadata": {"name": "j1", "namespace": "team-a"}, "spec": spec}, allowed)
+    j = admitted(workers=2, image="mpioperator/mpi-pi:openmpi", command=["/home/mpiuser/pi"],
+                 securityContext={"runAsUser": 0, "runAsGroup": 0})
+    for spec in pod_specs(j):
+        # no fsGroup: the kubelet would OR 0440 into the key's mode, which root's ssh refuses
+        assert spec["securityContext"] == {"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0,
+                                           "seccompProfile": {"type": "RuntimeDefault"}}
+        training = spec["containers"][0]
+        assert training["securityContext"] == {"allowPrivilegeEscalation": False}  # the runtime's capabilities
+        assert {v["name"]: v for v in spec["volumes"]}["ssh"]["secret"]["defaultMode"] == 0o400
+        env = {e["name"]: e.get("value") for e in training["env"]}
+        assert env["OMPI_ALLOW_RUN_AS_ROOT"] == env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+    assert "PermitRootLogin prohibit-password\n" in dtj.render_config_map(j)["data"]["sshd_config"]
+    assert "mkdir -p /run/sshd\n" in dtj.render_worker(j, 0, 0)["spec"]["containers"][0]["command"][2]
+    assert "-x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM" in shlex.join(dtj.mpirun_command(j))
+    # a non-root job keeps none of it
+    plain = admitted(workers=2)
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in str(pod_specs(plain)) and "mkdir -p /run/sshd" not in str(pod_specs(plain))
+    assert "PermitRootLogin no\n" in dtj.render_config_map(plain)["data"]["sshd_config"]
+
+
 def test_infiniband_adds_no_capability():
     """IPC_LOCK would buy nothing: Kubernetes sets no ambient capabilities, so a non-root rank
     never holds it; registration is bounded by the node's RLIMIT_MEMLOCK (docs/security.md)."""

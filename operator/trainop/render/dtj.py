@@ -133,6 +133,8 @@ def container_env(job: Job, attempt: int = 0, resume: Resume | None = None) -> l
         # Ranks learn where every other rank runs (for a native backend's rendezvous and local
         # ranks) from the hostfile, as under the MPI Operator; mpirun forwards this with -x.
         base["OMPI_MCA_orte_default_hostfile"] = f"{CONF_DIR}/hostfile"
+        if job.security.root:  # (PRRTE's mpirun of Open MPI 5 honours them too, seen)
+            base |= {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     user = {e["name"] for e in job.env}
     return common.env({k: v for k, v in base.items() if k not in user}) + [dict(e) for e in job.env]
 
@@ -255,6 +257,8 @@ def sshd_script(job: Job | None = None) -> str:
     preamble = fabric.memlock_preamble(job) if job is not None else ""
     return preamble + _RANKS + "\n".join([
         f"(umask 077 && export -p > {WORKER_ENV})",
+        # root's sshd separates privileges into this empty folder, which not every image has
+        *(["mkdir -p /run/sshd"] if job is not None and job.security.root else []),
         f"/usr/sbin/sshd -D -e -f {CONF_DIR}/sshd_config &",
         "sshd=$!",
         "stop() {",
@@ -317,7 +321,7 @@ def hostfile(job: Job) -> str:
                    for i in range(job.workers))
 
 
-def sshd_config() -> str:
+def sshd_config(root: bool = False) -> str:
     return "\n".join([
         f"Port {SSH_PORT}",
         f"HostKey {SSH_DIR}/{SSH_KEY}",
@@ -325,7 +329,8 @@ def sshd_config() -> str:
         "PubkeyAuthentication yes",
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
-        "PermitRootLogin no",
+        # sshd logs in only the user it runs as: root only in a root job, by key only
+        f"PermitRootLogin {'prohibit-password' if root else 'no'}",
         # Secret volumes are symlinks into root-owned folders: StrictModes would refuse them.
         "StrictModes no",
         "UsePAM no",
@@ -414,7 +419,7 @@ def render_config_map(job: Job) -> dict:
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": common.metadata(config_map_name(job), job.namespace, _labels(job)),
-        "data": {"hostfile": hostfile(job), "hosts": hosts, "sshd_config": sshd_config(),
+        "data": {"hostfile": hostfile(job), "hosts": hosts, "sshd_config": sshd_config(job.security.root),
                  "ssh_config": ssh_config(), "ssh-session": ssh_session(),
                  "ssh": f'#!/bin/sh\nexec ssh -F {CONF_DIR}/ssh_config "$@"\n'},
     }
@@ -447,13 +452,17 @@ def _placement(job: Job, pod_set: str) -> dict:
 # it, the client as IdentityFile and sshd as HostKey. (0600 would leave the user no access
 # without an fsGroup and add nothing with one.)
 SSH_SECRET_MODE = 0o440
+# As root, ssh and sshd own the key (root owns the Secret's files) and so refuse it unless no
+# group or other can read it (seen with OpenSSH 10: "UNPROTECTED PRIVATE KEY FILE").
+SSH_SECRET_MODE_ROOT = 0o400
 
 
 def _ssh_volumes(job: Job) -> tuple[list[dict], list[dict]]:
     """The SSH Secret and the MPI ConfigMap as volumes and mounts (launcher and workers)."""
     items = [{"key": k, "path": k} for k in ("hostfile", "hosts", "sshd_config", "ssh_config")]
     volumes = [
-        {"name": "ssh", "secret": {"secretName": secret_name(job), "defaultMode": SSH_SECRET_MODE}},
+        {"name": "ssh", "secret": {"secretName": secret_name(job),
+                                    "defaultMode": SSH_SECRET_MODE_ROOT if job.security.root else SSH_SECRET_MODE}},
         {"name": "mpi", "configMap": {"name": config_map_name(job), "defaultMode": 0o444,
                                       "items": items + [{"key": key, "path": key, "mode": 0o555}
                                                         for key in ("ssh", "ssh-session")]}},
@@ -487,6 +496,8 @@ def pod_security_context(job: Job) -> dict:
     """Every pod of the job runs as spec.securityContext's user. InfiniBand's memlock and
     IPC_LOCK: render/fabric.py and docs/security.md."""
     user = job.security
+    if user.root:  # (an fsGroup would make the kubelet OR 0440 into the SSH key's mode)
+        return common.pod_security_context({"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": user.run_as_group})
     return common.pod_security_context({
         "runAsUser": user.run_as_user, "runAsGroup": user.run_as_group,
         "fsGroup": user.fs_group,
@@ -494,9 +505,16 @@ def pod_security_context(job: Job) -> dict:
         "fsGroupChangePolicy": "OnRootMismatch"})
 
 
+def _training_security(job: Job) -> dict:
+    """Restricted's, but for a root job (the admin allowed it): the runtime's default
+    capabilities, which root's sshd (its privilege separation: chroot, setuid) and Open MPI 5's
+    mpirun need (seen: with drop ALL, sshd fails chroot("/run/sshd") and mpirun crashes)."""
+    return {"allowPrivilegeEscalation": False} if job.security.root else common.container_security_context()
+
+
 def _container_base(job: Job, name: str, attempt: int, resume: Resume | None) -> dict:
     out = {"name": name, "image": job.image, "env": container_env(job, attempt, resume),
-           "securityContext": common.container_security_context()}
+           "securityContext": _training_security(job)}
     if job.image_pull_policy:
         out["imagePullPolicy"] = job.image_pull_policy
     return out
@@ -565,7 +583,8 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
         # Stock MPI images (the MPI Operator's base since v0.4.0) give sshd the file capability
         # cap_net_bind_service=+eip; the kernel refuses to exec such a binary (EPERM, exit 126)
         # unless the capability is in the bounding set. Restricted Pod Security allows this one.
-        container["securityContext"]["capabilities"]["add"] = [SSHD_CAPABILITY]
+        if "capabilities" in container["securityContext"]:  # (root's defaults hold it already)
+            container["securityContext"]["capabilities"]["add"] = [SSHD_CAPABILITY]
         container |= {"command": ["sh", "-c", sshd_script(job)],
                       "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
                       "readinessProbe": {"tcpSocket": {"port": SSH_PORT},

@@ -69,7 +69,8 @@ def _training_security(job: Job, ctx: dict | None = None) -> dict:
     """`ctx` (restricted's by default), with IPC_LOCK added where the admin asks for it."""
     ctx = copy.deepcopy(ctx) if ctx else common.container_security_context()
     if job.infiniband and job.fabric.ipc_lock:
-        ctx["capabilities"]["add"] = [*ctx["capabilities"].get("add", []), "IPC_LOCK"]
+        caps = ctx.setdefault("capabilities", {})  # (a root job keeps the runtime's defaults)
+        caps["add"] = [*caps.get("add", []), "IPC_LOCK"]
     return ctx
 
 
