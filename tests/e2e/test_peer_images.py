@@ -80,8 +80,11 @@ def run_pi(cluster, ns: str, job: dict) -> None:
     assert {f"Rank {r} on host {name}-worker-{r}" for r in (0, 1)} <= set(log.splitlines()), log[-3000:]
     assert "pi is approximately 3.14" in log, log[-3000:]
     # every option of the rendered command is one this MPI knows (Open MPI 5 warns of renamed,
-    # deprecated or unknown ones)
-    assert not re.search(r"(?i)warning|deprecated|not recognized|unknown option|unrecognized", log), log[-3000:]
+    # deprecated or unknown ones). Not an option's: PRRTE's ssh launcher racing its child for the
+    # process group ("plm:ssh: Warning: setpgid(17,17) failed in parent with errno=Permission
+    # denied(13)", seen once in several runs; the child has already set it).
+    said = "\n".join(line for line in log.splitlines() if "plm:ssh: Warning: setpgid(" not in line)
+    assert not re.search(r"(?i)warning|deprecated|not recognized|unknown option|unrecognized", said), log[-3000:]
 
 
 @pytest.mark.parametrize("mpi", sorted(EXAMPLES))
