@@ -190,4 +190,4 @@ def test_ipc_lock_needs_a_privileged_namespace_and_the_condition_says_which_labe
     cluster.kubectl("annotate", "-n", namespace, "--overwrite", "dtj/ib", "touched=1")
     wait_until(lambda: len(api.pods("ib", "worker")) == 2, timeout=60, what="the gang's pods")
     caps = api.pods("ib", "worker")[0].spec.containers[0].security_context.capabilities
-    assert caps.add == ["NET_BIND_SERVICE", "IPC_LOCK"] and caps.drop == ["ALL"]
+    assert caps.add == ["IPC_LOCK"] and caps.drop == ["ALL"]
