@@ -62,7 +62,7 @@ def test_build_a_users_dockerfile_then_its_job_fails_naming_the_sshd_capability(
     assert {os.path.realpath(line.split()[2].rstrip(":")) for line in done.stdout.splitlines()
             if line.startswith("imported into")} == sockets, done.stdout
     for socket in sockets:
-        assert "docker.io/" + BUILT in images.containerd_images(socket)
+        assert images.cri_name(BUILT) in images.containerd_images(socket)
 
     real_cluster.apply(pod_of(BUILT, "hello"), ns)
     wait_until(lambda: real_cluster.get("pod", "hello", "-n", ns)["status"].get("phase") == "Succeeded",
@@ -110,7 +110,7 @@ def test_load_a_docker_save_archive_under_a_name_of_ones_own(real_cluster, real_
     assert done.returncode == 0, done.stderr[-3000:]
     for node in real_cluster.dev.real_nodes:
         present = images.containerd_images(str(node.containerd_socket))
-        assert saved in present and present[saved] == present["docker.io/" + LOADED], present
+        assert saved in present and present[saved] == present[images.cri_name(LOADED)], present
     real_cluster.apply(pod_of(LOADED, "loaded"), ns)
     wait_until(lambda: real_cluster.get("pod", "loaded", "-n", ns)["status"].get("phase") == "Succeeded",
                timeout=120, what="the loaded image's pod to succeed")

@@ -70,3 +70,10 @@ def test_a_from_this_builder_cannot_make_is_refused_with_what_it_can():
     assert "trainop devcluster images load" in str(err.value)
     with pytest.raises(images.ImageBuildError, match="no Dockerfile in"):
         images.user_image(PEER, "team/x:1")
+
+
+def test_references_are_named_as_the_kubelet_looks_them_up():
+    assert images.split_reference("team/x:1") == ("team/x", "1")
+    assert images.split_reference("localhost:5000/team/x") == ("localhost:5000/team/x", "latest")
+    assert images.cri_name("localhost/team/x:2") == "localhost/team/x:2"
+    assert images.cri_name("team/x:1") == images.containerd_refs("mpi-pi")[1].replace("trainop/mpi-pi:0.1.0", "team/x:1")

@@ -373,7 +373,7 @@ def user_image(folder: Path, tag: str, dockerfile: str = "Dockerfile", build_arg
                 f"{', '.join(sorted(built))}; an image built elsewhere: `trainop devcluster images load`")
     if len(bases) > 1:
         raise ImageBuildError(f"{path}: FROM {' and '.join(bases)}: one Debian base per Dockerfile")
-    repo, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
+    repo, version = split_reference(tag)
     safe = re.sub(r"[^a-z0-9_.-]+", "-", f"{repo}-{version}".lower())
     return Image(f"user-{safe}", repo, str(path), str(folder), tags=(version,),
                  base=DEBIAN_NAMES[bases[0]] if bases else None, base_as=bases[0] if bases else None,
@@ -516,6 +516,20 @@ def _containerd_name(repo: str) -> str:
     if "/" in repo and ("." in first or ":" in first or first == "localhost"):
         return repo
     return f"docker.io/{repo}" if "/" in repo else f"docker.io/library/{repo}"
+
+
+def split_reference(reference: str) -> tuple[str, str]:
+    """`team/x:1` -> (team/x, 1); a reference without a tag is :latest (a registry's port is no tag)."""
+    if ":" in reference.rsplit("/", 1)[-1]:
+        repo, _, tag = reference.rpartition(":")
+        return repo, tag
+    return reference, "latest"
+
+
+def cri_name(reference: str) -> str:
+    """The name containerd's CRI looks a pod's image up by (`team/x:1` gets the default registry)."""
+    repo, tag = split_reference(reference)
+    return f"{_containerd_name(repo)}:{tag}"
 
 
 def containerd_refs(name: str) -> list[str]:
@@ -840,8 +854,8 @@ def load_results(containerd_address: str, results: list[Result], log=_log,
 
 def import_archive(containerd_address: str, archive: Path, tags=(), snapshotter: str = "overlayfs") -> list[str]:
     """Import a user's image archive (OCI, or `docker save`'s) into that containerd's k8s.io
-    namespace, and name it `tags` too (as the kubelet looks them up: `team/x:1` is
-    docker.io/team/x:1). Returns every name it has there. An archive without names gets
+    namespace, and name it `tags` too, as the kubelet looks them up (cri_name). Returns every
+    name it has there. An archive without names gets
     containerd's `import-<date>@sha256:...`, so `tags` can still name it."""
     _need_tools(LOAD_TOOLS)
     out = _ctr(containerd_address, "images", "import", "--digests", "--snapshotter", snapshotter, str(archive))
@@ -849,8 +863,7 @@ def import_archive(containerd_address: str, archive: Path, tags=(), snapshotter:
     if not names:
         raise ImageBuildError(f"ctr images import {archive}: no image in it ({out.strip()[-300:]})")
     for tag in tags:
-        repo, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
-        names.append(f"{_containerd_name(repo)}:{version}")
+        names.append(cri_name(tag))
         _ctr(containerd_address, "images", "tag", "--force", names[0], names[-1])
     return names
 
