@@ -548,10 +548,10 @@ def _user(roles: list[_Role], out: dict, ctx: _Ctx) -> None:
                 ctx.warn(f"{where}.{key}", "dropped: every trainop pod runs with runAsNonRoot, seccomp "
                          "RuntimeDefault, no privilege escalation and no capabilities "
                          "(a podTemplate container entry may add a securityContext the admin allows)")
-    if found.get("runAsUser", (None,))[0] == 0:
-        ctx.warn(found.pop("runAsUser")[1] + ".runAsUser", "0 (root): dropped; trainop never runs a job "
-                 "as root: the pods run as uid 10001 unless spec.securityContext.runAsUser names the "
-                 "image's non-root user")
+    if found.get("runAsUser", (None,))[0] == 0 and not ctx.cfg.pod_template_allow.privileged:
+        ctx.warn(found.pop("runAsUser")[1] + ".runAsUser", "0 (root): dropped; trainop runs a job as root "
+                 "only where the admin's podTemplate.allow.privileged allows it: the pods run as uid "
+                 "10001 unless spec.securityContext.runAsUser names the image's non-root user")
     if not found.get("runAsUser"):
         ctx.warn(f"{roles[0].cpath}.securityContext", "no runAsUser: Kubernetes would run the image's user "
                  "(often root); trainop runs every pod as uid/gid 10001 (spec.securityContext), which "

@@ -130,10 +130,15 @@ class SchedulingPolicy:
 
 @dataclass(frozen=True)
 class SecurityContext:
-    """`spec.securityContext`: the non-root user of every pod (the schema forbids uid 0)."""
+    """`spec.securityContext`: the user of every pod; root (uid 0) only where the admin's
+    podTemplate.allow.privileged lets pods escalate (parse() refuses it otherwise)."""
     run_as_user: int
     run_as_group: int
     fs_group: int
+
+    @property
+    def root(self) -> bool:
+        return self.run_as_user == 0
 
 
 @dataclass(frozen=True)
@@ -730,6 +735,10 @@ def parse(body: dict, cfg: Config) -> Job:
                         f"gpusPerWorker")
     data, train, run, output = spec["data"], spec["training"], spec["runPolicy"], spec.get("output")
     user = spec["securityContext"]
+    if user["runAsUser"] == 0 and not cfg.pod_template_allow.privileged:
+        raise SpecError("spec.securityContext.runAsUser", "0 (root) needs the cluster admin's "
+                        "podTemplate.allow.privileged (and a namespace at Pod Security baseline): "
+                        "use the image's own non-root user")
     placement = _placement(spec, cfg)
     job = Job(
         name=meta["name"], namespace=meta.get("namespace", "default"), uid=meta.get("uid"),

@@ -84,12 +84,17 @@ def _test_user() -> pwd.struct_passwd:
 
 def _as_pod_user(pod: dict) -> list[str]:
     """A command prefix that runs what follows as the pod's securityContext says: its uid and
-    gid, fsGroup as supplementary group, no_new_privs, no capabilities."""
+    gid, fsGroup as supplementary group, no_new_privs, no capabilities but those added to the
+    bounding set (an MPI worker's NET_BIND_SERVICE)."""
     ctx = pod["spec"]["securityContext"]
     (container,) = pod["spec"]["containers"]
-    assert ctx["runAsNonRoot"] and container["securityContext"] == common.container_security_context()
+    added = container["securityContext"]["capabilities"].get("add", [])
+    assert ctx["runAsNonRoot"] and added in ([], ["NET_BIND_SERVICE"])
+    assert container["securityContext"] == common.container_security_context() | (
+        {"capabilities": {"drop": ["ALL"], "add": added}} if added else {})
+    bounding = ",".join(["-all", *(f"+{cap.lower()}" for cap in added)])
     return ["setpriv", f"--reuid={ctx['runAsUser']}", f"--regid={ctx['runAsGroup']}",
-            f"--groups={ctx['fsGroup']}", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
+            f"--groups={ctx['fsGroup']}", "--no-new-privs", "--inh-caps=-all", f"--bounding-set={bounding}", "--"]
 
 
 def _lay_out_volume(folder: Path, volume: dict, files: dict[str, str], fs_group: int) -> None:

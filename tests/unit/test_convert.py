@@ -399,3 +399,17 @@ def test_a_training_operator_ttl_is_kept_and_its_managed_by_dropped():
     warned(warnings, "spec.runPolicy.managedBy", "kubeflow.org/training-operator", "dropped")
     warned(warnings, "spec.runPolicy.schedulingPolicy.minAvailable", "became 1")
     spec.parse(dtj, CFG)
+
+
+def test_a_root_job_stays_root_where_the_admin_allows_it():
+    """The MPI Operator's pi example as root (runAsUser 0): dropped with the built-in
+    configuration, kept where podTemplate.allow.privileged lets trainop run root jobs."""
+    mpijob = peer("mpi-pi.yaml")
+    for role in mpijob["spec"]["mpiReplicaSpecs"].values():
+        role["template"]["spec"]["containers"][0]["securityContext"] = {"runAsUser": 0}
+    dtj, warnings = convert.convert(copy.deepcopy(mpijob))
+    assert "securityContext" not in dtj["spec"] and any("0 (root): dropped" in w for w in warnings)
+    allowed = config.from_dict({"podTemplate": {"allow": {"privileged": True}}})
+    dtj, warnings = convert.convert(copy.deepcopy(mpijob), allowed)
+    assert dtj["spec"]["securityContext"] == {"runAsUser": 0, "runAsGroup": 0}
+    assert spec.parse(dtj | {"metadata": {"name": "pi", "namespace": "x"}}, allowed).security.root

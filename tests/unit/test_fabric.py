@@ -69,14 +69,17 @@ def test_infiniband_pods_get_the_topology_file_of_the_pools_vm_size_one_fabric_a
     launch = dtj.render_launcher(j, attempt=0)["spec"]["template"]["spec"]
     assert container(launch, "launcher")["command"][2].startswith(fabric.MEMLOCK_PREAMBLE)
     assert "affinity" not in launch  # the launcher needs no fabric
-    # no capability by default: a non-root rank could not use it (docs/security.md)
-    assert main["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    # no IPC_LOCK by default: a non-root rank could not use it (docs/security.md); the MPI
+    # worker's NET_BIND_SERVICE (for a stock image's setcap sshd) stays
+    assert main["securityContext"] == {"allowPrivilegeEscalation": False,
+                                       "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}
 
 
 def test_ipc_lock_only_where_the_admin_asks_and_never_on_the_log_shipper():
     j = job(cfg(infiniband={"ipcLock": True}), gpusPerWorker=8, infiniband=True, output=BLOB)
     worker = dtj.render_worker(j, 0, attempt=0)["spec"]
-    assert container(worker, "worker")["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert container(worker, "worker")["securityContext"]["capabilities"] == {
+        "drop": ["ALL"], "add": ["NET_BIND_SERVICE", "IPC_LOCK"]}
     assert container(worker, "logship", init=True)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
 
 

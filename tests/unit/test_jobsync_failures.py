@@ -29,6 +29,7 @@ from tests.unit.test_jobsync_decide import (
 from trainop import admission, conditions, config, jobsync
 from trainop.devcluster.pools import default_pools
 from trainop.jobsync import JobSnapshot, decide, model
+from trainop.render import dtj as render_dtj
 from trainop.spec import SpecError, capacity_error, parse
 
 GPU = config.GPU_TOLERATION
@@ -281,6 +282,16 @@ def storage_evicted(p: dict) -> dict:
 
 
 STORAGE = storage_evicted(workers(2)[1])
+
+
+def sshd_refused(exit_code=126) -> dict:
+    """An MPI worker whose shell could not exec sshd: its termination message says why
+    (render/dtj.py's sshd script writes it)."""
+    p = failed_worker(exit_code)
+    p["status"]["containerStatuses"][0]["state"]["terminated"]["message"] = (
+        f"{render_dtj.SSHD_EXEC_FAILED}: the kernel refused it (exit {exit_code}), most likely a file "
+        "capability beyond NET_BIND_SERVICE\n")
+    return p
 RULES = {"failurePolicy": {"rules": [
     {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}},
     {"action": "RestartGangAndIgnoreBackoffLimit", "onExitCodes": {"containerName": "worker", "operator": "In", "values": [3]}},
@@ -294,6 +305,10 @@ FAILURES = [
     ("an eviction does not count", {}, [EVICTED], [], "Starting", "Evicted", False, "GangRestart"),
     ("a preemption does not count", {}, [PREEMPTED], [], "Starting", "Preempted", False, "GangRestart"),
     ("filling an emptyDir past its sizeLimit counts", {}, [STORAGE], [], "Starting", "StorageLimit", True, "GangRestart"),
+    ("an sshd the kernel will not exec counts", {}, [sshd_refused()], [], "Starting", "SshdNotExecutable", True, "GangRestart"),
+    ("rule: SshdNotExecutable fails the job", {"failurePolicy": {"rules": [
+        {"action": "FailJob", "onFailureReasons": ["SshdNotExecutable"]}]}}, [sshd_refused(127)], [], "Failed",
+     "SshdNotExecutable", None, "FailurePolicy"),
     ("a vanished worker without a trace is PodDeleted", {}, [], [], "Starting", "PodDeleted", False, "GangRestart"),
     ("a lost node is NodeLost, its node named", {}, [], [LOST], "Starting", "NodeLost", False, "GangRestart"),
     ("a lost node on a spot pool is a SpotEviction", {"nodePool": SPOT}, [], [LOST], "Starting", "SpotEviction", False, "GangRestart"),
@@ -448,6 +463,18 @@ def test_an_eviction_for_the_pods_own_storage_limit_is_the_jobs_failure():
     pressure = copy.deepcopy(STORAGE)
     pressure["status"]["message"] = "The node was low on resource: ephemeral-storage. "
     assert jobsync.pod_failure(pressure).cause == "Evicted"
+
+
+def test_a_worker_whose_sshd_cannot_be_executed_names_the_cause_and_the_fix():
+    """A stock image's sshd with a file capability beyond NET_BIND_SERVICE: the worker's shell
+    exits 126 and says why in its termination message; the failure names it. Exit 126 without
+    that message (the job's own program) stays an Error."""
+    failure = jobsync.pod_failure(sshd_refused())
+    assert (failure.cause, failure.exit_code, failure.disruption) == ("SshdNotExecutable", 126, False)
+    assert failure.describe().startswith(
+        "pod j-worker-1 on node aks-gpu-12345678-vmss000001 container worker exited with code 126 (Error): "
+        "SshdNotExecutable: trainop: the image's /usr/sbin/sshd could not be executed: the kernel refused it")
+    assert jobsync.pod_failure(failed_worker(126)).cause == "Error"
 
 
 def test_a_container_killed_by_an_eviction_is_still_a_disruption():

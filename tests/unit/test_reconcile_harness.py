@@ -17,6 +17,7 @@ import pytest
 from tests.fixtures.harness import Harness, dtj, node
 from trainop import conditions, config, jobsync
 from trainop.handlers import indexes
+from trainop.render.dtj import SSHD_EXEC_FAILED
 
 NODES = [node(f"gpu-{i}") for i in range(8)] + [node("system-0", "system", gpus=0)]
 # The decisions' clock in the field tests (the harness's own reconciles read the real one).
@@ -363,6 +364,16 @@ def _scenarios():
                     "startedAt": _ago(50), "containerID": "c"}}, "lastState": {}}]))
         h.observe()
 
+    def sshd_not_executable(h):  # the worker's termination message names the cause
+        running(h)
+        h.edit("pods", "ns", "j-worker-1", lambda p: p["status"].update(
+            phase="Failed", reason=None, containerStatuses=[{
+                "name": "worker", "ready": False, "restartCount": 0, "state": {"terminated": {
+                    "exitCode": 126, "reason": "Error", "finishedAt": _ago(5), "startedAt": _ago(6),
+                    "message": f"{SSHD_EXEC_FAILED}: the kernel refused it (exit 126)\n",
+                    "containerID": "c"}}, "lastState": {}}]))
+        h.observe()
+
     def disrupted(h):
         running(h)
         h.edit("pods", "ns", "j-worker-0", lambda p: p["status"]["conditions"].append({
@@ -420,6 +431,7 @@ def _scenarios():
         h.observe()
 
     return {"pending": pending, "running": running, "published": published, "failed_worker": failed_worker,
+            "sshd_not_executable": sshd_not_executable,
             "disrupted": disrupted, "storage_evicted": storage_evicted, "vanished": vanished,
             "launcher_done": launcher_done, "preflight": preflight, "not_starting": not_starting}
 

@@ -3,6 +3,7 @@
 import base64
 import dataclasses
 import shlex
+import subprocess
 
 import pytest
 
@@ -108,6 +109,15 @@ def test_gpu_worker_pod():
 BLOB_OUTPUT = {"blob": {"accountURL": "https://a.blob.core.windows.net", "container": "results",
                         "auth": {"sasSecretRef": {"name": "storage", "key": "sas"}}}}
 RESTRICTED_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+# The MPI worker's training container: NET_BIND_SERVICE in the bounding set, for sshd binaries
+# with that file capability (the MPI Operator's images); restricted Pod Security allows it.
+MPI_WORKER_CONTAINER = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}
+
+
+def expected_security(spec: dict, container: dict) -> dict:
+    mpi_worker = container["name"] == "worker" and "-c" in container.get("command", []) \
+        and "/usr/sbin/sshd" in container["command"][-1]
+    return MPI_WORKER_CONTAINER if mpi_worker else RESTRICTED_CONTAINER
 
 
 def pod_specs(j):
@@ -125,7 +135,7 @@ def test_every_pod_runs_as_the_images_non_root_user_without_privileges():
             "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
             "fsGroupChangePolicy": "OnRootMismatch", "seccompProfile": {"type": "RuntimeDefault"}}
         for c in spec["containers"] + spec.get("initContainers", []):
-            assert c["securityContext"] == RESTRICTED_CONTAINER, c["name"]
+            assert c["securityContext"] == expected_security(spec, c), c["name"]
     # worker 0 and the launcher ship logs: the sidecar is covered above
     assert [c["name"] for c in pod_specs(j)[0]["initContainers"]] == ["logship"]
 
@@ -141,12 +151,40 @@ def test_a_custom_image_runs_as_its_own_user():
         assert not any(m["mountPath"].startswith("/home") for m in spec["containers"][0]["volumeMounts"])
 
 
+def test_root_where_the_admin_allows_it_gets_what_root_sshd_and_mpirun_need():
+    """Measured with the MPI Operator's Open MPI 5 image as root on a real node: sshd's
+    privilege separation needs chroot and setuid, Open MPI 5's mpirun crashes under drop ALL and
+    refuses root unless told twice; ssh and sshd refuse a root-owned key that its group reads."""
+    allowed = config.from_dict({"podTemplate": {"allow": {"privileged": True}}})
+
+    def admitted(**spec):
+        return parse({"metadata": {"name": "j1", "namespace": "team-a"}, "spec": spec}, allowed)
+    j = admitted(workers=2, image="mpioperator/mpi-pi:openmpi", command=["/home/mpiuser/pi"],
+                 securityContext={"runAsUser": 0, "runAsGroup": 0})
+    for spec in pod_specs(j):
+        # no fsGroup: the kubelet would OR 0440 into the key's mode, which root's ssh refuses
+        assert spec["securityContext"] == {"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0,
+                                           "seccompProfile": {"type": "RuntimeDefault"}}
+        training = spec["containers"][0]
+        assert training["securityContext"] == {"allowPrivilegeEscalation": False}  # the runtime's capabilities
+        assert {v["name"]: v for v in spec["volumes"]}["ssh"]["secret"]["defaultMode"] == 0o400
+        env = {e["name"]: e.get("value") for e in training["env"]}
+        assert env["OMPI_ALLOW_RUN_AS_ROOT"] == env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] == "1"
+    assert "PermitRootLogin prohibit-password\n" in dtj.render_config_map(j)["data"]["sshd_config"]
+    assert "mkdir -p /run/sshd\n" in dtj.render_worker(j, 0, 0)["spec"]["containers"][0]["command"][2]
+    assert "-x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM" in shlex.join(dtj.mpirun_command(j))
+    # a non-root job keeps none of it
+    plain = admitted(workers=2)
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in str(pod_specs(plain)) and "mkdir -p /run/sshd" not in str(pod_specs(plain))
+    assert "PermitRootLogin no\n" in dtj.render_config_map(plain)["data"]["sshd_config"]
+
+
 def test_infiniband_adds_no_capability():
     """IPC_LOCK would buy nothing: Kubernetes sets no ambient capabilities, so a non-root rank
     never holds it; registration is bounded by the node's RLIMIT_MEMLOCK (docs/security.md)."""
     for spec in pod_specs(job(workers=2, gpusPerWorker=8, infiniband=True)):
         for c in spec["containers"]:
-            assert c["securityContext"] == RESTRICTED_CONTAINER
+            assert c["securityContext"] == expected_security(spec, c)
 
 
 def test_infiniband_worker_requests_rdma_and_sets_transport():
@@ -219,8 +257,27 @@ def test_hydra_mpirun():
     assert dtj.mpirun_command(job(workers=2, mpiImplementation="Intel", command=["a.out"])) == [
         "mpirun", "-f", "/etc/trainop/mpi/hostfile", "-n", "2", "-ppn", "1", "-bootstrap", "ssh",
         "-bootstrap-exec", "/etc/trainop/mpi/ssh", "a.out"]
-    assert dtj.mpirun_command(job(mpiImplementation="MPICH", command=["a.out"]))[7:11] == [
-        "-launcher", "ssh", "-launcher-exec", "/etc/trainop/mpi/ssh"]
+    assert dtj.mpirun_command(job(mpiImplementation="MPICH", command=["a.out"]))[7:13] == [
+        "-launcher", "ssh", "-launcher-exec", "/etc/trainop/mpi/ssh", "${TRAINOP_POD_IP:+-localhost $TRAINOP_POD_IP}",
+        "a.out"]
+
+
+def test_mpich_proxies_call_the_launcher_back_at_its_pod_ip():
+    """Hydra's proxies reach mpiexec at the name it gives them, by default the launcher pod's
+    hostname, which no worker resolves: MPICH's launcher passes its pod IP (downward API),
+    expanded by its shell, never quoted."""
+    launcher = dtj.render_launcher(job(workers=2, mpiImplementation="MPICH", command=["a.out"]), attempt=0)
+    (c,) = launcher["spec"]["template"]["spec"]["containers"]
+    assert {"name": "TRAINOP_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in c["env"]
+    mpirun = next(line for line in c["command"][2].splitlines() if line.startswith("mpirun "))
+    assert mpirun == ("mpirun -f /etc/trainop/mpi/hostfile -n 2 -ppn 1 -launcher ssh -launcher-exec "
+                      "/etc/trainop/mpi/ssh ${TRAINOP_POD_IP:+-localhost $TRAINOP_POD_IP} a.out &")
+    expanded = subprocess.run(["sh", "-c", f'set -- {mpirun.removesuffix(" &")}; printf "%s\\n" "$@"'],
+                              env={"TRAINOP_POD_IP": "10.1.2.3"}, capture_output=True, text=True).stdout
+    assert expanded.splitlines()[-4:] == ["/etc/trainop/mpi/ssh", "-localhost", "10.1.2.3", "a.out"]
+    for other in ("OpenMPI", "Intel"):
+        rendered = dtj.render_launcher(job(workers=2, mpiImplementation=other), attempt=0)
+        assert "TRAINOP_POD_IP" not in str(rendered)
 
 
 def test_mpirun_extra_args_go_before_the_program_and_replace_the_mapping():

@@ -205,7 +205,9 @@ def test_admin_switches_allow_what_restricted_does_not():
     spec = dtj.render_worker(j, 0, 0)["spec"]
     assert spec["hostNetwork"] is True
     assert [v["name"] for v in spec["volumes"][-2:]] == ["host", "n"]
-    assert spec["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    # joins the MPI worker's own NET_BIND_SERVICE
+    assert spec["containers"][0]["securityContext"]["capabilities"] == {
+        "drop": ["ALL"], "add": ["NET_BIND_SERVICE", "IPC_LOCK"]}
     assert spec["containers"][1]["securityContext"]["privileged"] is True
     # the admin's capability list, nothing else
     refused("spec.podTemplate.worker.spec.containers[0].securityContext.capabilities.add[0]",

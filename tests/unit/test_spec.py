@@ -49,6 +49,13 @@ def test_pods_run_as_the_images_user_unless_the_spec_names_its_own():
         SecurityContext(1000, 0, 2000)
 
 
+def test_root_only_where_the_admin_allows_privileged_pods():
+    allowed = config.from_dict({"podTemplate": {"allow": {"privileged": True}}})
+    root = parse(body(securityContext={"runAsUser": 0, "runAsGroup": 0}), allowed).security
+    assert root == SecurityContext(0, 0, 0) and root.root
+    assert not parse(body(), allowed).security.root
+
+
 def test_explicit_selector_and_slots():
     job = parse(body(gpusPerWorker=2, slotsPerWorker=3,
                      nodePool={"nodeSelector": {"pool": "x"}, "tolerations": []}), CFG)
@@ -62,7 +69,9 @@ def test_explicit_selector_and_slots():
     ({"launcher": "torchrun", "framework": "tensorflow"}, "spec.launcher", "launcher: mpi"),
     ({"workers": 0}, "spec.workers", "minimum"),
     ({"runPolicy": {"cleanPodPolicy": "Sometimes"}}, "spec.runPolicy.cleanPodPolicy", "Running"),
-    ({"securityContext": {"runAsUser": 0}}, "spec.securityContext.runAsUser", "minimum"),
+    ({"securityContext": {"runAsUser": -1}}, "spec.securityContext.runAsUser", "minimum"),
+    ({"securityContext": {"runAsUser": 0}}, "spec.securityContext.runAsUser",
+     "0 (root) needs the cluster admin's podTemplate.allow.privileged"),
     ({"securityContext": {"runAsGroup": -1}}, "spec.securityContext.runAsGroup", "minimum"),
     # GPUs and RDMA devices only through gpusPerWorker / infiniband, where admission counts them
     ({"gpusPerWorker": 0, "resources": {"limits": {"nvidia.com/gpu": 8}}},

@@ -25,15 +25,36 @@ def register(subparsers) -> None:
     _action(verbs, "status", "show which of its components run and where the kubeconfig is")
     _action(verbs, "build", "only build (or find cached) the control plane and real-node binaries")
     images = _action(verbs, "images", "build (or find cached) the project's container images from "
-                     "its Dockerfiles, without Docker Hub; optionally load them into a containerd")
+                     "its Dockerfiles, without Docker Hub; optionally load them into a containerd; "
+                     "`images load ARCHIVE`, `images build DIR`: your own image onto the real nodes")
     images.add_argument("--only", nargs="+", metavar="NAME", help="these images (default: every default one)")
     images.add_argument("--containerd", metavar="ADDRESS", help="then import them into this containerd socket")
+    yours = images.add_subparsers(dest="images_action", metavar="ACTION")
+    load = _action(yours, "load", "import your own image archive (an OCI archive, or `docker save`'s) "
+                   "into the containerd of every real node of the running dev cluster", "images load")
+    load.add_argument("archive", metavar="ARCHIVE", help="the .tar file")
+    load.add_argument("--tag", action="append", default=[], metavar="NAME",
+                      help="also name the image NAME (repeatable), e.g. team/train:1; pods name it so, with a "
+                           "tag other than latest or imagePullPolicy IfNotPresent (nothing can be pulled)")
+    build = _action(yours, "build", "build your own Dockerfile folder with the project's builder (buildah, "
+                    "no Docker; FROM may name debian:bookworm or debian:trixie, made from Debian's packages, "
+                    "or one of the project's images such as mpioperator/openmpi:v0.8.2), cache it by content "
+                    "hash and import it into every real node", "images build")
+    build.add_argument("folder", metavar="DIR", help="the build context: only what COPY/ADD name is sent "
+                       "(no .dockerignore is read)")
+    build.add_argument("--tag", required=True, metavar="NAME",
+                       help="the image's name, e.g. team/train:1 (pods name it so; see load --tag)")
+    build.add_argument("-f", "--file", default="Dockerfile", metavar="FILE", help="the Dockerfile, in DIR")
+    build.add_argument("--build-arg", action="append", default=[], metavar="KEY=VALUE", help="a build ARG")
+    for verb in (load, build):
+        verb.add_argument("--containerd", dest="into", action="append", metavar="ADDRESS",
+                          help="into this containerd socket instead (repeatable)")
     parser.set_defaults(func=run)
 
 
-def _action(verbs, name: str, text: str):
+def _action(verbs, name: str, text: str, full: str | None = None):
     """An action whose `--help` says what `trainop devcluster --help` lists beside it."""
-    return verbs.add_parser(name, help=text, description=f"trainop devcluster {name}: {text}.")
+    return verbs.add_parser(name, help=text, description=f"trainop devcluster {full or name}: {text}.")
 
 
 def _cluster(pools_text: str = "", real_text: str = ""):
@@ -87,6 +108,8 @@ def run(args) -> int:
 def _images(args) -> int:
     from trainop.devcluster import images
 
+    if args.images_action:
+        return _your_image(args)
     try:
         results = images.ensure(args.only)
         if args.containerd:
@@ -96,3 +119,40 @@ def _images(args) -> int:
         return 1
     print(images.describe(results))
     return 0
+
+
+def _your_image(args) -> int:
+    """`images load ARCHIVE` / `images build DIR`: a user's image onto the real nodes."""
+    from pathlib import Path
+
+    from trainop.devcluster import images
+
+    try:
+        sockets = args.into or _real_node_sockets()
+        if args.images_action == "build":
+            build_args = dict(arg.partition("=")[::2] for arg in args.build_arg)
+            result = images.ensure_image(images.user_image(Path(args.folder), args.tag, args.file, build_args))
+            print(images.describe([result]))
+            for socket in sockets:
+                images.load_results(socket, [result])
+                print(f"imported into {socket}: {' '.join(result.refs)}")
+        else:
+            for socket in sockets:
+                names = images.import_archive(socket, Path(args.archive), args.tag)
+                print(f"imported into {socket}: {' '.join(names)}")
+    except (ValueError, images.ImageBuildError) as err:
+        print(f"trainop devcluster images {args.images_action}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _real_node_sockets() -> list[str]:
+    """The containerd of every real node of the dev cluster that runs (`up --real-nodes`)."""
+    cluster = _cluster()
+    running = cluster.status()
+    sockets = [str(node.containerd_socket) for node in cluster.real_nodes
+               if running.get(f"containerd/{node.name}")]
+    if not sockets:
+        raise ValueError(f"no real node runs in the dev cluster at {cluster.state_dir}: start one with "
+                         f"`trainop devcluster up --real-nodes 1`, or name a containerd with --containerd")
+    return sockets

@@ -142,6 +142,8 @@ BASES = {
     # The operator and the trainer: Python from Debian (bookworm: CPython 3.11, like the host .venv).
     "python": Base("python", ("ca-certificates", "passwd", "python3", "python3-venv", "python-is-python3")),
     "debian": Base("debian"),
+    # The MPI Operator's images: `FROM debian:trixie` (Open MPI 5, OpenSSH 10).
+    "trixie": Base("debian", suite="trixie"),
 }
 
 
@@ -169,16 +171,16 @@ def apt_sources(suite: str = "bookworm") -> list[str]:
             if len(words) >= 4 and words[0] == "deb":
                 stanzas.append({"types": "deb", "uris": words[1], "suites": words[2],
                                 "components": " ".join(words[3:])})
+    entries = [(uri, s) for fields in stanzas
+               if "deb" in fields.get("types", "").split() and "main" in fields.get("components", "").split()
+               for uri in fields.get("uris", "").split()[:1] for s in fields.get("suites", "").split()]
+    own = {s for _, s in entries if "-" not in s}
+    if suite not in own and len(own) == 1:
+        # Another release than the host's (trixie on a bookworm host): the same mirror serves it.
+        host_suite = own.pop()
+        entries = [(uri, suite + s.removeprefix(host_suite)) for uri, s in entries if s.startswith(host_suite)]
     wanted = {suite, f"{suite}-updates", f"{suite}-security"}
-    lines: list[str] = []
-    for fields in stanzas:
-        if "deb" not in fields.get("types", "").split() or "main" not in fields.get("components", "").split():
-            continue
-        for uri in fields.get("uris", "").split()[:1]:
-            for s in fields.get("suites", "").split():
-                line = f"deb {uri} {s} main"
-                if s in wanted and line not in lines:
-                    lines.append(line)
+    lines = list(dict.fromkeys(f"deb {uri} {s} main" for uri, s in entries if s in wanted))
     return lines if any(line.split()[2] == suite for line in lines) else []
 
 
@@ -245,6 +247,12 @@ class Image:
     target: str | None = None
     base: str | None = None         # key of BASES, passed as build ARG `base_arg`
     base_arg: str | None = None
+    # Or the name the Dockerfile's FROM gives that base (`debian:trixie`), for a Dockerfile built
+    # unchanged: the base is tagged under it for the build (see _from_names).
+    base_as: str | None = None
+    # (a name a FROM line gives, the IMAGES entry that is built as it), e.g. the MPI Operator's
+    # `mpioperator/base:${BASE_LABEL}`: built first, and given that name for the build.
+    parents: tuple[tuple[str, str], ...] = ()
     build_args: tuple[tuple[str, str], ...] = ()
     mount_cache: bool = False       # $TRAINOP_CACHE as an overlay at CACHE_IN_BUILD during RUN
     pip: bool = False               # RUN steps use pip (PIP_CERT, when the host needs one)
@@ -260,6 +268,25 @@ class Image:
 def _image(name: str, reference: str, **kw) -> Image:
     repo, tag = _split(reference)
     return Image(name, repo, tags=(tag,), **kw)
+
+
+# Kubeflow's MPI Operator images (v0.8.2), built from its own files, unchanged
+# (tests/fixtures/peers/mpi-operator): FROM debian:trixie, or FROM mpioperator/<parent>:${BASE_LABEL}
+# as its Makefile builds them. Intel's are not built: their packages come from Intel's servers.
+PEER_DIR = "tests/fixtures/peers/mpi-operator"
+PEER_LABEL = "v0.8.2"
+
+
+def _peer(name: str, dockerfile: str, parents: tuple[str, ...]) -> Image:
+    """`mpi-operator-<name>`, named as the MPI Operator publishes it: mpioperator/<name>:v0.8.2,
+    and the pi example mpioperator/mpi-pi:openmpi (or :mpich), as its examples' pods name it."""
+    reference = f"mpioperator/mpi-pi:{name.removeprefix('pi-')}" if name.startswith("pi-") \
+        else f"mpioperator/{name}:{PEER_LABEL}"
+    path = f"{PEER_DIR}/{dockerfile}"
+    return _image(f"mpi-operator-{name}", reference, dockerfile=path, context=path.rpartition("/")[0],
+                  default=False, build_args=(("BASE_LABEL", PEER_LABEL),) if parents else (),
+                  base=None if parents else "trixie", base_as=None if parents else "debian:trixie",
+                  parents=tuple((f"mpioperator/{p}:{PEER_LABEL}", f"mpi-operator-{p}") for p in parents))
 
 
 _TRAINER_ARGS = (("PYTHON", "python3.11"), ("TRAINOP_GPU", "0"), ("BUILD_CACHE", CACHE_IN_BUILD))
@@ -284,7 +311,73 @@ IMAGES: dict[str, Image] = {image.name: image for image in (
     # A user's own MPI image with its own non-root user, as in the MPI Operator's examples (tests).
     _image("mpi-pi", "trainop/mpi-pi:0.1.0", dockerfile="tests/e2e/images/mpi-pi/Dockerfile",
            context="tests/e2e/images/mpi-pi", base="debian", base_arg="BASE"),
+    *(_peer(*entry) for entry in (
+        ("base", "build/base/Dockerfile", ()),
+        ("openmpi", "build/base/openmpi.Dockerfile", ("base",)),
+        ("openmpi-builder", "build/base/openmpi-builder.Dockerfile", ()),
+        ("mpich", "build/base/mpich.Dockerfile", ("base",)),
+        ("mpich-builder", "build/base/mpich-builder.Dockerfile", ()),
+        ("pi-openmpi", "examples/v2beta1/pi/Dockerfile", ("openmpi-builder", "openmpi")),
+        ("pi-mpich", "examples/v2beta1/pi/mpich.Dockerfile", ("mpich-builder", "mpich")))),
 )}
+
+
+# FROM names a user's Dockerfile may give the Debian bases (key of BASES): Docker Hub's names for
+# them, made here from Debian's packages.
+DEBIAN_NAMES = {f"debian:{name}{slim}": key for key, names in (("debian", ("bookworm", "12")),
+                                                               ("trixie", ("trixie", "13")))
+                for name in names for slim in ("", "-slim")}
+
+
+def from_names(dockerfile_text: str, build_args: dict[str, str]) -> list[str]:
+    """The images a Dockerfile's FROM lines name (not its own earlier stages), with ARGs
+    (given, else their defaults) substituted."""
+    text = re.sub(r"\\\n", " ", dockerfile_text)
+    args, stages, out = {}, set(), []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0].upper() == "ARG" and not stages and not out:
+            key, _, default = words[1].partition("=")
+            args[key] = build_args.get(key, default)
+        elif len(words) >= 2 and words[0].upper() == "FROM":
+            rest = [w for w in words[1:] if not w.startswith("--")]
+            name = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m[1], ""), rest[0])
+            if name not in stages and name not in out:
+                out.append(name)
+            if len(rest) >= 3 and rest[1].upper() == "AS":
+                stages.add(rest[2])
+    return out
+
+
+def user_image(folder: Path, tag: str, dockerfile: str = "Dockerfile", build_args: dict | None = None) -> Image:
+    """A user's Dockerfile folder as an Image (`trainop devcluster images build`). Its FROM lines
+    may name Debian's bases (DEBIAN_NAMES, made by mmdebstrap) and the project's images by the
+    names they carry (mpioperator/openmpi:v0.8.2, trainop/trainer-pytorch:0.1.0, ...): nothing
+    is pulled. Only what its COPY/ADD lines name is sent (no .dockerignore is read)."""
+    folder = folder.resolve()
+    path = folder / dockerfile
+    if not path.is_file():
+        raise ImageBuildError(f"no {dockerfile} in {folder}")
+    args = dict(build_args or {})
+    built = {ref: name for name, image in IMAGES.items() for ref in image.refs}
+    bases, parents = [], []
+    for name in from_names(path.read_text(), args):
+        if name in DEBIAN_NAMES:
+            bases.append(name)
+        elif name in built:
+            parents.append((name, built[name]))
+        else:
+            raise ImageBuildError(
+                f"{path}: FROM {name}: not an image this builder makes (nothing is pulled from a "
+                f"registry). It makes {', '.join(sorted(DEBIAN_NAMES))} from Debian's packages, and "
+                f"{', '.join(sorted(built))}; an image built elsewhere: `trainop devcluster images load`")
+    if len(bases) > 1:
+        raise ImageBuildError(f"{path}: FROM {' and '.join(bases)}: one Debian base per Dockerfile")
+    repo, version = split_reference(tag)
+    safe = re.sub(r"[^a-z0-9_.-]+", "-", f"{repo}-{version}".lower())
+    return Image(f"user-{safe}", repo, str(path), str(folder), tags=(version,),
+                 base=DEBIAN_NAMES[bases[0]] if bases else None, base_as=bases[0] if bases else None,
+                 build_args=tuple(sorted(args.items())), parents=tuple(parents), default=False)
 
 
 def copy_sources(dockerfile_text: str) -> list[str]:
@@ -377,9 +470,9 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def plan(name: str) -> Plan:
+def plan(name: str | Image) -> Plan:
     """Hash an image's inputs (cheap: reads the files its Dockerfile copies)."""
-    image = IMAGES[name]
+    image = IMAGES[name] if isinstance(name, str) else name
     dockerfile = REPO_ROOT / image.dockerfile
     text = dockerfile.read_text()
     root = REPO_ROOT / image.context
@@ -399,6 +492,10 @@ def plan(name: str) -> Plan:
 
     feed("recipe", RECIPE, "dockerfile", text, "target", image.target or "")
     feed("base", BASES[image.base].key if image.base else "")
+    if image.base_as:
+        feed("base-as", image.base_as)
+    for from_name, parent in image.parents:
+        feed("parent", from_name, plan(parent).hash)
     if image.name == "pause":
         feed("cflags", *PAUSE_CFLAGS)
     for key, value in sorted(args.items()):
@@ -419,6 +516,20 @@ def _containerd_name(repo: str) -> str:
     if "/" in repo and ("." in first or ":" in first or first == "localhost"):
         return repo
     return f"docker.io/{repo}" if "/" in repo else f"docker.io/library/{repo}"
+
+
+def split_reference(reference: str) -> tuple[str, str]:
+    """`team/x:1` -> (team/x, 1); a reference without a tag is :latest (a registry's port is no tag)."""
+    if ":" in reference.rsplit("/", 1)[-1]:
+        repo, _, tag = reference.rpartition(":")
+        return repo, tag
+    return reference, "latest"
+
+
+def cri_name(reference: str) -> str:
+    """The name containerd's CRI looks a pod's image up by (`team/x:1` gets the default registry)."""
+    repo, tag = split_reference(reference)
+    return f"{_containerd_name(repo)}:{tag}"
 
 
 def containerd_refs(name: str) -> list[str]:
@@ -540,7 +651,7 @@ def _build(p: Plan, log) -> dict:
     for partial in images_dir().glob(f"{image.name}-*.partial.tar"):
         partial.unlink(missing_ok=True)
     args = dict(p.build_args)
-    if image.base:
+    if image.base and image.base_arg:
         args[image.base_arg] = ensure_base(BASES[image.base], log)
     # Every name it will have in containerd; podman's storage (shared with other caches' builds)
     # gets only the content-hash one, so that no build removes another's image by a shared tag.
@@ -564,7 +675,8 @@ def _build(p: Plan, log) -> dict:
             if image.pip and (cert := _host_pip_cert()) is not None:
                 cmd += ["--build-arg", f"PIP_CERT={CACHE_IN_BUILD}/{cert.relative_to(cache_dir()).as_posix()}"]
         cmd.append(str(context))
-        _run(cmd, image.name, "buildah bud", log_file)
+        with _from_names(image, log, log_file):
+            _run(cmd, image.name, "buildah bud", log_file)
     built = time.monotonic() - started
     size = int(subprocess.run(["podman", "image", "inspect", "--format", "{{.Size}}", p.hash_ref],
                               capture_output=True, text=True, check=True).stdout.strip())
@@ -591,6 +703,46 @@ def _build(p: Plan, log) -> dict:
     log(f"images: {image.name} built in {built:.0f}s, saved in {meta['save_seconds']:.0f}s "
         f"({size / 1e6:.0f} MB)")
     return meta
+
+
+def _local_name(name: str) -> str:
+    """Where buildah looks a FROM name up first in local storage: localhost/<name> for a name
+    without a registry."""
+    first = name.split("/", 1)[0]
+    return name if "/" in name and ("." in first or ":" in first or first == "localhost") else f"localhost/{name}"
+
+
+@contextlib.contextmanager
+def _from_names(image: Image, log, log_file: Path):
+    """The images the Dockerfile's FROM lines name, in podman's storage under those names while
+    it builds (buildah runs with --pull=never: nothing is fetched from a registry): the base
+    (`base_as`), and each parent loaded from its archive. One such build at a time: the names
+    are shared, and a multi-stage build looks its later FROM up only when it gets there."""
+    if not image.base_as and not image.parents:
+        yield
+        return
+    with build_lock("image-from-names"):
+        tagged: list[tuple[str, str]] = []  # (image, the name it has for the build)
+        loaded: list[str] = []
+        try:
+            if image.base_as:
+                tagged.append((ensure_base(BASES[image.base], log), _local_name(image.base_as)))
+            for from_name, parent in image.parents:
+                archive = plan(parent).archive
+                pulled = subprocess.run(["podman", "pull", "--quiet", f"oci-archive:{archive}"],
+                                        capture_output=True, text=True)
+                if pulled.returncode != 0:
+                    raise ImageBuildError(f"{image.name}: podman pull {archive}: {pulled.stderr.strip()}")
+                loaded.append(pulled.stdout.split()[-1])
+                tagged.append((loaded[-1], _local_name(from_name)))
+            for ref, name in tagged:
+                _run(["podman", "tag", ref, name], image.name, "podman tag", log_file)
+            yield
+        finally:
+            for ref, name in tagged:  # (untag with the name: alone, it removes every name)
+                subprocess.run(["podman", "untag", ref, name], capture_output=True)
+            if loaded:
+                subprocess.run(["podman", "rmi", *loaded], capture_output=True)
 
 
 def _archive_digest(archive: Path) -> str:
@@ -621,21 +773,24 @@ def _names(names) -> list[str]:
 
 def ensure(names=None, log=_log) -> list[Result]:
     """Build (or find cached) each image; names=None: every default image."""
-    results = []
-    for name in _names(names):
-        started = time.monotonic()
-        p = plan(name)
-        meta = _cached_meta(p)
-        if meta is None:
-            _need_tools(TOOLS, log)
-            with build_lock(f"image-{name}"):
-                meta = _cached_meta(p)  # another process may have built it while we waited
-                if meta is None:
-                    meta = _build(p, log)
-                    results.append(Result(name, p.archive, True, time.monotonic() - started, meta))
-                    continue
-        results.append(Result(name, p.archive, False, time.monotonic() - started, meta))
-    return results
+    return [ensure_image(IMAGES[name], log) for name in _names(names)]
+
+
+def ensure_image(image: Image, log=_log) -> Result:
+    """Build (or find cached) one image, its parents first."""
+    for _, parent in image.parents:
+        ensure_image(IMAGES[parent], log)
+    started = time.monotonic()
+    p = plan(image)
+    meta = _cached_meta(p)
+    if meta is None:
+        _need_tools(TOOLS, log)
+        with build_lock(f"image-{image.name}"):
+            meta = _cached_meta(p)  # another process may have built it while we waited
+            if meta is None:
+                meta = _build(p, log)
+                return Result(image.name, p.archive, True, time.monotonic() - started, meta)
+    return Result(image.name, p.archive, False, time.monotonic() - started, meta)
 
 
 def ensure_images(names=None, log=_log) -> dict[str, Path]:
@@ -668,10 +823,16 @@ def load(containerd_address: str, names=None, log=_log, snapshotter: str = "over
     plugin's, overlayfs by default), under all its names, after removing its older builds. An
     image whose every name already points at the same digest is skipped, so a second load only
     lists. Returns {name: True if imported, False if it was there}."""
+    return load_results(containerd_address, ensure(names, log), log, snapshotter)
+
+
+def load_results(containerd_address: str, results: list[Result], log=_log,
+                 snapshotter: str = "overlayfs") -> dict[str, bool]:
+    """load() of images already built (ensure()'s or ensure_image()'s results)."""
     _need_tools(LOAD_TOOLS, log)
     present = containerd_images(containerd_address)
     done = {}
-    for result in ensure(names, log):
+    for result in results:
         digest, refs = result.meta["digest"], result.meta["refs"]
         # Older builds of this image go first: a trainer is gigabytes twice over (content and
         # unpacked snapshot), and a disk that holds one copy may not hold two.
@@ -689,6 +850,22 @@ def load(containerd_address: str, names=None, log=_log, snapshotter: str = "over
         log(f"images: {result.name} imported into {containerd_address} in {time.monotonic() - started:.0f}s")
         done[result.name] = True
     return done
+
+
+def import_archive(containerd_address: str, archive: Path, tags=(), snapshotter: str = "overlayfs") -> list[str]:
+    """Import a user's image archive (OCI, or `docker save`'s) into that containerd's k8s.io
+    namespace, and name it `tags` too, as the kubelet looks them up (cri_name). Returns every
+    name it has there. An archive without names gets
+    containerd's `import-<date>@sha256:...`, so `tags` can still name it."""
+    _need_tools(LOAD_TOOLS)
+    out = _ctr(containerd_address, "images", "import", "--digests", "--snapshotter", snapshotter, str(archive))
+    names = re.findall(r"^unpacking (\S+) \(sha256:", out, flags=re.M)
+    if not names:
+        raise ImageBuildError(f"ctr images import {archive}: no image in it ({out.strip()[-300:]})")
+    for tag in tags:
+        names.append(cri_name(tag))
+        _ctr(containerd_address, "images", "tag", "--force", names[0], names[-1])
+    return names
 
 
 def prune(containerd_address: str, keep: set[str]) -> None:

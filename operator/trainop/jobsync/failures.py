@@ -1,6 +1,6 @@
 """Why a gang attempt failed and what follows (JobSet's failure policy): `pod_failure` classifies a
-pod's end (exit code, OOMKilled, StorageLimit, Evicted, Preempted, NodeLost, SpotEviction,
-PodDeleted),
+pod's end (exit code, OOMKilled, StorageLimit, SshdNotExecutable, Evicted, Preempted, NodeLost,
+SpotEviction, PodDeleted),
 `action_for` applies runPolicy.failurePolicy, `restart_gang` is the one restart path (the attempt
 in status first, the old pods deleted by later reconciles), `attempt`/`restart_counts` read status.
 """
@@ -66,8 +66,8 @@ def restart_counts(status: dict | None) -> dict:
 @dataclasses.dataclass
 class Failure:
     """Why a pod of the gang ended: `cause` is the class runPolicy.failurePolicy matches
-    (Error, OOMKilled, StorageLimit, Evicted, Preempted, NodeLost, SpotEviction, PodDeleted,
-    WorkerExited, LauncherFailed, or a caller's own such as UnhealthyNode); `reason` the pod's
+    (Error, OOMKilled, StorageLimit, SshdNotExecutable, Evicted, Preempted, NodeLost, SpotEviction,
+    PodDeleted, WorkerExited, LauncherFailed, or a caller's own such as UnhealthyNode); `reason` the pod's
     own word, `detail` what the operator concluded (a failed preflight's verdict, the kubelet's
     eviction message)."""
     pod: str
@@ -141,6 +141,9 @@ def pod_failure(pod: dict, spot: bool = False) -> Failure | None:
             (cs.get("lastState") or {}).get("terminated")
         if term and (term.get("exitCode") or st.get("phase") == "Failed"):
             reason = term.get("reason") or "Error"
+            if not cause and (term.get("message") or "").startswith(render.SSHD_EXEC_FAILED):
+                # the MPI worker's shell could not start sshd: the image's doing, every attempt
+                cause, detail = "SshdNotExecutable", term["message"].strip()[:1024]
             return Failure(name, cs["name"], term.get("exitCode"), reason,
                            term.get("finishedAt") or "", node,
                            cause or ("OOMKilled" if reason == "OOMKilled" else "Error"), conds, detail)

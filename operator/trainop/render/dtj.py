@@ -21,6 +21,7 @@ from trainop.resume import Resume
 from trainop.spec import CHECKPOINT_VOLUME_MOUNT, Job
 
 SSH_PORT = 2222  # unprivileged, so the same config works for non-root images
+SSHD_CAPABILITY = "NET_BIND_SERVICE"  # in the MPI workers' bounding set (render_worker)
 RDZV_PORT = 29400
 DNS_WAIT_SECONDS = 300
 SSH_DIR = f"{common.MOUNT_ROOT}/ssh"
@@ -150,6 +151,8 @@ def container_env(job: Job, attempt: int = 0, resume: Resume | None = None) -> l
         # Ranks learn where every other rank runs (for a native backend's rendezvous and local
         # ranks) from the hostfile, as under the MPI Operator; mpirun forwards this with -x.
         base["OMPI_MCA_orte_default_hostfile"] = f"{CONF_DIR}/hostfile"
+        if job.security.root:  # (PRRTE's mpirun of Open MPI 5 honours them too, seen)
+            base |= {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     user = {e["name"] for e in job.env}
     return common.env({k: v for k, v in base.items() if k not in user}) + [dict(e) for e in job.env]
 
@@ -157,6 +160,15 @@ def container_env(job: Job, attempt: int = 0, resume: Resume | None = None) -> l
 def _gives(args: tuple[str, ...], flag: str) -> bool:
     """Does spec.mpirun.extraArgs set `flag` (-flag, --flag, --flag=value)?"""
     return any(a.startswith("-") and a.lstrip("-").split("=", 1)[0] == flag for a in args)
+
+
+# The launcher pod's IP (downward API, MPICH jobs). Hydra's proxies on the workers call mpiexec
+# back at the name it gives them, by default its hostname, which no other pod resolves (the
+# launcher is a Job's pod, outside the job's Service); MPICH 4.2 on real pods:
+# "unable to get host address for <launcher pod>". The launcher's shell expands HYDRA_LOCALHOST
+# (to nothing where the variable is unset: `trainop run --local`).
+POD_IP_ENV = "TRAINOP_POD_IP"
+HYDRA_LOCALHOST = f"${{{POD_IP_ENV}:+-localhost ${POD_IP_ENV}}}"
 
 
 def mpirun_command(job: Job) -> list[str]:
@@ -179,8 +191,10 @@ def mpirun_command(job: Job) -> list[str]:
     # Hydra (Intel MPI, MPICH) forwards the whole environment by default.
     launcher = ["-bootstrap", "ssh", "-bootstrap-exec"] if job.mpi_implementation == "Intel" \
         else ["-launcher", "ssh", "-launcher-exec"]
+    localhost = [HYDRA_LOCALHOST] if job.mpi_implementation == "MPICH" else []
     return ["mpirun", "-f", hostfile, "-n", str(job.total_slots), "-ppn",
-            str(job.slots_per_worker), *launcher, f"{CONF_DIR}/ssh", *user, *rank_command(job)]
+            str(job.slots_per_worker), *launcher, f"{CONF_DIR}/ssh", *localhost, *user,
+            *rank_command(job)]
 
 
 def launcher_env(job: Job) -> dict[str, str]:
@@ -207,6 +221,11 @@ def launcher_command(job: Job) -> list[str]:
     return [_VAR.sub(one, arg) for arg in job.launcher_command]
 
 
+def _shell_join(cmd: list[str]) -> str:
+    """shlex.join, but HYDRA_LOCALHOST left for the shell to expand."""
+    return " ".join(arg if arg == HYDRA_LOCALHOST else shlex.quote(arg) for arg in cmd)
+
+
 def _wait_for_dns(hosts_expr: str) -> list[str]:
     """Shell lines that wait, bounded, until every host resolves. Readiness and the EndpointSlice
     come first, but a resolver cache or a slow DNS server can still lag: never let that crash
@@ -230,7 +249,7 @@ def launcher_script(job: Job) -> str:
     # hand the signal to the ranks instead, which save a checkpoint and end, and mpirun with them.
     return fabric.memlock_preamble(job) + "\n".join([
         "set -eu", *_wait_for_dns(f"$(cat {CONF_DIR}/hosts)"),
-        shlex.join(launcher_command(job)) + " &",
+        _shell_join(launcher_command(job)) + " &",
         "mpirun=$!",
         "trap 'echo \"trainop: stopping: the ranks save and end, mpirun with them\" >&2' TERM",
         "set +e",
@@ -287,6 +306,8 @@ def sshd_script(job: Job | None = None) -> str:
     preamble = fabric.memlock_preamble(job) if job is not None else ""
     return preamble + _RANKS + "\n".join([
         f"(umask 077 && export -p > {WORKER_ENV})",
+        # root's sshd separates privileges into this empty folder, which not every image has
+        *(["mkdir -p /run/sshd"] if job is not None and job.security.root else []),
         f"/usr/sbin/sshd -D -e -f {CONF_DIR}/sshd_config &",
         "sshd=$!",
         "stop() {",
@@ -297,7 +318,32 @@ def sshd_script(job: Job | None = None) -> str:
         "}",
         "trap stop TERM",
         'wait "$sshd"',
+        "status=$?",
+        *_sshd_exec_failure(),
+        'exit "$status"',
     ]) + "\n"
+
+
+# The start of the termination message a worker writes when its shell could not exec sshd
+# (exit 126 or 127); jobsync/failures.py names the cause SshdNotExecutable from it.
+SSHD_EXEC_FAILED = "trainop: the image's /usr/sbin/sshd could not be executed"
+
+
+def _sshd_exec_failure() -> list[str]:
+    """Shell lines: when sshd could not be exec'd, say why, in the log and as the container's
+    termination message (which the pod's status carries to the operator)."""
+    fix = ("a file capability beyond NET_BIND_SERVICE, the one the worker's bounding set holds "
+           "(see getcap /usr/sbin/sshd): remove it in the image (setcap -r /usr/sbin/sshd), or add "
+           "that capability through spec.podTemplate.worker where the admin's "
+           "podTemplate.allow.capabilities lists it")
+    return [
+        'if [ "$status" = 126 ] || [ "$status" = 127 ]; then',
+        '  if [ ! -e /usr/sbin/sshd ]; then why="the image has none: install openssh-server"',
+        '  elif [ ! -x /usr/sbin/sshd ]; then why="it is not executable by uid $(id -u)"',
+        f'  else why="the kernel refused it (exit $status), most likely {fix}"; fi',
+        f'  echo "{SSHD_EXEC_FAILED}: $why" | tee /dev/termination-log >&2',
+        "fi",
+    ]
 
 
 def ssh_session() -> str:
@@ -323,7 +369,7 @@ def hostfile(job: Job) -> str:
     return "".join(line.format(host=h, slots=job.slots_per_worker) for h in rank_hosts(job))
 
 
-def sshd_config() -> str:
+def sshd_config(root: bool = False) -> str:
     return "\n".join([
         f"Port {SSH_PORT}",
         f"HostKey {SSH_DIR}/{SSH_KEY}",
@@ -331,7 +377,8 @@ def sshd_config() -> str:
         "PubkeyAuthentication yes",
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
-        "PermitRootLogin no",
+        # sshd logs in only the user it runs as: root only in a root job, by key only
+        f"PermitRootLogin {'prohibit-password' if root else 'no'}",
         # Secret volumes are symlinks into root-owned folders: StrictModes would refuse them.
         "StrictModes no",
         "UsePAM no",
@@ -432,7 +479,7 @@ def render_config_map(job: Job) -> dict:
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": common.metadata(config_map_name(job), job.namespace, _labels(job)),
-        "data": {"hostfile": hostfile(job), "hosts": hosts, "sshd_config": sshd_config(),
+        "data": {"hostfile": hostfile(job), "hosts": hosts, "sshd_config": sshd_config(job.security.root),
                  "ssh_config": ssh_config(), "ssh-session": ssh_session(),
                  "ssh": f'#!/bin/sh\nexec ssh -F {CONF_DIR}/ssh_config "$@"\n'},
     }
@@ -465,6 +512,9 @@ def _placement(job: Job, pod_set: str) -> dict:
 # it, the client as IdentityFile and sshd as HostKey. (0600 would leave the user no access
 # without an fsGroup and add nothing with one.)
 SSH_SECRET_MODE = 0o440
+# As root, ssh and sshd own the key (root owns the Secret's files) and so refuse it unless no
+# group or other can read it (seen with OpenSSH 10: "UNPROTECTED PRIVATE KEY FILE").
+SSH_SECRET_MODE_ROOT = 0o400
 SSH_AUTH_VOLUME = "ssh-auth"  # spec.ssh.mountPath's copy of the key
 
 
@@ -472,7 +522,8 @@ def _ssh_volumes(job: Job) -> tuple[list[dict], list[dict]]:
     """The SSH Secret and the MPI ConfigMap as volumes and mounts (launcher and workers)."""
     items = [{"key": k, "path": k} for k in ("hostfile", "hosts", "sshd_config", "ssh_config")]
     volumes = [
-        {"name": "ssh", "secret": {"secretName": secret_name(job), "defaultMode": SSH_SECRET_MODE}},
+        {"name": "ssh", "secret": {"secretName": secret_name(job),
+                                    "defaultMode": SSH_SECRET_MODE_ROOT if job.security.root else SSH_SECRET_MODE}},
         {"name": "mpi", "configMap": {"name": config_map_name(job), "defaultMode": 0o444,
                                       "items": items + [{"key": key, "path": key, "mode": 0o555}
                                                         for key in ("ssh", "ssh-session")]}},
@@ -481,12 +532,11 @@ def _ssh_volumes(job: Job) -> tuple[list[dict], list[dict]]:
               {"name": "mpi", "mountPath": CONF_DIR, "readOnly": True}]
     if job.ssh_mount_path:
         # The MPI Operator's sshAuthMountPath: the key where an image's own ssh or sshd looks
-        # (its file names; the key is ed25519 whatever the name says). ssh refuses a private
-        # key others may read when the user owns it: root's copy is 0400, a non-root user
-        # reads its root-owned copy through the pods' fsGroup.
+        # (its file names; the key is ed25519 whatever the name says), with the same modes as
+        # the operator's own copy above.
         files = {SSH_KEY: "id_rsa", f"{SSH_KEY}.pub": "id_rsa.pub",
                  "authorized_keys": "authorized_keys", "known_hosts": "known_hosts"}
-        mode = 0o400 if job.security.run_as_user == 0 else SSH_SECRET_MODE
+        mode = SSH_SECRET_MODE_ROOT if job.security.root else SSH_SECRET_MODE
         volumes.append({"name": SSH_AUTH_VOLUME, "secret": {
             "secretName": secret_name(job), "defaultMode": mode,
             "items": [{"key": k, "path": p} for k, p in files.items()]}})
@@ -518,6 +568,8 @@ def pod_security_context(job: Job) -> dict:
     """Every pod of the job runs as spec.securityContext's user. InfiniBand's memlock and
     IPC_LOCK: render/fabric.py and docs/security.md."""
     user = job.security
+    if user.root:  # (an fsGroup would make the kubelet OR 0440 into the SSH key's mode)
+        return common.pod_security_context({"runAsNonRoot": False, "runAsUser": 0, "runAsGroup": user.run_as_group})
     return common.pod_security_context({
         "runAsUser": user.run_as_user, "runAsGroup": user.run_as_group,
         "fsGroup": user.fs_group,
@@ -531,9 +583,16 @@ def _grace(job: Job) -> dict:
     return {} if seconds is None else {"terminationGracePeriodSeconds": seconds}
 
 
+def _training_security(job: Job) -> dict:
+    """Restricted's, but for a root job (the admin allowed it): the runtime's default
+    capabilities, which root's sshd (its privilege separation: chroot, setuid) and Open MPI 5's
+    mpirun need (seen: with drop ALL, sshd fails chroot("/run/sshd") and mpirun crashes)."""
+    return {"allowPrivilegeEscalation": False} if job.security.root else common.container_security_context()
+
+
 def _container_base(job: Job, name: str, attempt: int, resume: Resume | None) -> dict:
     out = {"name": name, "image": job.image, "env": container_env(job, attempt, resume),
-           "securityContext": common.container_security_context()}
+           "securityContext": _training_security(job)}
     if job.image_pull_policy:
         out["imagePullPolicy"] = job.image_pull_policy
     return out
@@ -607,6 +666,11 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
         ssh_volumes, ssh_mounts = _ssh_volumes(job)
         volumes += ssh_volumes
         mounts += ssh_mounts
+        # Stock MPI images (the MPI Operator's base since v0.4.0) give sshd the file capability
+        # cap_net_bind_service=+eip; the kernel refuses to exec such a binary (EPERM, exit 126)
+        # unless the capability is in the bounding set. Restricted Pod Security allows this one.
+        if "capabilities" in container["securityContext"]:  # (root's defaults hold it already)
+            container["securityContext"]["capabilities"]["add"] = [SSHD_CAPABILITY]
         container |= {"command": ["sh", "-c", sshd_script(job)],
                       "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
                       "readinessProbe": {"tcpSocket": {"port": SSH_PORT},
@@ -659,6 +723,9 @@ def render_launcher(job: Job, attempt: int, resume: Resume | None = None,
         container["image"] = job.launcher_image
     if job.launcher_command:
         container["env"] = container["env"] + common.env(launcher_env(job))
+    if job.mpi_implementation == "MPICH":
+        container["env"] = container["env"] + [
+            {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
     pod_spec = {**ranks, "restartPolicy": "Never", **_placement(job, LAUNCHER_POD_SET), **NO_TOKEN,
                 "securityContext": pod_security_context(job), "containers": [container],
                 "volumes": volumes, **_grace(job)}

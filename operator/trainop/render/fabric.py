@@ -31,6 +31,7 @@ operator reads from the pod's status (trainop/preflight.py); no pod writes the j
 
 from __future__ import annotations
 
+import copy
 import shlex
 
 from trainop.render import common
@@ -64,10 +65,12 @@ def ib_env(job: Job) -> dict[str, str]:
     return {"NCCL_TOPO_FILE": job.topology_file} if job.infiniband and job.topology_file else {}
 
 
-def _training_security(job: Job) -> dict:
-    ctx = common.container_security_context()
+def _training_security(job: Job, ctx: dict | None = None) -> dict:
+    """`ctx` (restricted's by default), with IPC_LOCK added where the admin asks for it."""
+    ctx = copy.deepcopy(ctx) if ctx else common.container_security_context()
     if job.infiniband and job.fabric.ipc_lock:
-        ctx["capabilities"] = {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+        caps = ctx.setdefault("capabilities", {})  # (a root job keeps the runtime's defaults)
+        caps["add"] = [*caps.get("add", []), "IPC_LOCK"]
     return ctx
 
 
@@ -90,7 +93,7 @@ def shape_pod(job: Job, pod_spec: dict, role: str, index: int | None = None,
     if job.infiniband:
         for container in pod_spec["containers"]:
             if container["name"] in TRAINING_CONTAINERS:
-                container["securityContext"] = _training_security(job)
+                container["securityContext"] = _training_security(job, container["securityContext"])
                 container["env"] = container["env"] + common.env(ib_env(job))
         if _mounts_topology(job):
             pod_spec["volumes"] = pod_spec["volumes"] + [_topology_volume(job)]
