@@ -282,7 +282,11 @@ class DevCluster:
     def _remove_real_nodes(self, real: list[nodes.RealNode], proxy_ran: bool) -> None:
         """Everything real nodes made: pods' processes and their runc shims, mounts, network
         namespaces, veths, bridges, iptables chains (kube-proxy's own cleanup mode; kube-router's
-        chains and ipsets by name) and cgroups."""
+        chains and ipsets by name) and cgroups. Nothing while another live cluster owns the
+        host: the bridges, the host address and the /trainop/<node> cgroups have the same names
+        in every cluster, and this one never started nodes then (claim_host refused it)."""
+        if nodes.other_owner(self.state_dir, lambda other: DevCluster(Path(other)).is_up()):
+            return
         for node in real:
             nodes.kill_node_processes(node)
         nodes.remove_cni_netns()

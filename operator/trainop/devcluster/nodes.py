@@ -509,14 +509,20 @@ def device_plugin_args(node: RealNode) -> dict[str, list[str]]:
 
 
 # ---- one real-node cluster per machine ------------------------------------------------------------
-def claim_host(state_dir: Path, alive) -> None:
-    """Refuse if another live dev cluster runs real nodes here; else take the host over."""
+def other_owner(state_dir: Path, alive) -> str | None:
+    """The state folder of another live dev cluster that runs real nodes here, if any."""
     try:
         owner = json.loads(HOST_LOCK.read_text())
     except (OSError, ValueError):
         owner = {}
     other = owner.get("state_dir")
-    if other and Path(other) != state_dir and alive(other):
+    return other if other and Path(other) != state_dir and alive(other) else None
+
+
+def claim_host(state_dir: Path, alive) -> None:
+    """Refuse if another live dev cluster runs real nodes here; else take the host over."""
+    other = other_owner(state_dir, alive)
+    if other:
         raise NodeSetupError(f"another dev cluster runs real nodes on this machine ({other}); "
                              "stop it first (trainop devcluster down, or end its test session)")
     HOST_LOCK.write_text(json.dumps({"state_dir": str(state_dir), "pid": os.getpid()}))
