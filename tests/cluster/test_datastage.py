@@ -34,7 +34,9 @@ FAST = {"resyncSeconds": 0.5, "datastage": {
                           {"server": "10.240.0.4", "path": "/datasets", "namespaces": ["*"]}],
     "allowProvisionedServers": True,
     "progressIntervalSeconds": 1},  # how often the stager reports and a copying stage is looked at
-    "blob": {"allowedServiceAccounts": ["nobody"]}}  # allowed, never created: "not found"
+    # dataset-reader: what examples/datastage-imagenet.yaml asks the admin to list; nobody:
+    # allowed and never created, for "not found"
+    "blob": {"allowedServiceAccounts": ["dataset-reader", "nobody"]}}
 BLOBS = {f"train/n{i:02d}/img{i}.JPEG": os.urandom(1000 + 37 * i) for i in range(12)}
 
 
