@@ -18,7 +18,9 @@ from tests.fixtures.waiting import wait_until
 
 pytestmark = [pytest.mark.real, pytest.mark.azurite]
 
-FREEZE = ("for d in /proc/[0-9]*; do grep -q trainop_trainer \"$d/cmdline\" 2>/dev/null "
+# The rank's python process (the bracket keeps this shell's own command line from matching).
+FREEZE = ("for d in /proc/[0-9]*; do [ \"${d#/proc/}\" = $$ ] && continue; "
+          "grep -q 'trainop_traine[r]' \"$d/cmdline\" 2>/dev/null "
           "&& kill -STOP \"${d#/proc/}\" && echo frozen \"${d#/proc/}\"; done; true")
 
 
