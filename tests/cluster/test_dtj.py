@@ -136,10 +136,9 @@ def test_job_succeeds_when_the_launcher_completes(cluster, namespace, api, op):
     # cleanPodPolicy Running (default): the idle sshd workers give their GPUs back
     wait_until(lambda: not api.pods("ok", "worker"), timeout=30, what="workers deleted after success")
     assert [p.status.phase for p in api.pods("ok", "launcher")] == ["Succeeded"]
-    reasons = api.event_reasons("ok")
     for reason in ("Normal/ChildrenCreated", "Normal/AllWorkersReady", "Normal/LauncherCreated",
                    "Normal/JobSucceeded"):
-        assert reason in reasons
+        api.wait_event("ok", reason)
 
 
 def test_launcher_waits_for_every_worker(cluster, namespace, api, op):
