@@ -416,14 +416,7 @@ def _pytorchjob(src: dict, out: dict, ctx: _Ctx) -> None:
                  "(--nnodes=workers, --max-restarts=0); a failure restarts the whole gang")
     _user(roles, out, ctx)
     _program(main, roles, out, ctx, strip=_TORCHRUN, runner="torchrun")
-    templates: dict = {}
-    _env(roles, out, templates, ctx)
-    _placement(main, out, ctx)
-    _pods({"worker": main}, out, templates, ctx, others=[r for r in roles if r is not main])
-    _run_policy(src.get("runPolicy") or {}, "spec.runPolicy", "training-operator", out["workers"], out, ctx)
-    _restart_policies(roles, ctx)
-    if templates:
-        out["podTemplate"] = templates
+    _training_operator_pods(src, main, roles, out, ctx)
 
 
 def _tfjob(src: dict, out: dict, ctx: _Ctx) -> None:
@@ -453,6 +446,12 @@ def _tfjob(src: dict, out: dict, ctx: _Ctx) -> None:
                  "(every rank exited 0)")
     _user(roles, out, ctx)
     _program(main, roles, out, ctx, strip=(), runner="mpirun")
+    _training_operator_pods(src, main, roles, out, ctx)
+
+
+def _training_operator_pods(src: dict, main: _Role, roles: list[_Role], out: dict, ctx: _Ctx) -> None:
+    """What a PyTorchJob and a TFJob share after their program: env, placement, the main
+    role's pod as every worker's template, runPolicy and the replicas' restart policies."""
     templates: dict = {}
     _env(roles, out, templates, ctx)
     _placement(main, out, ctx)

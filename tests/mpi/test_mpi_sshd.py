@@ -341,6 +341,14 @@ def test_the_users_mpirun_flags_and_launcher_command_run_over_sshd(render, mpiru
                                           env=[{"name": "TRAINOP_TEST", "value": "forwarded"},
                                                {"name": "PYTHONPATH", "value": _rank_python(user)[1]},
                                                {"name": "EXTRA", "value": "x"}])
+    stdout, stderr, lines = _run_gang(job, base, remap, user)
+    assert lines == [f"rank {r}/4 via 127.0.0.{2 + r // 2} uid {user.pw_uid} sum 6 env forwarded"
+                     for r in range(4)], stdout + stderr
+
+
+def _run_gang(job, base: Path, remap, user) -> tuple[str, str, list[str]]:
+    """The rendered workers' sshd and launcher run to the end: (stdout, stderr, the ranks'
+    report lines sorted); the launcher must succeed."""
     workers = _start_workers(job, base, remap, user)
     try:
         launcher = _launcher(job, base, remap, user, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -348,9 +356,7 @@ def test_the_users_mpirun_flags_and_launcher_command_run_over_sshd(render, mpiru
     finally:
         _stop(workers)
     assert launcher.returncode == 0, f"launcher failed ({launcher.returncode}):\n{stdout}\n{stderr}\n{_worker_logs(base)}"
-    lines = sorted(re.findall(r"rank \d+/\d+ via \S+ uid \d+ sum \d+ env \S+", stdout))
-    assert lines == [f"rank {r}/4 via 127.0.0.{2 + r // 2} uid {user.pw_uid} sum 6 env forwarded"
-                     for r in range(4)], stdout + stderr
+    return stdout, stderr, sorted(re.findall(r"rank \d+/\d+ via \S+ uid \d+ sum \d+ env \S+", stdout))
 
 
 def test_a_launcher_that_runs_ranks_starts_its_own_locally_and_the_workers_over_sshd(render):
@@ -360,14 +366,7 @@ def test_a_launcher_that_runs_ranks_starts_its_own_locally_and_the_workers_over_
     _need("mpirun", "/usr/sbin/sshd", "unshare")
     job, base, root, remap, user = render(RANK_PROGRAM, mpirun={"runLauncherAsWorker": True})
     assert job.total_slots == 6
-    workers = _start_workers(job, base, remap, user)
-    try:
-        launcher = _launcher(job, base, remap, user, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        stdout, stderr = launcher.communicate(timeout=120)
-    finally:
-        _stop(workers)
-    assert launcher.returncode == 0, f"launcher failed ({launcher.returncode}):\n{stdout}\n{stderr}\n{_worker_logs(base)}"
-    lines = sorted(re.findall(r"rank \d+/\d+ via \S+ uid \d+ sum \d+ env \S+", stdout))
+    stdout, stderr, lines = _run_gang(job, base, remap, user)
     via = ["local", "local", "127.0.0.2", "127.0.0.2", "127.0.0.3", "127.0.0.3"]
     assert lines == [f"rank {r}/6 via {via[r]} uid {user.pw_uid} sum 15 env forwarded" for r in range(6)], \
         stdout + stderr
