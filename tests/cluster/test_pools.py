@@ -107,16 +107,18 @@ def test_autoscaled_spot_pool_at_zero_waits_for_nodes_then_runs(cluster, namespa
 def test_nodes_that_never_come_fail_the_job_and_free_its_quota(cluster, namespace, api, pools, operator_factory):
     operator_factory(config=pools.config(empty={"autoscale": {"minNodes": 0, "maxNodes": 4}})
                      | {"limits": {"namespaceGpus": 8}})
-    # never's deadline leaves the queue time to judge next while never holds the quota (a 3 s
-    # one let a loaded machine judge next only after never had failed: admitted at once)
-    cluster.apply(manifest("never", nodePool={"name": "empty"}, runPolicy={"schedulingTimeoutSeconds": 15}), namespace)
+    # next is applied once never holds the quota (admitted, its pods Pending), so the queue judges
+    # next inside never's 20 s deadline however long the operator took to list and start (a CI
+    # machine under load once left never without a status for 15 s after its apply)
+    cluster.apply(manifest("never", nodePool={"name": "empty"}, runPolicy={"schedulingTimeoutSeconds": 20}), namespace)
+    wait_until(lambda: len(api.pods("never", "worker")) == 2, timeout=60, what="never admitted, its pods Pending")
     cluster.apply(manifest("next", nodePool={"name": "empty"}), namespace)  # queued behind: 8 GPUs in all
-    wait_until(lambda: (c := api.condition("next", "Admitted")) and c["status"] == "False", timeout=15,
+    wait_until(lambda: (c := api.condition("next", "Admitted")) and c["status"] == "False", timeout=20,
                what=f"next queued behind never (never: {api.status('never')})")
-    status = api.wait_phase("never", "Failed", timeout=45)
+    status = api.wait_phase("never", "Failed", timeout=60)
     failed = api.condition("never", "Failed")
     assert failed["reason"] == "SchedulingTimeout"
-    assert "did not come within runPolicy.schedulingTimeoutSeconds=15" in failed["message"]
+    assert "did not come within runPolicy.schedulingTimeoutSeconds=20" in failed["message"]
     assert status["completionTime"]
     wait_until(lambda: not api.pods("never"), timeout=30, what="the pending pods deleted")
     # its quota is free: the job behind it is admitted and creates its pods
