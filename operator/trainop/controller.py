@@ -23,6 +23,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from trainop import (
@@ -53,6 +54,15 @@ log = logging.getLogger("trainop.controller")
 JOB, STAGE = "DistributedTrainingJob", "DataStage"
 WORKERS = 8           # reconciles in flight (each mostly waits on the API server)
 MAX_BACKOFF = 300.0   # seconds between retries of a reconcile that keeps failing
+TRANSIENT_RETRIES = 6  # 2+4+8+16+32 s of an unreachable API server before it is an ERROR
+
+
+def _transient(exc: Exception) -> bool:
+    """The API server unreachable, restarting or overloaded (a control-plane upgrade, etcd away):
+    retrying heals it. Anything else (a refusal, a bug) is an ERROR at once."""
+    if isinstance(exc, ApiException):
+        return not exc.status or exc.status == 429 or exc.status >= 500
+    return isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
 DEADLINE_SLACK = 0.05  # wake a little after a deadline, never a little before it
 
 
@@ -215,13 +225,16 @@ class Controller:
                 raise
             except kube.NotLeading:  # the Lease was lost mid-reconcile: the process stops
                 self.queue.add(key)
-            except Exception as exc:  # a real error (API down, a bug): retried with backoff
+            except Exception as exc:  # the API away, a refusal, a bug: retried with backoff
                 n = self.failures[key] = self.failures.get(key, 0) + 1
                 delay = min(MAX_BACKOFF, self.cfg.resync_seconds * 2 ** (n - 1))
                 reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) \
                     else repr(exc)
-                log.error("reconcile failed (%s); retrying in %.1fs", reason, delay,
-                          exc_info=not isinstance(exc, ApiException), extra=_ref(key))
+                # An API server restarting or overloaded heals itself: a WARNING, until it has
+                # lasted TRANSIENT_RETRIES tries (a minute and more), then an ERROR
+                level = logging.WARNING if _transient(exc) and n < TRANSIENT_RETRIES else logging.ERROR
+                log.log(level, "reconcile failed (%s); retrying in %.1fs", reason, delay,
+                        exc_info=level == logging.ERROR and not isinstance(exc, ApiException), extra=_ref(key))
                 self.queue.add_after(key, delay)
             finally:
                 self.queue.done(key)

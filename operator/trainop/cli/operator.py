@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     # it as `object` instead
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat[args.log_format.upper()],
                    log_prefix=args.log_format != "json")
+    from trainop import logfilter
+    logfilter.install()  # kopf's per-attempt retry ERRORs: one WARNING per 30 s (logfilter.py)
     # kopf itself always runs standalone: its peering would pause the watches of a standby
     # (cold caches) and cannot hold back the controller's own tasks (leader.py says why)
     stop, lost = threading.Event(), threading.Event()

@@ -7,6 +7,7 @@ The same class backs `trainop devcluster up|down|status` (processes detached, st
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -157,17 +158,42 @@ class DevCluster:
         self._save({"ports": ports, "pids": {}, "bin_dir": str(bins),
                     "pools": [dataclasses.asdict(p) for p in self.pools]})
         for name in COMPONENTS:
-            self._spawn(name, [str(bins / name), *self._args(name, ports, bins)])
-            if name == "etcd":
-                self._wait(lambda: self._port_open(ports["etcd"]), timeout, "etcd")
-            if name == "kube-apiserver":
-                self._wait(lambda: self._ready("/readyz"), timeout, "kube-apiserver /readyz")
+            self.start_component(name, timeout)
         self._create_nodes()
         if real:
             self._start_real_nodes(real, bins, timeout)
         self._wait(self._nodes_ready, timeout, "nodes Ready")
         self._wait(self._default_service_account, timeout, "the default ServiceAccount")
         return time.monotonic() - started
+
+    # ---- one component at a time: what bench/chaos.py and tests/cluster/test_chaos.py do to it --
+    def start_component(self, name: str, timeout: float = 120.0) -> None:
+        """Start control-plane component `name` with the ports and binaries recorded at `up` (so
+        a restarted etcd finds its data and clients their endpoints); wait until etcd takes
+        connections or the API server is ready."""
+        state = self._state()
+        ports, bins = state["ports"], Path(state["bin_dir"])
+        self._spawn(name, [str(bins / name), *self._args(name, ports, bins)])
+        if name == "etcd":
+            self._wait(lambda: self._port_open(ports["etcd"]), timeout, "etcd")
+        if name == "kube-apiserver":
+            self._wait(lambda: self._ready("/readyz"), timeout, "kube-apiserver /readyz")
+
+    def stop_component(self, name: str, sig: int = signal.SIGKILL, timeout: float = 30.0) -> None:
+        """Send `sig` to component `name` (its process group) and wait until it has exited."""
+        pid = self._state()["pids"][name]
+        os.killpg(pid, sig)
+        deadline = time.monotonic() + timeout
+        while _alive(pid):
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{name} (pid {pid}) outlived signal {sig} by {timeout:.0f}s")
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.05)
+
+    def signal_component(self, name: str, sig: int) -> None:
+        """Send `sig` to component `name` without waiting: SIGSTOP freezes it, SIGCONT resumes."""
+        os.killpg(self._state()["pids"][name], sig)
 
     def _audit_args(self) -> list[str]:
         if self.audit_log is None:
