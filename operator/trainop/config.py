@@ -52,6 +52,10 @@ Format (every key optional; camelCase like Helm values):
                                      # (the shared log folder, /output without a claim): the
                                      # kubelet evicts a pod past it, a counted StorageLimit
                                      # failure; null: none
+      maxCheckpointGraceSeconds: 600 # the most seconds the ranks' share of a pod's
+                                     # terminationGracePeriodSeconds may be when it is sized
+                                     # from the job's slowest checkpoint save (render/dtj.py,
+                                     # docs/long-runs.md); at least 30
     infiniband:                      # what `infiniband: true` jobs get (render/fabric.py)
       ipcLock: false                 # true: add IPC_LOCK to the training containers (docs/security.md:
                                      # the namespace must then allow privileged pods)
@@ -173,7 +177,8 @@ DEFAULTS: dict = {
     # are system-cluster-critical and system-node-critical, which no training job may borrow.
     # The emptyDirs trainop adds to a job's pods (the log folder it shares with the shipper, and
     # /output without a claim) are on the node's disk: job code could fill it (review L7).
-    "limits": {"maxGpusPerJob": None, "maxPriority": 1_000_000_000, "emptyDirSizeLimit": "20Gi"},
+    "limits": {"maxGpusPerJob": None, "maxPriority": 1_000_000_000, "emptyDirSizeLimit": "20Gi",
+               "maxCheckpointGraceSeconds": 600},
     "blob": {"allowedAccountURLs": [], "allowedServiceAccounts": []},
     # Where AKS's HPC images keep NCCL's topology files for the ND sizes whose PCIe layout NCCL
     # cannot discover inside a VM (Azure/azhpc-images: ndv4, ndv5). A file must exist on the node.
@@ -297,6 +302,7 @@ class Config:
     allow_provisioned_servers: bool = False          # datastage.allowProvisionedServers
     denied_egress_cidrs: tuple[str, ...] = ()        # jobNetwork.deniedEgressCIDRs
     empty_dir_size_limit: str | None = None          # limits.emptyDirSizeLimit
+    max_checkpoint_grace_seconds: int = 600          # limits.maxCheckpointGraceSeconds
     nfs_client_cidrs: tuple[str, ...] = ()           # datastage.nfsClientCIDRs
     pod_template_allow: PodTemplateAllow = PodTemplateAllow()  # podTemplate.allow
     gang_scheduler: str | None = None        # gangScheduling.scheduler
@@ -401,6 +407,10 @@ def from_dict(data: dict | None) -> Config:
     empty_dir = raw["limits"].get("emptyDirSizeLimit")
     if empty_dir is not None and not QUANTITY.fullmatch(str(empty_dir)):
         raise ConfigError(f"limits.emptyDirSizeLimit: {empty_dir!r} is not a size such as 20Gi (or null: no limit)")
+    grace_cap = raw["limits"].get("maxCheckpointGraceSeconds")
+    if not _count(grace_cap) or not 30 <= grace_cap <= 86400:
+        raise ConfigError("limits.maxCheckpointGraceSeconds: must be an integer from 30 (Kubernetes' default grace "
+                          "period) to 86400 (seconds)")
     timeout = raw.get("schedulingTimeoutSeconds")
     if timeout is not None and (not _count(timeout) or timeout < 1):
         raise ConfigError("schedulingTimeoutSeconds: must be a positive integer (seconds) or null")
@@ -419,6 +429,7 @@ def from_dict(data: dict | None) -> Config:
                   allow_provisioned_servers=_switch(raw, "datastage", "allowProvisionedServers"),
                   denied_egress_cidrs=_cidrs(raw, "jobNetwork", "deniedEgressCIDRs"),
                   empty_dir_size_limit=None if empty_dir is None else str(empty_dir),
+                  max_checkpoint_grace_seconds=grace_cap,
                   pod_template_allow=_pod_template_allow(raw),
                   fabric=_fabric(raw), **_gang_scheduling(raw))
 

@@ -343,7 +343,8 @@ def complete_checkpoints(directory: Path) -> list[tuple[int, Path]]:
 
 class CheckpointReporter:
     """Reports the trainer's newest complete checkpoint into the progress ConfigMap (key
-    `checkpoint`: {"step", "time", "path"}), after uploading it when `upload` is set: every file
+    `checkpoint`: {"step", "time", "path", "saveSeconds"}: its COMPLETE's time and save
+    duration), after uploading it when `upload` is set: every file
     first, COMPLETE last, so a copy with COMPLETE is whole. The operator checks the path
     (trainop.resume.accept) and passes it to the next attempt."""
 
@@ -368,12 +369,15 @@ class CheckpointReporter:
             log.info("uploaded checkpoint step %d to %s/", step, where)
         try:
             with _open_inside(folder / CHECKPOINT_MARKER, folder) as f:
-                stamp = json.loads(f.read(MAX_MARKER)).get("time")
-        except (ValueError, AttributeError, Refused):
-            stamp = None
+                marker = json.loads(f.read(MAX_MARKER))
+        except (ValueError, Refused):
+            marker = None
+        marker = marker if isinstance(marker, dict) else {}
         report = {"step": step, "path": where}
-        if isinstance(stamp, str):
-            report["time"] = stamp
+        if isinstance(marker.get("time"), str):
+            report["time"] = marker["time"]
+        if isinstance(marker.get("saveSeconds"), (int, float)) and not isinstance(marker["saveSeconds"], bool):
+            report["saveSeconds"] = marker["saveSeconds"]
         self.patch({"data": {CHECKPOINT_KEY: json.dumps(report, sort_keys=True)}})
         self.reported = step
 

@@ -3,7 +3,7 @@ log shipper reported in, a decision out.
 
 How the operator learns of a checkpoint: worker 0's log shipper sees the trainer complete
 `<root>/attempt-<n>/step-<k>` (uploads it first with Blob output) and patches the key
-`checkpoint` of the job's progress ConfigMap with `{"step", "time", "path"}`. That ConfigMap is
+`checkpoint` of the job's progress ConfigMap with `{"step", "time", "path", "saveSeconds"}`. That ConfigMap is
 written by job code's neighbour (docs/security.md, "What job code can do"), so the report is
 untrusted: `accept()` takes it only when its path lies in this job's own checkpoint location
 (the job's blob folder `<prefix>/<namespace>/<job>-<uid8>/<attempt>/output/checkpoints/attempt-<attempt>/step-<k>`,
@@ -29,6 +29,7 @@ CHECKPOINT_KEY = "checkpoint"  # the progress ConfigMap's key beside `metrics` (
 RESUME_DIR = "/var/trainop/resume"  # worker 0's fetched copy (the log shipper's emptyDir)
 LATEST = "latest"
 MAX_REPORT = 2048
+MAX_SAVE_SECONDS = 86400  # a report's saveSeconds above it is ignored (the CRD's grace maximum)
 _NUM = r"(0|[1-9][0-9]{0,11})"
 
 
@@ -73,8 +74,22 @@ def accept(job: Job, config_map: dict | None) -> tuple[dict | None, str | None]:
     out = {"step": report["step"], "attempt": int(m["a"]), "path": path}
     if isinstance(report.get("time"), str) and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", report["time"]):
         out["time"] = report["time"]
+    seconds = report.get("saveSeconds")
+    if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds <= MAX_SAVE_SECONDS:
+        out["saveSeconds"] = round(float(seconds), 1)
     out["url"] = url(job, path)
     return out, None
+
+
+def slowest_save(found: dict, known: dict | None) -> dict:
+    """`found` (accept's) with `saveSeconds` the slowest save reported for this job, this one
+    or an earlier one (`known`: the status.checkpoint before it): a grace period sized from a
+    fast save loses the checkpoint when a slow one comes (a busy file system), while one sized
+    from a slow save costs nothing when the save is fast (the pod ends when its processes do).
+    The admin's cap (render/dtj.py, save_grace) bounds what an outlier or a forged report does."""
+    seen = [s for s in (found.get("saveSeconds"), (known or {}).get("saveSeconds"))
+            if isinstance(s, (int, float)) and not isinstance(s, bool)]
+    return {**found, "saveSeconds": max(seen)} if seen else found
 
 
 def url(job: Job, path: str) -> str:

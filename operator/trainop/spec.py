@@ -273,6 +273,10 @@ class Job:
     launcher_command: tuple[str, ...] | None = None  # spec.mpirun.command
     ssh_mount_path: str | None = None        # spec.ssh.mountPath
     termination_grace_period_seconds: int | None = None  # spec.terminationGracePeriodSeconds
+    max_checkpoint_grace_seconds: int = 600  # limits.maxCheckpointGraceSeconds (render/dtj.py save_grace)
+    # status.checkpoint.saveSeconds, the slowest save reported, set by jobsync before rendering
+    # (render/dtj.py sizes the pods' grace period from it)
+    save_seconds: float | None = None
     launcher_as_worker: bool = False         # spec.mpirun.runLauncherAsWorker
     # Kueue's admitted flavors per pod set ("workers", "launcher"), set by kueue.place once the
     # Workload is admitted; render/dtj.py adds them to the pods' placement.
@@ -781,6 +785,7 @@ def parse(body: dict, cfg: Config) -> Job:
         mpirun_args=_mpirun_args(spec), launcher_command=_launcher_command(spec),
         ssh_mount_path=_ssh_mount_path(spec, data["mountPath"]),
         termination_grace_period_seconds=spec.get("terminationGracePeriodSeconds"),
+        max_checkpoint_grace_seconds=cfg.max_checkpoint_grace_seconds,
         launcher_as_worker=_launcher_as_worker(spec),
     )
     if job.pod_template:

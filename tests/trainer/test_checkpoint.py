@@ -140,6 +140,18 @@ def test_a_rank_that_reaches_no_step_after_sigterm_still_ends(tmp_path):
     assert "exiting without a checkpoint" in result.stderr
 
 
+def test_a_save_under_way_is_not_cut_short_by_the_stop_deadline():
+    """The deadline is for reaching a step boundary; once the gang agreed to stop there
+    (`reached`), a slow save takes what it takes: only the pod's grace period, sized from the
+    measured saves, ends it (tests/cli/test_local_grace.py)."""
+    code = ("import os, signal, time; from trainop_trainer import checkpoint; "
+            "flag = checkpoint.StopFlag(deadline=0.3); flag.install(); os.kill(os.getpid(), signal.SIGTERM); "
+            "flag.reached(); time.sleep(1.5); print('saved')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert (result.returncode, result.stdout) == (0, "saved\n"), result.stderr
+    assert "exiting without a checkpoint" not in result.stderr
+
+
 @pytest.mark.parametrize("extra,message", [
     (["--resume-from", "{tmp}"], "--resume-from {tmp}: not a complete checkpoint (no COMPLETE file)"),
     (["--resume-from", "latest"], "--resume-from latest needs --checkpoint-dir"),

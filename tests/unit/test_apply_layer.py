@@ -113,8 +113,10 @@ def test_create_of_our_own_existing_child_is_fine(api):
 def test_delete_is_by_uid(api, monkeypatch):
     seen = []
     monkeypatch.setattr(kube, "delete", lambda *a, **kw: seen.append((a, kw)))
-    apply.Applier().run([Delete(Ref("v1", "Pod", "w", "ns", "uid-w"))])
-    assert seen == [(("v1", "Pod", "w", "ns"), {"uid": "uid-w"})]
+    apply.Applier().run([Delete(Ref("v1", "Pod", "w", "ns", "uid-w")),
+                         Delete(Ref("v1", "Pod", "x", "ns", "uid-x"), grace_seconds=75)])
+    assert seen == [(("v1", "Pod", "w", "ns"), {"uid": "uid-w", "grace_seconds": None}),
+                    (("v1", "Pod", "x", "ns"), {"uid": "uid-x", "grace_seconds": 75})]
 
 
 # ---- the work queue ----------------------------------------------------------------------

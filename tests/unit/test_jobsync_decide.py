@@ -202,8 +202,8 @@ CASES = [
      ["GangRestart", "GangRestart", "GangRestart"]),
     ("previous attempt's pods and launcher are deleted before names are reused",
      snap(body(copy.deepcopy(RESTARTING)), pods=workers(), launcher=launcher(), **shared()),
-     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "delete Job j-launcher",
-      "delete Pod j-worker-0", "delete Pod j-worker-1"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "delete Pod j-worker-0",
+      "delete Pod j-worker-1", "delete Job j-launcher"],
      "Starting", {}, []),
     ("previous attempt's pods already terminating: only wait",
      snap(body(copy.deepcopy(RESTARTING)), pods=workers(deleting=True), **shared()),
@@ -213,7 +213,7 @@ CASES = [
           pods=[pod("j-worker-0", index=0),
                 pod("j-worker-1", index=1, phase="Failed", exit_code=1)],
           launcher=launcher(), **shared()),
-     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "delete Job j-launcher", "delete Pod j-worker-0"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "delete Pod j-worker-0", "delete Job j-launcher"],
      "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
     ("launcher failed: its pod is named as the cause",
      snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}),
@@ -231,17 +231,17 @@ CASES = [
      snap(body(copy.deepcopy(RUNNING), runPolicy={"backoffLimit": 0}),
           pods=[pod("j-worker-0", index=0), pod("j-worker-1", index=1, phase="Succeeded")],
           launcher=launcher(), **shared()),
-     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "delete Job j-launcher", "delete Pod j-worker-0"],
+     ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "delete Pod j-worker-0", "delete Job j-launcher"],
      "Failed", {"Failed": ("True", "BackoffLimitExceeded")}, ["BackoffLimitExceeded"] * 2),
     ("activeDeadlineSeconds passed: Failed, everything stopped",
      snap(body(copy.deepcopy(RUNNING), runPolicy={"activeDeadlineSeconds": 60}),
           pods=workers(), launcher=launcher(), **shared()),
-     ["delete Job j-launcher", "delete Pod j-worker-0", "delete Pod j-worker-1"],
+     ["delete Pod j-worker-0", "delete Pod j-worker-1", "delete Job j-launcher"],
      "Failed", {"Failed": ("True", "DeadlineExceeded")}, ["DeadlineExceeded"] * 2),
     ("suspended: pods and launcher deleted, quota given back",
      snap(body(copy.deepcopy(RUNNING), runPolicy={"suspend": True}), pods=workers(),
           launcher=launcher(), **shared()),
-     ["delete Job j-launcher", "delete Pod j-worker-0", "delete Pod j-worker-1"],
+     ["delete Pod j-worker-0", "delete Pod j-worker-1", "delete Job j-launcher"],
      "Suspended", {"Suspended": ("True", "JobSuspended"), "Admitted": ("False", "JobSuspended"),
                    "Running": ("False", "JobSuspended")},
      ["JobSuspended", "JobSuspended", "JobSuspended"]),
@@ -329,7 +329,7 @@ CASES = [
      snap(body({"phase": "Failed", "completionTime": T0,
                 "conditions": cond(("Failed", True, "DeadlineExceeded"))}),
           pods=workers(), launcher=launcher()),
-     ["delete Job j-launcher", "delete Pod j-worker-0", "delete Pod j-worker-1"],
+     ["delete Pod j-worker-0", "delete Pod j-worker-1", "delete Job j-launcher"],
      "Failed", {}, []),
     ("finished and nothing left to delete: marked clean",
      snap(body({"phase": "Succeeded", "completionTime": T0,
@@ -582,8 +582,8 @@ def test_an_admitted_job_whose_pod_template_grew_is_stopped_and_queued_again():
     grown = body(copy.deepcopy(running), generation=2, podTemplate={"worker": {"spec": {
         "containers": [{"name": "extra", "image": "x", "resources": {"requests": {"cpu": "64"}}}]}}})
     out = decide(snap(grown, pods=workers(), launcher=launcher()), CFG, NOW)
-    assert summary(out.actions) == ["delete Job j-launcher", "delete Pod j-worker-0",
-                                    "delete Pod j-worker-1"]
+    assert summary(out.actions) == ["delete Pod j-worker-0", "delete Pod j-worker-1",
+                                    "delete Job j-launcher"]
     assert out.status["phase"] == "Queued" and "stopping the gang" in out.waiting
     gone = decide(snap(body(out.status, generation=2, podTemplate=grown["spec"]["podTemplate"]),
                        admit=None), CFG, NOW)

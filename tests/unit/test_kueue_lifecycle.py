@@ -162,8 +162,8 @@ def test_an_evicted_gang_stops_queues_and_is_not_a_restart():
     wl = workload(*ADMITTED_WL, PREEMPTED)
     gang = workers() + [pod("j-launcher-abc", role="launcher", index=None)]
     out = decide(kueue_snap(KUEUE_RUNNING, wl, pods=gang, launcher=launcher()), CFG, NOW)
-    assert summary(out.actions) == ["delete Job j-launcher", "delete Pod j-worker-0",
-                                    "delete Pod j-worker-1", "delete Pod j-launcher-abc"]
+    assert summary(out.actions) == ["delete Pod j-worker-0", "delete Pod j-worker-1",
+                                    "delete Pod j-launcher-abc", "delete Job j-launcher"]
     st = out.status
     assert st["phase"] == "Queued" and st["restarts"] == {"failures": 0, "disruptions": 0} and st["evictions"] == 1
     assert "startTime" not in st

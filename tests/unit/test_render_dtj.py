@@ -418,11 +418,14 @@ def test_torchrun_worker():
     assert "readinessProbe" not in c and "ssh" not in {v["name"] for v in pod["spec"]["volumes"]}
     script = c["command"][2]
     assert 'for host in j1-worker-0.j1.team-a.svc; do' in script
-    assert script.strip().splitlines()[-1] == (
-        "exec torchrun --nnodes=3 --nproc-per-node=2 --rdzv-backend=c10d "
+    lines = script.strip().splitlines()
+    assert lines[-1] == 'while :; do wait "$torchrun"; status=$?; kill -0 "$torchrun" 2>/dev/null || exit "$status"; done'
+    assert "trap stop TERM" in lines  # the ranks get the SIGTERM, not torchrun (its 30 s SIGKILL)
+    assert lines[lines.index("torchrun=$!") - 1] == (
+        "torchrun --nnodes=3 --nproc-per-node=2 --rdzv-backend=c10d "
         "--rdzv-endpoint=j1-worker-0.j1.team-a.svc:29400 --rdzv-id=j1 --max-restarts=0 "
         "-m trainop_trainer --framework pytorch --backend native --synthetic --batch-size 64 "
-        "--epochs 1 --precision fp32 --output-dir /output --metrics-file /output/metrics.jsonl")
+        "--epochs 1 --precision fp32 --output-dir /output --metrics-file /output/metrics.jsonl &")
     custom = dtj.torchrun_script(job(launcher="torchrun", command=["python", "t.py"]))
     assert "--max-restarts=0 --no-python python t.py" in custom
 

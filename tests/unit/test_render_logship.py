@@ -62,7 +62,7 @@ def test_launcher_gets_native_sidecar_shared_volume_and_tee():
     assert parts.service_account_name == "j1-logship"
     assert parts.labels == {}
     assert parts.env == []
-    assert parts.termination_grace_period_seconds == 330
+    assert parts.drain_seconds == 300  # the pod: this plus the ranks' share (render/dtj.py grace_seconds)
 
 
 def test_worker_0_uploads_output_and_reports_metrics():

@@ -4,6 +4,8 @@ the checkpoint the shipper reported (resume.accept), its metrics and progress fo
 
 from __future__ import annotations
 
+import dataclasses
+
 from trainop import conditions, progress, resume
 from trainop.config import Config
 from trainop.jobsync.model import JobSnapshot, _Status
@@ -73,10 +75,21 @@ def _take_checkpoint(snap: JobSnapshot, cfg: Config, st: _Status) -> None:
     if refused:
         st.cond("CheckpointAccepted", False, "CheckpointRejected", refused)
     elif found:
-        st.data["checkpoint"] = found
+        st.data["checkpoint"] = resume.slowest_save(found, st.data.get("checkpoint"))
         if conditions.get_condition(st.data.get("conditions"), "CheckpointAccepted"):
             st.cond("CheckpointAccepted", True, "CheckpointReported",
                     f"step {found['step']} at {found['url']}")
+
+
+def _with_save(job: Job, st: _Status) -> Job:
+    """The job with its slowest checkpoint save (status.checkpoint.saveSeconds) bound, which
+    its pods' grace period is sized from (render/dtj.py save_grace). Bound only where pods are
+    rendered to be created or deleted, never where the gang is rendered for admission or
+    Kueue's pod sets: a new measure changes no reservation."""
+    seconds = (st.data.get("checkpoint") or {}).get("saveSeconds")
+    if job.checkpoint is None or not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        return job
+    return dataclasses.replace(job, save_seconds=float(seconds))
 
 
 def _show_metrics(snap: JobSnapshot, st: _Status) -> None:

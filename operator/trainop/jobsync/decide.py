@@ -23,7 +23,7 @@ import datetime as dt
 from trainop import conditions, podgroup, priority
 from trainop.actions import Outcome, SetFinalizers
 from trainop.config import Config
-from trainop.jobsync.data import _data_claim, _show_metrics, _take_checkpoint
+from trainop.jobsync.data import _data_claim, _show_metrics, _take_checkpoint, _with_save
 from trainop.jobsync.failures import _compact, _fallen_back, attempt, restart_counts
 from trainop.jobsync.gang import _capacity, _child_problem, _children, _run_gang
 from trainop.jobsync.model import LEGACY_FINALIZER, TERMINAL, JobSnapshot, _events, _finish, _Plan, _Status, _stop
@@ -35,6 +35,7 @@ from trainop.jobsync.queueing import (
     _kueue_workload_stale,
     _suspension,
 )
+from trainop.render import dtj as render
 from trainop.spec import MANAGED_BY, Job, SpecError, managed_by, parse_cached
 
 
@@ -71,6 +72,7 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
     if isinstance(parsed, Outcome):
         return parsed
     job, prio = parsed
+    plan.pod_grace = render.delete_grace_seconds(_with_save(job, st))
     if st.data.get("phase") in TERMINAL:
         return _terminal(plan, job.run_policy, st)
     st.data["gpus"] = job.total_gpus

@@ -10,6 +10,7 @@ import datetime as dt
 from trainop import conditions, podgroup, resume
 from trainop.actions import Apply, Create, CreateSSHSecret, Outcome
 from trainop.jobsync import stall, starting
+from trainop.jobsync.data import _with_save
 from trainop.jobsync.fabric import _fabric, _training_transport
 from trainop.jobsync.failures import _gang_failed, _gang_failures, attempt
 from trainop.jobsync.model import (
@@ -147,6 +148,7 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
     if ended:
         return ended
     resume_from = resume.plan(job, st.data.get("checkpoint"))
+    job = _with_save(job, st)  # the pods made now: their grace period from the slowest save
     ready = _workers(plan, job, st, workers, attempt_, claim, resume_from)
     if not launched:
         st.phase("Starting")
@@ -181,9 +183,9 @@ def _previous_attempt(plan: _Plan, st: _Status, attempt_: int) -> Outcome | None
         launcher["metadata"].get("labels", {}).get(label) != str(attempt_)
     if not (stale or stale_launcher):
         return None
+    _delete_pods(plan, stale)  # first: see model._stop
     if stale_launcher and not launcher["metadata"].get("deletionTimestamp"):
         plan.delete(launcher)
-    _delete_pods(plan, stale)
     st.phase("Starting")
     return plan.wait("waiting for the previous attempt's pods to go")
 

@@ -89,9 +89,12 @@ class _Plan:
         self.snap, self.cfg, self.now = snap, cfg, now
         self.body = snap.body
         self.out = Outcome()
+        # gracePeriodSeconds of the job's pods' deletions (render/dtj.py delete_grace_seconds),
+        # set once the job is parsed; None: each pod's own
+        self.pod_grace: int | None = None
 
     def delete(self, obj: dict) -> int:
-        self.out.actions.append(delete(obj))
+        self.out.actions.append(delete(obj, self.pod_grace if obj.get("kind") == "Pod" else None))
         return 1
 
     def wait(self, why: str) -> Outcome:
@@ -124,16 +127,21 @@ def _delete_pods(plan: _Plan, pods: list[dict], keep=lambda pod: False) -> int:
 
 def _stop(plan: _Plan, policy: str) -> int:
     """Finish: an active launcher always stops; pods go as cleanPodPolicy says. Returns how
-    many deletions it had to issue (0: nothing left to clean)."""
+    many deletions it had to issue (0: nothing left to clean).
+
+    Pods before the launcher Job, here and wherever a gang stops: the garbage collector deletes
+    the Job's pod with the pod's own grace period, and a later deletion may only shorten it, so
+    the launcher's pod gets plan.pod_grace (mpirun must outlive the ranks' save) only when the
+    operator's own deletion reaches it first."""
     issued, launcher, pods = 0, plan.snap.launcher, plan.snap.pods
-    if launcher and not launcher["metadata"].get("deletionTimestamp") and \
-            (policy == "All" or _launcher_outcome(launcher) is None):
-        issued += plan.delete(launcher)
     if policy == "All":
         issued += _delete_pods(plan, pods)
     elif policy == "Running":
         issued += _delete_pods(plan, pods,
                                keep=lambda p: p.get("status", {}).get("phase") in TERMINAL)
+    if launcher and not launcher["metadata"].get("deletionTimestamp") and \
+            (policy == "All" or _launcher_outcome(launcher) is None):
+        issued += plan.delete(launcher)
     return issued
 
 

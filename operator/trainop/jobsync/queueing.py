@@ -48,9 +48,9 @@ def _shape_kept(plan: _Plan, job: Job, st: _Status) -> Outcome | None:
     if known == digest:
         return None
     pods, launcher = plan.snap.pods, plan.snap.launcher
+    _delete_pods(plan, pods)  # first: see model._stop
     if launcher and not launcher["metadata"].get("deletionTimestamp"):
         plan.delete(launcher)
-    _delete_pods(plan, pods)
     why = "the gang's shape changed since it was admitted (spec.podTemplate's containers or " \
           "resources)"
     if pods or launcher:
@@ -111,9 +111,9 @@ def _suspension(plan: _Plan, job: Job, st: _Status) -> Outcome | None:
 
 def _suspend(plan: _Plan, job: Job, st: _Status) -> Outcome:
     pods, launcher = plan.snap.pods, plan.snap.launcher
+    _delete_pods(plan, pods)  # first: see model._stop
     if launcher and not launcher["metadata"].get("deletionTimestamp"):
         plan.delete(launcher)
-    _delete_pods(plan, pods)
     if st.is_true("Admitted"):  # resuming asks for admission again
         st.cond("Admitted", False, "JobSuspended", "suspended: its quota is free for others")
     st.cond("Suspended", True, "JobSuspended",
@@ -169,9 +169,9 @@ def _kueue_evicted(plan: _Plan, job: Job, st: _Status) -> Outcome | None:
     elif not st.is_true("Evicted") or st.is_true("Admitted"):
         return None
     pods, launcher = plan.snap.pods, plan.snap.launcher
+    _delete_pods(plan, pods)  # first: see model._stop
     if launcher and not launcher["metadata"].get("deletionTimestamp"):
         plan.delete(launcher)
-    _delete_pods(plan, pods)
     st.phase("Queued")
     st.data["workers"] = {"ready": 0, "total": job.workers, "summary": f"0/{job.workers}"}
     if pods or launcher:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import math
 import re
 import shlex
 
@@ -267,8 +268,25 @@ def torchrun_script(job: Job) -> str:
     cmd = ["torchrun", f"--nnodes={job.workers}", f"--nproc-per-node={job.slots_per_worker}",
            "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv}", f"--rdzv-id={job.name}",
            "--max-restarts=0", *target]
+    # torchrun is not exec'd: given a SIGTERM, it passes it to its ranks and SIGKILLs them 30 s
+    # later (torch.distributed.elastic's fixed timeout), which would cut a slower save short.
+    # This shell hands the kubelet's SIGTERM to the ranks (torchrun's children) instead; they
+    # save and end, torchrun with them, within the pod's grace period.
     return fabric.memlock_preamble(job) + "\n".join([
-        "set -eu", *_wait_for_dns(host(job, 0)), "exec " + shlex.join(cmd)]) + "\n"
+        "set -eu", *_wait_for_dns(host(job, 0)),
+        shlex.join(cmd) + " &",
+        "torchrun=$!",
+        "stop() {",
+        "  for stat in /proc/[0-9]*/stat; do",
+        '    read -r pid rest 2>/dev/null < "$stat" || continue',
+        '    ppid=${rest##*) }; ppid=${ppid#* }; ppid=${ppid%% *}',
+        '    if [ "$ppid" = "$torchrun" ]; then kill -TERM "$pid" 2>/dev/null; fi',
+        "  done",
+        "}",
+        "trap stop TERM",
+        "set +e",
+        'while :; do wait "$torchrun"; status=$?; kill -0 "$torchrun" 2>/dev/null || exit "$status"; done',
+    ]) + "\n"
 
 
 # The worker container's environment, as its shell exports it (`export -p`: quoted for that same
@@ -577,9 +595,52 @@ def pod_security_context(job: Job) -> dict:
         "fsGroupChangePolicy": "OnRootMismatch"})
 
 
+# The ranks' share of a pod's grace period, sized from the job's slowest checkpoint save
+# (status.checkpoint.saveSeconds): ceil(save x GRACE_MARGIN + GRACE_SLACK_SECONDS), at least
+# Kubernetes' default, at most the admin's limits.maxCheckpointGraceSeconds. The slack covers
+# what comes before and after the save: up to the trainer's STOP_CHECK_STEPS steps to the step
+# boundary where the ranks agree to stop, the barrier, the exit.
+GRACE_FLOOR_SECONDS = 30
+GRACE_MARGIN = 1.5
+GRACE_SLACK_SECONDS = 15
+
+
+def save_grace(job: Job) -> int:
+    """The seconds the ranks get from SIGTERM to save and end."""
+    if job.save_seconds is None:
+        return GRACE_FLOOR_SECONDS
+    wanted = math.ceil(job.save_seconds * GRACE_MARGIN + GRACE_SLACK_SECONDS)
+    return min(max(wanted, GRACE_FLOOR_SECONDS), job.max_checkpoint_grace_seconds)
+
+
+def grace_seconds(job: Job, drain: int | None = None) -> int | None:
+    """A pod's terminationGracePeriodSeconds (None: Kubernetes' 30 s); `drain`: its log
+    shipper's drainSeconds, which the kubelet's SIGTERM reaches only once the training container
+    has ended. spec.terminationGracePeriodSeconds wins, the drain plus 30 s being the least;
+    else the ranks' share (save_grace) plus the drain."""
+    user = job.termination_grace_period_seconds
+    if user is not None:
+        return user if drain is None else max(user, drain + GRACE_FLOOR_SECONDS)
+    if drain is None and job.save_seconds is None:
+        return None
+    return (drain or 0) + save_grace(job)
+
+
+def delete_grace_seconds(job: Job) -> int | None:
+    """The gracePeriodSeconds of the operator's own deletions of the job's pods (a gang
+    restart, a stop, a suspend, a Kueue eviction): the longest grace one of its pods would get
+    now, so that a measure taken after the running pods were made applies to them too (a
+    pod's own terminationGracePeriodSeconds cannot change). None (each pod's own) unless the
+    grace comes from a measured save."""
+    if job.termination_grace_period_seconds is not None or job.save_seconds is None:
+        return None
+    drain = int({**logship.DEFAULTS, **job.logship}["drainSeconds"]) if job.output else None
+    return grace_seconds(job, drain)
+
+
 def _grace(job: Job) -> dict:
-    """spec.terminationGracePeriodSeconds, on every pod of the job (else Kubernetes' 30 s)."""
-    seconds = job.termination_grace_period_seconds
+    """The pod's grace period without a log shipper (grace_seconds)."""
+    seconds = grace_seconds(job)
     return {} if seconds is None else {"terminationGracePeriodSeconds": seconds}
 
 
@@ -632,9 +693,8 @@ def _ship_logs(job: Job, role: str, index: int | None, attempt: int, pod_spec: d
     annotations.update(parts.annotations)
     if parts.service_account_name:
         pod_spec["serviceAccountName"] = parts.service_account_name
-    if parts.termination_grace_period_seconds is not None:  # the drain is the least a pod gets
-        pod_spec["terminationGracePeriodSeconds"] = max(
-            parts.termination_grace_period_seconds, pod_spec.get("terminationGracePeriodSeconds", 0))
+    if parts.drain_seconds is not None:
+        pod_spec["terminationGracePeriodSeconds"] = grace_seconds(job, parts.drain_seconds)
 
 
 def _rank_volumes(job: Job, claim_name: str | None, labels: dict) -> tuple[list[dict], list[dict]]:

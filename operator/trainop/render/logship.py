@@ -9,7 +9,7 @@ The DTJ renderer calls `pod_parts(...)` for each pod it renders and merges the r
     pod["spec"]["volumes"] += parts.volumes
     main["volumeMounts"] += parts.mounts; main["env"] += parts.env; main["command"] = parts.command
     pod["metadata"]["labels"] |= parts.labels
-    pod["spec"]["serviceAccountName"], ...terminationGracePeriodSeconds  (when not None)
+    pod["spec"]["serviceAccountName"]  (when not None); drain_seconds: render/dtj.py grace_seconds
 
 applies `rbac(job, cfg)` and creates `progress_config_map(job, cfg)` once per job, puts
 `status_urls(job, attempt, cfg)` into the status, and copies `progress_metrics(config_map)` into
@@ -66,7 +66,7 @@ DEFAULTS = {
     # Shipping streams 4 MiB blocks: ~60 MiB RSS whatever the log's size (bench/logship_rss.py).
     "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"memory": "256Mi"}},
     # Seconds the sidecar keeps retrying its final flush and output upload after SIGTERM; the
-    # pod's grace period is set above it.
+    # pod's grace period is this plus the ranks' share (render/dtj.py grace_seconds).
     "drainSeconds": 300,
 }
 
@@ -222,7 +222,9 @@ class PodParts:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     service_account_name: str | None = None
-    termination_grace_period_seconds: int | None = None
+    # The sidecar's share of the pod's grace period: it drains after the training container
+    # ended (render/dtj.py grace_seconds adds the ranks' share)
+    drain_seconds: int | None = None
 
 
 def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: list[str], cfg: dict,
@@ -249,7 +251,7 @@ def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: lis
         return PodParts(  # nothing to ship: worker 0's sidecar only reports
             init_containers=[_reporter(job, attempt, cfg, output_mount)], volumes=[volume, _api_token_volume()],
             service_account_name=service_account_name(job, out),
-            termination_grace_period_seconds=int(cfg["drainSeconds"]) + 30, **claim)
+            drain_seconds=int(cfg["drainSeconds"]), **claim)
     shared = {"name": VOLUME, "mountPath": RUN_DIR}
     reports = primary and output_mount is not None
     init = [_sidecar(job, attempt, out, cfg, shared, output_mount if primary else None)]
@@ -263,7 +265,7 @@ def pod_parts(job: Job, role: str, index: int | None, attempt: int, command: lis
         labels=out.auth.pod_labels(),
         annotations=out.auth.pod_annotations([role]),
         service_account_name=service_account_name(job, out),
-        termination_grace_period_seconds=int(cfg["drainSeconds"]) + 30,
+        drain_seconds=int(cfg["drainSeconds"]),
     )
 
 

@@ -10,7 +10,12 @@ Layout (the operator's contract, docs/long-runs.md):
     <root>/attempt-<n>/step-<k>/state.index, state.data-*
                                            TensorFlow/Keras: a tf.train.Checkpoint of the model,
                                            optimizer, step (the data position) and RNG
-    <root>/attempt-<n>/step-<k>/COMPLETE   JSON {"step", "epoch", "time", "worldSize", "files"}
+    <root>/attempt-<n>/step-<k>/COMPLETE   JSON {"step", "epoch", "time", "worldSize", "files",
+                                           "saveSeconds"}
+
+`saveSeconds` is how long the state files took to serialise, write and fsync: the log shipper
+reports it, and the operator sizes the pods' terminationGracePeriodSeconds from the slowest save
+(docs/long-runs.md), so that the save on SIGTERM fits.
 
 A checkpoint is written into `<root>/attempt-<n>/.step-<k>.tmp`, every file and the folder
 fsynced, COMPLETE last, then renamed to `step-<k>` (rename is atomic within one file system) and
@@ -49,7 +54,7 @@ LATEST = "latest"
 # Where worker 0's fetch-checkpoint init container puts the job's own checkpoint from Blob
 # Storage (the operator's trainop.resume.RESUME_DIR; tests/unit/test_resume.py holds them equal).
 FETCHED = "/var/trainop/resume"
-STOP_DEADLINE = 60.0  # seconds from SIGTERM to the save; the pod's grace period is longer
+STOP_DEADLINE = 60.0  # seconds from SIGTERM to the step boundary where the save starts
 KEEP = 2  # complete checkpoints kept per attempt folder: the newest, and one in case it is bad
 _STEP = re.compile(r"^step-(\d+)$")
 _ATTEMPT = re.compile(r"^attempt-(\d+)$")
@@ -105,6 +110,7 @@ def write_atomic(directory: Path, step: int, files: dict[str, object], meta: dic
     `save` may write several files from one name (a tf.train.Checkpoint prefix writes
     `<name>.index` and `<name>.data-*`): every file it leaves is fsynced and listed in COMPLETE.
     Returns the final folder. Older complete checkpoints beyond KEEP are removed after."""
+    started = time.monotonic()
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{step}"
     tmp = directory / f".step-{step}.tmp"
@@ -117,7 +123,8 @@ def write_atomic(directory: Path, step: int, files: dict[str, object], meta: dic
         with open(path, "rb+") as f:
             os.fsync(f.fileno())
     marker = dict(meta, step=step, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  files=[str(p.relative_to(tmp)) for p in written])
+                  files=[str(p.relative_to(tmp)) for p in written],
+                  saveSeconds=round(time.monotonic() - started, 1))
     with open(tmp / MARKER, "w") as f:
         f.write(json.dumps(marker, sort_keys=True) + "\n")
         f.flush()
@@ -165,13 +172,20 @@ def resolve(resume_from: str | None, directory: Path | None, fetched: str = FETC
 
 class StopFlag:
     """SIGTERM sets it: the loop saves at the next step boundary (every rank agrees first) and
-    ends. The pod's grace period (the log shipper's drainSeconds + 30 s) leaves room for it.
-    A rank that cannot reach a step boundary (blocked in a collective with a dead peer) still
-    ends: STOP_DEADLINE seconds after the SIGTERM, as SIGTERM's default action would have."""
+    ends. The pod's grace period leaves room for it (the operator sizes it from the slowest
+    save, `saveSeconds`). A rank that cannot reach a step boundary (blocked in a collective
+    with a dead peer) still ends: STOP_DEADLINE seconds after the SIGTERM, as SIGTERM's default
+    action would have; once the gang has agreed to stop (`reached`), the save takes what it
+    takes: only the pod's grace period ends it."""
 
     def __init__(self, deadline: float = STOP_DEADLINE):
         self.requested = False
+        self.saving = False
         self.deadline = deadline
+
+    def reached(self) -> None:
+        """The step boundary where the gang saves and ends: no deadline from here on."""
+        self.saving = True
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._set)
@@ -185,6 +199,8 @@ class StopFlag:
 
     def _expire(self) -> None:
         time.sleep(self.deadline)
+        if self.saving:
+            return
         print(f"trainop_trainer: no step boundary {self.deadline:.0f}s after SIGTERM; exiting without a checkpoint",
               file=sys.stderr, flush=True)
         os._exit(143)
@@ -315,6 +331,8 @@ class Saver:
                               lambda: self.sum([1.0 if self.stop.requested else 0.0])[0] > 0)
         if not save:
             return False
+        if stopping:
+            self.stop.reached()
         path = self.write(step, epoch)
         if path is not None:
             print(f"trainop_trainer: checkpoint step {step} saved in {path}", file=sys.stderr, flush=True)
