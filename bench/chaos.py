@@ -12,13 +12,14 @@ the API server answers), so jobs are in flight at every stage:
 - freeze:     kube-apiserver SIGSTOPped for --freeze seconds (every watch stalls), then SIGCONT;
 - operator:   the operator SIGKILLed and started again, as its Deployment would;
 - standby:    two replicas under a Lease, the leader SIGKILLed: the standby takes over;
-- controller-manager: down for --freeze seconds (Services' endpoints, GC, quotas pause);
+- controller-manager: down for --cm-down seconds (Services' endpoints, GC, quotas pause);
 - progress:   once every job runs, progress ConfigMaps of three jobs filled with what a buggy or
               hostile trainer can write: not JSON, JSON of the wrong shapes with an infinity
               and a 2**70, and nearly 1 MiB;
 - upgrade:    once every job runs, the operator stopped (SIGTERM, as a rolling update does) and
-              started with a new configuration (other images, launcher resources, timeouts) or,
-              with --upgrade-to DIR, the operator of another checkout.
+              this checkout's started with a new configuration (other images, launcher
+              resources, timeouts); with --upgrade-from DIR the jobs were made by the operator
+              of another checkout (an older commit: `git worktree add DIR COMMIT`).
 
 Per fault one row: jobs (in flight when the fault hit), back (status Running at the end),
 recovery (seconds from the component's return until every job's status says Running), pods
@@ -138,7 +139,8 @@ class Run:
     logs: Path
     down_s: float = 5.0
     freeze_s: float = 60.0
-    upgrade_to: Path | None = None
+    cm_down_s: float = 60.0
+    upgrade_from: Path | None = None  # the checkout whose operator runs before `upgrade`
     operators: list[Operator] = field(default_factory=list)
     returned: float | None = None
     in_flight: int = 0
@@ -214,9 +216,16 @@ def outage(run: Run, take_down: Callable[[], None], bring_back: Callable[[], Non
 
 
 def all_running(run: Run) -> None:
+    """Every job Running and every launcher pod made and Running (the status says Running once
+    the launcher's batch Job exists; the Job controller makes its pod after)."""
     run.create(range(run.jobs // 2, run.jobs))
-    if not run.wait_running(run.jobs, timeout=max(300, 3 * run.jobs)):
-        raise RuntimeError(f"not every job of {run.namespace} runs before the fault")
+    deadline = time.monotonic() + max(300, 3 * run.jobs)
+    while len(run.running()) < run.jobs or sum(
+            p.status.phase == "Running" for p in run.core.list_namespaced_pod(
+                run.namespace, label_selector="trainop.io/role=launcher").items) < run.jobs:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not every job of {run.namespace} runs before the fault")
+        time.sleep(0.5)
     run.in_flight = run.jobs
     run.pods_before = run.pods()
 
@@ -250,7 +259,7 @@ def standby(run: Run) -> None:
 
 def controller_manager(run: Run) -> None:
     outage(run, lambda: run.cluster.stop_component("kube-controller-manager"),
-           lambda: run.cluster.start_component("kube-controller-manager"), run.freeze_s)
+           lambda: run.cluster.start_component("kube-controller-manager"), run.cm_down_s)
 
 
 # What a buggy or hostile trainer can write into the one ConfigMap its shipper may patch: not
@@ -295,7 +304,7 @@ def progress(run: Run) -> None:
 def upgrade(run: Run) -> None:
     all_running(run)
     run.operators[0].stop(signal.SIGTERM)
-    run.operator("upgraded", config=UPGRADED_CONFIG, tree=run.upgrade_to or REPO)
+    run.operator("upgraded", config=UPGRADED_CONFIG)
     run.returned = time.time()
 
 
@@ -343,7 +352,7 @@ def run_fault(cluster: DevCluster, api: k8s.ApiClient, fault: str, jobs: int, lo
             run.operator("replica-a", lease="trainop")
             run.operator("replica-b", lease="trainop")
         else:
-            run.operator()
+            run.operator(tree=(run.upgrade_from or REPO) if fault == "upgrade" else REPO)
         run.create(range(jobs // 2))  # the fault applies the rest
         FAULTS[fault](run)
         recovered = run.wait_running(jobs, timeout or max(300, 3 * jobs))
@@ -395,8 +404,10 @@ def main() -> int:
     parser.add_argument("--faults", nargs="+", choices=list(FAULTS), default=list(FAULTS))
     parser.add_argument("--down", type=float, default=5.0, help="seconds apiserver/etcd stay down")
     parser.add_argument("--freeze", type=float, default=60.0,
-                        help="seconds the API server stays frozen and the controller-manager down")
-    parser.add_argument("--upgrade-to", type=Path, help="a checkout whose operator `upgrade` starts")
+                        help="seconds the API server stays frozen (past the operator's 30 s request timeout)")
+    parser.add_argument("--cm-down", type=float, default=60.0, help="seconds the controller-manager stays down")
+    parser.add_argument("--upgrade-from", type=Path, help="`upgrade`: the checkout whose operator makes "
+                        "the jobs before this one takes over (default: this one)")
     parser.add_argument("--md", type=Path, help="append the table to this Markdown file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="trainop-chaos-") as tmp:
@@ -412,7 +423,7 @@ def main() -> int:
             results = []
             for fault in args.faults:
                 result = run_fault(cluster, api, fault, args.jobs, state, down_s=args.down,
-                                   freeze_s=args.freeze, upgrade_to=args.upgrade_to)
+                                   freeze_s=args.freeze, cm_down_s=args.cm_down, upgrade_from=args.upgrade_from)
                 print(json.dumps(result), flush=True)
                 results.append(result)
                 wait_namespace_gone(k8s.CoreV1Api(api), f"chaos-{fault}")
@@ -423,7 +434,7 @@ def main() -> int:
                 shutil.copy(log, keep / log.name)
             cluster.down()
     title = (f"\n### Chaos, {args.jobs} jobs ({dt.date.today()}, {machine()}, --down {args.down:g} s, "
-             f"--freeze {args.freeze:g} s)\n\n")
+             f"--freeze {args.freeze:g} s, --cm-down {args.cm_down:g} s)\n\n")
     table = title + HEADER + "\n" + "\n".join(row(r) for r in results) + "\n"
     print(table)
     if args.md:

@@ -6,6 +6,8 @@ kubelet probes (from the node) still pass."""
 
 from __future__ import annotations
 
+import copy
+import json
 import secrets
 import subprocess
 
@@ -63,3 +65,92 @@ def test_chart_installed_operator_runs_a_job(real_cluster, tmp_path):
     finally:
         subprocess.run([*helm, "uninstall", "trainop", "-n", system, "--wait"], capture_output=True)
         real_cluster.kubectl("delete", "namespace", system, jobs, scrapers, "--wait=false", check=False)
+
+
+UPGRADE_JOBS = 50
+
+
+def _reconciles(cluster, namespace: str, pod: str) -> int:
+    """DistributedTrainingJob reconciles the operator pod has done (its /metrics, read inside the
+    pod: the chart's NetworkPolicy admits only scrapers to the port)."""
+    out = cluster.kubectl("exec", "-n", namespace, pod, "--", "python", "-c",
+                          "import urllib.request; print(urllib.request.urlopen("
+                          "'http://127.0.0.1:9090/metrics', timeout=5).read().decode())", check=False).stdout
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in out.splitlines()
+                   if line.startswith("trainop_reconcile_seconds_count{") and "DistributedTrainingJob" in line))
+
+
+def test_helm_upgrade_with_jobs_running_makes_no_pod_anew(real_cluster, tmp_path):
+    """`helm upgrade` with new configuration (other trainer images, launcher resources, timeouts:
+    the Deployment rolls, its checksum/config annotation changed) while 50 jobs run on KWOK nodes
+    of this cluster: the new operator pod adopts every job and makes, deletes or changes no pod,
+    and no job restarts. (The same build, a new configuration: no second operator build is made
+    here; bench/chaos.py --upgrade-from DIR starts from an older commit's operator.)"""
+    suffix = secrets.token_hex(3)
+    system, jobs = f"trainop-system-{suffix}", f"jobs-{suffix}"
+    gpu_pool, cpu_pool = f"upggpu{suffix}", f"upgcpu{suffix}"
+    made = [real_cluster.add_node(gpu_pool, i, gpus=8) for i in range((UPGRADE_JOBS + 7) // 8)]
+    made += [real_cluster.add_node(cpu_pool, i, gpus=0) for i in range(2)]  # 24 CPUs each, 50 launchers of 0.5
+    for ns in (system, jobs):
+        real_cluster.kubectl("create", "namespace", ns)
+    real_cluster.kubectl("label", "namespace", system, *(f"{k}={v}" for k, v in RESTRICTED.items()))
+    pools = {"upgcpu": {"nodeSelector": {"kubernetes.azure.com/agentpool": cpu_pool}},
+             "upggpu": {"nodeSelector": {"kubernetes.azure.com/agentpool": gpu_pool},
+                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}
+    before_values = {"watchNamespaces": [jobs], "logFormat": "plain",
+                     "config": {"nodePools": pools, "defaultNodePools": {"cpu": "upgcpu", "gpu": "upggpu"}}}
+    after_values = copy.deepcopy(before_values)
+    after_values["config"] |= {"images": {"pytorch": "trainop/trainer-pytorch:0.2.0"},
+                               "launcherResources": {"requests": {"cpu": "750m", "memory": "768Mi"}},
+                               "startTimeoutSeconds": 900}
+    helm = [str(helm_binary()), "--kubeconfig", str(real_cluster.kubeconfig)]
+
+    def helm_run(verb: str, values: dict) -> None:
+        path = tmp_path / f"{verb}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        out = subprocess.run([*helm, verb, "trainop", str(CHART), "-n", system, "-f", str(path),
+                              "--wait", "--timeout", "300s"], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+
+    def operator_pods() -> list[dict]:
+        return [p for p in real_cluster.get("pods", "-n", system, "-l", "app.kubernetes.io/name=trainop")["items"]
+                if not p["metadata"].get("deletionTimestamp")]
+
+    def job_pods() -> dict[str, tuple]:
+        return {p["metadata"]["name"]: (p["metadata"]["uid"], tuple(c["image"] for c in p["spec"]["containers"]),
+                                        json.dumps(p["spec"]["containers"][0].get("resources"), sort_keys=True))
+                for p in real_cluster.get("pods", "-n", jobs)["items"]}
+
+    def phases() -> dict[str, str]:
+        return {j["metadata"]["name"]: (j.get("status") or {}).get("phase")
+                for j in real_cluster.get("dtj", "-n", jobs)["items"]}
+
+    try:
+        helm_run("install", before_values)
+        real_cluster.apply([{"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
+                             "metadata": {"name": f"j{i:02d}"}, "spec": {"workers": 1, "gpusPerWorker": 1}}
+                            for i in range(UPGRADE_JOBS)], jobs)
+        wait_until(lambda: list(phases().values()).count("Running") == UPGRADE_JOBS, timeout=300,
+                   what=f"{UPGRADE_JOBS} jobs Running")
+        before, (old,) = job_pods(), operator_pods()
+
+        helm_run("upgrade", after_values)
+        new = wait_until(lambda: (pods := operator_pods()) and len(pods) == 1
+                         and pods[0]["metadata"]["uid"] != old["metadata"]["uid"] and pods[0], timeout=120,
+                         what="the upgraded operator pod, alone")
+        # it has judged every job (its first listing wakes each one) before the pods are compared
+        wait_until(lambda: _reconciles(real_cluster, system, new["metadata"]["name"]) >= UPGRADE_JOBS,
+                   timeout=120, what="every job reconciled by the new operator")
+        assert job_pods() == before  # no pod made, deleted, or changed in place
+        assert set(phases().values()) == {"Running"}
+        restarts = [(j["metadata"]["name"], j["status"].get("restarts"), j["status"].get("attempt"))
+                    for j in real_cluster.get("dtj", "-n", jobs)["items"]
+                    if (j["status"].get("restarts") or {}).get("failures") or j["status"].get("attempt")]
+        assert restarts == []
+        log = real_cluster.logs(system, new["metadata"]["name"])
+        assert "[ERROR" not in log and " ERROR " not in log, log[-3000:]
+    finally:
+        subprocess.run([*helm, "uninstall", "trainop", "-n", system, "--wait"], capture_output=True)
+        real_cluster.kubectl("delete", "namespace", system, jobs, "--wait=false", check=False)
+        for node in made:
+            real_cluster.kubectl("delete", "node", node, "--wait=false", check=False)
