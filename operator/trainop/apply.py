@@ -82,7 +82,7 @@ class Applier:
                 elif isinstance(action, CreateSSHSecret):
                     self._create_ssh_secret(action)
                 elif isinstance(action, Delete):
-                    _delete(action.ref)
+                    _delete(action)
                 elif isinstance(action, SetFinalizers):
                     _set_finalizers(action.ref, list(action.finalizers), action.resource_version)
                 elif isinstance(action, Patch):
@@ -251,8 +251,10 @@ def _create(desired: dict, owner: dict | None, then_apply: bool = False,
     return kube.apply(desired) if then_apply else live
 
 
-def _delete(ref: Ref) -> None:
-    kube.delete(ref.api_version, ref.kind, ref.name, ref.namespace, uid=ref.uid)
+def _delete(action: Delete) -> None:
+    ref = action.ref
+    kube.delete(ref.api_version, ref.kind, ref.name, ref.namespace, uid=ref.uid,
+                grace_seconds=action.grace_seconds)
 
 
 def _set_finalizers(ref: Ref, finalizers: list[str], resource_version: str) -> None:

@@ -8,7 +8,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from trainop import apply, kube
-from trainop.actions import Apply, Create, Delete, Ref
+from trainop.actions import Apply, Create, Delete, Ref, force_delete
 from trainop.workqueue import WorkQueue
 
 OWNER = {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
@@ -114,7 +114,15 @@ def test_delete_is_by_uid(api, monkeypatch):
     seen = []
     monkeypatch.setattr(kube, "delete", lambda *a, **kw: seen.append((a, kw)))
     apply.Applier().run([Delete(Ref("v1", "Pod", "w", "ns", "uid-w"))])
-    assert seen == [(("v1", "Pod", "w", "ns"), {"uid": "uid-w"})]
+    assert seen == [(("v1", "Pod", "w", "ns"), {"uid": "uid-w", "grace_seconds": None})]
+
+
+def test_force_delete_is_by_uid_with_grace_zero(api, monkeypatch):
+    seen = []
+    monkeypatch.setattr(kube, "delete", lambda *a, **kw: seen.append((a, kw)))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "namespace": "ns", "uid": "uid-w"}}
+    apply.Applier().run([force_delete(pod)])
+    assert seen == [(("v1", "Pod", "w", "ns"), {"uid": "uid-w", "grace_seconds": 0})]
 
 
 # ---- the work queue ----------------------------------------------------------------------
