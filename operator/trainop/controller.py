@@ -43,6 +43,7 @@ from trainop import (
 )
 from trainop.actions import Problem
 from trainop.config import Config
+from trainop.jobsync.failures import LOST_NODES
 from trainop.memo import Memos
 from trainop.render import dtj as render_dtj
 from trainop.render import logship as render_logship
@@ -165,6 +166,13 @@ class Controller:
                                                 "Created")
                 if cond and cond.get("reason") == "NoMatchingNodes":
                     self.enqueue_job(namespace, name)
+
+    def wake_jobs_on_node(self, node: str) -> None:
+        """A node was judged lost: the jobs with a pod bound to it (a scan of the pod cache,
+        only on such an event: a lost node's object changes a few times, not every heartbeat)."""
+        for (namespace, name), store in self.ix["dtj_pods"].items():
+            if any((p.get("spec") or {}).get("nodeName") == node for p in store):
+                self.enqueue_job(namespace, name)
 
     def wake_waiting_for_flavor(self, flavor: str) -> None:
         """A ResourceFlavor appeared or changed: jobs that Kueue admitted on it and that wait
@@ -353,6 +361,7 @@ class Controller:
             endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
             tainted_nodes=tuple(self._all("preflight_tainted", UNHEALTHY_TAINT)),
+            lost_nodes={n["name"]: n for n in self._all("lost_nodes", LOST_NODES)},
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
             classes=self.priority_classes(),
             workload=workload, flavors=flavors, pod_group=pod_group,

@@ -8,7 +8,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from trainop import apply, kube
-from trainop.actions import Apply, Create, Delete, Ref
+from trainop.actions import Apply, Create, Delete, Ref, force_delete
 from trainop.workqueue import WorkQueue
 
 OWNER = {"apiVersion": "trainop.io/v1alpha1", "kind": "DistributedTrainingJob",
@@ -117,6 +117,14 @@ def test_delete_is_by_uid(api, monkeypatch):
                          Delete(Ref("v1", "Pod", "x", "ns", "uid-x"), grace_seconds=75)])
     assert seen == [(("v1", "Pod", "w", "ns"), {"uid": "uid-w", "grace_seconds": None}),
                     (("v1", "Pod", "x", "ns"), {"uid": "uid-x", "grace_seconds": 75})]
+
+
+def test_force_delete_is_by_uid_with_grace_zero(api, monkeypatch):
+    seen = []
+    monkeypatch.setattr(kube, "delete", lambda *a, **kw: seen.append((a, kw)))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "namespace": "ns", "uid": "uid-w"}}
+    apply.Applier().run([force_delete(pod)])
+    assert seen == [(("v1", "Pod", "w", "ns"), {"uid": "uid-w", "grace_seconds": 0})]
 
 
 # ---- the work queue ----------------------------------------------------------------------

@@ -27,6 +27,7 @@ from tests.unit.test_jobsync_decide import (
     workers,
 )
 from trainop import admission, conditions, config, jobsync
+from trainop.actions import Create, Delete
 from trainop.devcluster.pools import default_pools
 from trainop.jobsync import JobSnapshot, decide, model
 from trainop.render import dtj as render_dtj
@@ -484,3 +485,94 @@ def test_a_container_killed_by_an_eviction_is_still_a_disruption():
     assert failure.describe() == ("pod j-worker-1 on node aks-gpu-12345678-vmss000001 container worker "
                                   "exited with code 137 (Error): Evicted")
     assert jobsync.action_for(failure, ())[0] == jobsync.RESTART_UNCOUNTED
+
+
+# ---- a node lost under the gang (issue 24) ------------------------------------------------------
+
+GPU_NODE = "aks-gpu-12345678-vmss000001"
+LOST_NODES = {GPU_NODE: {"name": GPU_NODE, "since": "2026-11-27T10:00:00Z",
+                         "message": "Kubelet stopped posting node status."}}
+
+
+def node(ready: str) -> dict:
+    return {"metadata": {"name": GPU_NODE}, "status": {"conditions": [
+        {"type": "MemoryPressure", "status": "Unknown"},
+        {"type": "Ready", "status": ready, "reason": "NodeStatusUnknown", "lastTransitionTime": T0}]}}
+
+
+def test_only_a_node_the_lifecycle_controller_judged_unknown_is_lost():
+    """Ready False is the kubelet's own report (a containerd restart): it still ends its pods."""
+    assert jobsync.node_lost(node("Unknown"))["lastTransitionTime"] == T0
+    assert jobsync.node_lost(node("False")) is None
+    assert jobsync.node_lost(node("True")) is None
+    assert jobsync.node_lost({"metadata": {"name": GPU_NODE}}) is None
+
+
+def test_a_worker_on_a_lost_node_restarts_the_gang_at_once_uncounted():
+    """The pod still says Running (nobody reports for a dead kubelet): the Node's verdict is
+    enough, without waiting for the taint manager's eviction 300 s later."""
+    pods = [workers(1)[0], on_node(workers(2)[1], GPU_NODE)]
+    out = decide_(snap(running(runPolicy={"backoffLimit": 0}), pods=pods, launcher=launcher(),
+                       lost_nodes=copy.deepcopy(LOST_NODES), **shared()))
+    st = out.status
+    assert (st["phase"], st["attempt"]) == ("Starting", 1)
+    assert (st["restarts"]["failures"], st["restarts"]["disruptions"]) == (0, 1)
+    entry = st["restarts"]["history"][-1]
+    assert (entry["cause"], entry["counted"], entry["pod"], entry["node"]) == ("NodeLost", False, "j-worker-1", GPU_NODE)
+    message = conditions.get_condition(st["conditions"], "Restarting")["message"]
+    assert message.startswith(f"pod j-worker-1 on node {GPU_NODE} container worker: NodeLost (NodeStatusUnknown): "
+                              f"the node is lost (Ready Unknown since 2026-11-27T10:00:00Z: Kubelet stopped posting "
+                              f"node status.)"), message
+    assert "not counted against backoffLimit (0 of 0 used)" in message
+
+
+def test_a_launcher_on_a_lost_node_is_a_lost_node_too():
+    launcher_pod = on_node(pod("j-launcher-x1", role="launcher", index=None), GPU_NODE)
+    out = decide_(snap(running(), pods=[*workers(2), launcher_pod], launcher=launcher(),
+                       lost_nodes=copy.deepcopy(LOST_NODES), **shared()))
+    assert out.status["lastFailure"]["pod"] == "j-launcher-x1"
+    assert out.status["lastFailure"]["cause"] == "NodeLost"
+
+
+def test_a_lost_node_on_a_spot_pool_is_a_spot_eviction():
+    pods = [workers(1)[0], on_node(workers(2)[1], GPU_NODE)]
+    out = decide_(snap(spot_body(copy.deepcopy(RUNNING)), pods=pods, launcher=launcher(),
+                       lost_nodes=copy.deepcopy(LOST_NODES), **shared()))
+    assert out.status["lastFailure"]["cause"] == "SpotEviction"
+    assert out.status["restarts"]["spotEvictions"] == 1
+
+
+def test_a_worker_on_a_lost_node_before_launch_restarts_the_gang():
+    """It would never become Ready, and its name is held until it is gone."""
+    pods = [workers(1, ready=False)[0], on_node(workers(2, ready=False)[1], GPU_NODE)]
+    out = decide_(snap(body({"phase": "Starting", "conditions": CREATED, "startTime": T0}), pods=pods,
+                       lost_nodes=copy.deepcopy(LOST_NODES), **shared()))
+    assert (out.status["attempt"], out.status["restarts"]["disruptions"]) == (1, 1)
+
+
+def test_a_finished_gang_is_not_restarted_for_a_node_lost_since():
+    done = decide_(snap(running(), pods=[workers(1)[0], on_node(workers(2)[1], GPU_NODE)],
+                        launcher=launcher(outcome="Complete"), lost_nodes=copy.deepcopy(LOST_NODES), **shared()))
+    assert done.status["phase"] == "Succeeded"
+    ended = on_node(pod("j-worker-1", index=1, phase="Succeeded", exit_code=0), GPU_NODE)
+    torchrun = decide_(snap(running(launcher="torchrun"), pods=[workers(1)[0], ended],
+                            lost_nodes=copy.deepcopy(LOST_NODES), **shared()))
+    assert "Restarting" not in reasons(torchrun.status)
+
+
+def test_the_previous_attempts_pods_on_a_lost_node_are_force_deleted():
+    """Terminating or not: a dead kubelet never confirms, and the next attempt needs the names.
+    The rest of the old gang is deleted as usual (its grace period: the SIGTERM save)."""
+    status = copy.deepcopy(RUNNING)
+    status.update(attempt=1, restarts={"failures": 0, "disruptions": 1})
+    stale = [on_node(workers(1)[0], "aks-gpu-12345678-vmss000000"),
+             on_node(pod("j-worker-1", index=1, deleting=True), GPU_NODE),
+             on_node(pod("j-launcher-x1", role="launcher", index=None), GPU_NODE)]
+    out = decide_(snap(body(status), pods=stale, launcher=launcher(), lost_nodes=copy.deepcopy(LOST_NODES),
+                       **shared()))
+    deletes = {(a.ref.name, a.grace_seconds) for a in out.actions if isinstance(a, Delete)}
+    assert deletes == {("j-launcher", None), ("j-worker-0", None), ("j-worker-1", 0), ("j-launcher-x1", 0)}
+    assert out.status["phase"] == "Starting" and not any(isinstance(a, Create) for a in out.actions)
+    # once the node is back (or the pods gone), a Terminating pod is simply waited for
+    again = decide_(snap(body(copy.deepcopy(status)), pods=stale[1:2], **shared()))
+    assert not [a for a in again.actions if isinstance(a, Delete)]

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from tests.fixtures.harness import Harness, dtj, node
-from trainop import conditions, config, jobsync
+from tests.fixtures.harness import T0, Harness, dtj, node
+from trainop import conditions, config, jobsync, kube
 from trainop.handlers import indexes
 from trainop.render.dtj import SSHD_EXEC_FAILED
 
@@ -505,6 +505,30 @@ def test_a_gang_whose_step_stops_moving_is_restarted_as_a_stall(harness):
     assert status["attempt"] == 1 and status["restarts"]["failures"] == 1
     assert status["restarts"]["history"][-1]["cause"] == "Stall"
     assert "stall" not in status
+
+
+def test_a_node_judged_lost_restarts_its_gangs_and_force_deletes_their_pods_there(harness, monkeypatch):
+    """Issue 24: the node's Ready turning Unknown (the node lifecycle controller's verdict) wakes
+    the job through the node's watch and its lost_nodes index; the gang restarts as NodeLost
+    (not counted) and the old pods on that node go with grace 0 (a dead kubelet never confirms)."""
+    run_to_running(harness, "j", runPolicy={"backoffLimit": 0})
+    deletes = []
+
+    def recording(method, url_path, **kw):
+        if method == "DELETE" and "/pods/" in url_path:
+            deletes.append((url_path.rsplit("/", 1)[1], (kw.get("body") or {}).get("gracePeriodSeconds")))
+        return harness.api.request(method, url_path, **kw)
+    monkeypatch.setattr(kube, "request", recording)
+    harness.edit("nodes", None, "gpu-0", lambda n: n["status"].update(conditions=[
+        {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown", "lastTransitionTime": T0,
+         "message": "Kubelet stopped posting node status."}]))
+    harness.settle()
+    status = harness.job("j")["status"]
+    assert status["attempt"] == 1 and status["restarts"]["failures"] == 0
+    entry = status["restarts"]["history"][-1]
+    assert (entry["cause"], entry["counted"], entry["node"]) == ("NodeLost", False, "gpu-0")
+    assert sorted(deletes) == [("j-launcher-0", 0), ("j-worker-0", 0), ("j-worker-1", 0)]
+    assert {p["metadata"]["labels"]["trainop.io/attempt"] for p in harness.api.list("pods")} == {"1"}
 
 
 @pytest.mark.parametrize("scenario", sorted(_scenarios()))

@@ -51,6 +51,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as sock:
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -239,26 +248,60 @@ class DevCluster:
         for node in real:
             nodes.write_node_files(node, self.pki_dir, server, images.sandbox_image(),
                                    _free_port(), _free_port())
-            self._spawn(f"containerd/{node.name}", ["containerd", *nodes.containerd_args(node)])
-            self._wait(lambda: node.containerd_socket.exists(), timeout, f"containerd of {node.name}")
-            wanted = nodes.node_images(node.pool)
-            images.load(str(node.containerd_socket), wanted)
-            images.prune(str(node.containerd_socket),
-                         {ref for name in wanted for ref in images.containerd_refs(name)})
-            nodes.forget_device_checkpoint()
-            self._spawn(f"kubelet/{node.name}", [str(bins / "kubelet"), *nodes.kubelet_args(node)])
-            self._wait(lambda: self._get(f"/api/v1/nodes/{node.name}")[0] == 200, timeout,
-                       f"{node.name} registered")
-            plugins = nodes.device_plugin_args(node)
-            if plugins:  # they register through the kubelet's plugin watcher folder
-                self._wait((node.kubelet_root / "plugins_registry").is_dir, timeout,
-                           f"the plugin registration folder of {node.name}'s kubelet")
-            for name, args in plugins.items():
-                self._spawn(name, [str(bins / "gpu-device-plugin"), *args])
+            self._start_node(node, bins, timeout, load_images=True)
         self._wait(lambda: self._devices_advertised(real), timeout, "GPUs advertised on the real nodes")
         self._spawn("kube-router", [str(build.ensure_addon("kube-router") / "kube-router"),
                                     *nodes.network_policy_args(self.kubeconfig, real[0], SERVICE_CIDR)])
         self._wait(nodes.network_policy_armed, timeout, "kube-router's network policy chains")
+
+    def _start_node(self, node: nodes.RealNode, bins: Path, timeout: float, load_images: bool) -> None:
+        """containerd, the kubelet and the device plugins of one real node (its files written)."""
+        from trainop.devcluster import images
+
+        self._spawn(f"containerd/{node.name}", ["containerd", *nodes.containerd_args(node)])
+        # (a connection, not the file: a killed containerd leaves its socket file behind)
+        self._wait(lambda: _listening(node.containerd_socket), timeout, f"containerd of {node.name}")
+        if load_images:
+            wanted = nodes.node_images(node.pool)
+            images.load(str(node.containerd_socket), wanted)
+            images.prune(str(node.containerd_socket),
+                         {ref for name in wanted for ref in images.containerd_refs(name)})
+        nodes.forget_device_checkpoint()
+        self._spawn(f"kubelet/{node.name}", [str(bins / "kubelet"), *nodes.kubelet_args(node)])
+        self._wait(lambda: self._get(f"/api/v1/nodes/{node.name}")[0] == 200, timeout,
+                   f"{node.name} registered")
+        plugins = nodes.device_plugin_args(node)
+        if plugins:  # they register through the kubelet's plugin watcher folder
+            self._wait((node.kubelet_root / "plugins_registry").is_dir, timeout,
+                       f"the plugin registration folder of {node.name}'s kubelet")
+        for name, args in plugins.items():
+            self._spawn(name, [str(bins / "gpu-device-plugin"), *args])
+
+    def kill_node(self, node_name: str) -> None:
+        """A real node dies as a VM that loses power would: its kubelet, containerd and device
+        plugins SIGKILLed, then every container process of the node and its runc shims. Its
+        Node object and pods stay in the API, as they say last; `revive_node` starts it again."""
+        node = next(n for n in self.real_nodes if n.name == node_name)
+        state = self._state()
+        for name in [n for n in self.components() if n.endswith(f"/{node.name}")]:
+            pid = state["pids"].pop(name, None)  # dead on purpose: no waiting fails for it
+            if pid and _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        self._save(state)
+        nodes.kill_node_processes(node)
+
+    def revive_node(self, node_name: str, timeout: float = 120.0) -> None:
+        """A node killed by `kill_node` boots again: its containerd (images kept), kubelet and
+        device plugins start with the state it left; returns once the node is Ready again."""
+        node = next(n for n in self.real_nodes if n.name == node_name)
+        self._start_node(node, Path(self._state()["bin_dir"]), timeout, load_images=False)
+        self._wait(lambda: self._node_ready(node.name), timeout, f"{node.name} Ready again")
+
+    def _node_ready(self, name: str) -> bool:
+        code, body = self._get(f"/api/v1/nodes/{name}")
+        return code == 200 and any(c.get("type") == "Ready" and c.get("status") == "True"
+                                   for c in json.loads(body).get("status", {}).get("conditions") or [])
 
     def kill_container(self, node_name: str, container_id: str) -> None:
         """SIGKILL one container of a real node from the host, as the kernel's OOM killer would."""
@@ -363,6 +406,7 @@ class DevCluster:
                 "--use-service-account-credentials=false", "--controllers=*",
                 # React quickly: tests wait on garbage collection, quota recount and job status.
                 "--concurrent-gc-syncs=10", "--resource-quota-sync-period=10s", "--v=1",
+                *self._node_lifecycle_args(),
             ]
         if name == "kube-scheduler":
             return [
@@ -376,10 +420,17 @@ class DevCluster:
                 f"--kubeconfig={kubeconfig}", "--manage-all-nodes=false",
                 "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
                 f"--cidr={POD_CIDR}", "--node-ip=127.0.0.1", f"--node-port={ports['kwok']}",
-                f"--server-address=127.0.0.1:{ports['kwok']}", "--node-lease-duration-seconds=40",
+                f"--server-address=127.0.0.1:{ports['kwok']}",
+                f"--node-lease-duration-seconds={nodes.LEASE_SECONDS if self.real_nodes else 40}",
                 *[f"--config={s}" for s in stages],
             ]
         raise ValueError(name)
+
+    def _node_lifecycle_args(self) -> list[str]:
+        """With real nodes, a node that dies is judged lost after NODE_GRACE_SECONDS, not the
+        default 50 s, so tests of a lost node stay short; every node renews its Lease four
+        times within it (a quarter of nodes.LEASE_SECONDS, the kubelet's and KWOK's rule)."""
+        return [f"--node-monitor-grace-period={nodes.NODE_GRACE_SECONDS}s"] if self.real_nodes else []
 
     def _real_node_apiserver_args(self) -> list[str]:
         p = self.pki_dir

@@ -354,6 +354,13 @@ def cni_config(node: RealNode) -> dict:
     }
 
 
+# A real node's Lease, and how long the node lifecycle controller waits for its renewal before
+# it marks the node Ready Unknown and taints it unreachable (the default is 50 s: a lost-node
+# test would wait that long).
+LEASE_SECONDS = 20
+NODE_GRACE_SECONDS = 20
+
+
 def kubelet_config(node: RealNode, pki_dir: Path, port: int, healthz_port: int) -> dict:
     taints = node.pool.node(0)["spec"]["taints"]
     return {
@@ -381,6 +388,9 @@ def kubelet_config(node: RealNode, pki_dir: Path, port: int, healthz_port: int) 
                          "imagefs.available": "0%", "imagefs.inodesFree": "0%"},
         "serializeImagePulls": False,
         "syncFrequency": "10s", "nodeStatusUpdateFrequency": "10s",
+        # renewed every quarter of it (5 s): four renewals within the control plane's
+        # --node-monitor-grace-period (NODE_GRACE_SECONDS)
+        "nodeLeaseDurationSeconds": LEASE_SECONDS,
         # Its own pod-log folder: a kubelet deletes the log folders of pods it does not run, so
         # with the default /var/log/pods shared, each would delete the other's logs.
         "podLogsDir": str(node.state_dir / "pod-logs"),

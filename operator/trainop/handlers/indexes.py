@@ -24,6 +24,9 @@ children then fit in tens of MB.
                                                   where that scheduler's API is not served)
     nodes_by_pool        agentpool label          nodes (labels, allocatable)
     preflight_tainted    the preflight taint's key the names of the nodes that carry it
+    lost_nodes           LOST_NODES               the nodes whose Ready condition is Unknown (the node
+                                                  lifecycle controller's verdict: the kubelet went silent),
+                                                  {name, since, message}
     quotas               ns                       ResourceQuotas
     stage_bodies         (ns, name)               DataStages
     stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet, copy Jobs
@@ -55,6 +58,7 @@ import kopf
 
 from trainop import GROUP, VERSION, phases
 from trainop.config import POOL_LABEL
+from trainop.jobsync.failures import LOST_NODES, node_lost
 from trainop.jobsync.starting import NOT_STARTING
 from trainop.kueue import GROUP as KUEUE_GROUP
 from trainop.kueue import VERSION as KUEUE_VERSION
@@ -321,6 +325,17 @@ async def preflight_tainted(body, **_):
     return {}
 
 
+@kopf.index("v1", "nodes")
+async def lost_nodes(body, **_):
+    """The nodes judged lost ({}, not None, once Ready again: see preflight_tainted)."""
+    ready = node_lost(body)
+    if ready is None:
+        return {}
+    return {LOST_NODES: {"name": body["metadata"]["name"],
+                         "since": ready.get("lastTransitionTime") or "",
+                         "message": (ready.get("message") or "")[:256]}}
+
+
 @kopf.index("v1", "resourcequotas")
 async def quotas(body, namespace, **_):
     return {namespace: _obj(body, spec=dict(body.get("spec") or {}),
@@ -390,7 +405,7 @@ async def resource_flavors(body, name, **_):
 
 
 INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps", "dtj_netpols",
-           "dtj_endpointslices", "dtj_workloads", "dtj_podgroups_plugins", "dtj_podgroups_volcano", "nodes_by_pool", "preflight_tainted", "quotas", "stage_bodies",
+           "dtj_endpointslices", "dtj_workloads", "dtj_podgroups_plugins", "dtj_podgroups_volcano", "nodes_by_pool", "preflight_tainted", "lost_nodes", "quotas", "stage_bodies",
            "stage_services", "stage_statefulsets", "stage_jobs", "service_accounts", "claims",
            "priority_classes", "workload_priority_classes", "resource_flavors")
 
@@ -472,9 +487,11 @@ async def route_resource_flavor(type, name, memo: kopf.Memo, **_) -> None:  # no
 
 
 @kopf.on.event("v1", "nodes")
-async def route_node(type, memo: kopf.Memo, **_) -> None:  # noqa: A002
+async def route_node(type, body, memo: kopf.Memo, **_) -> None:  # noqa: A002
     if type in ("ADDED", "DELETED"):  # not heartbeats; label edits wait for the resync
         memo.controller.wake_waiting_for_nodes()
+    if type == "MODIFIED" and node_lost(body):  # the gangs with a pod there restart now
+        memo.controller.wake_jobs_on_node(body["metadata"]["name"])
 
 
 @kopf.on.event(GROUP, VERSION, "datastages")

@@ -19,6 +19,8 @@ from trainop.jobsync.failures import (
     Failure,
     action_for,
     attempt,
+    lost_node_failure,
+    node_lost,
     pod_failure,
     restart_counts,
     restart_gang,
@@ -26,5 +28,5 @@ from trainop.jobsync.failures import (
 from trainop.jobsync.model import TERMINAL, JobSnapshot
 
 __all__ = ["DISRUPTIONS", "FAIL_JOB", "HISTORY", "RESTART", "RESTART_UNCOUNTED", "TERMINAL",
-           "Decision", "Failure", "JobSnapshot", "action_for", "attempt", "decide", "pod_failure",
-           "restart_counts", "restart_gang"]
+           "Decision", "Failure", "JobSnapshot", "action_for", "attempt", "decide",
+           "lost_node_failure", "node_lost", "pod_failure", "restart_counts", "restart_gang"]

@@ -11,7 +11,7 @@ import dataclasses
 
 from trainop import conditions, preflight
 from trainop.actions import Outcome
-from trainop.jobsync.model import _finish, _launcher_outcome, _Plan, _Status, _stop, _ts
+from trainop.jobsync.model import TERMINAL, _finish, _launcher_outcome, _Plan, _Status, _stop, _ts
 from trainop.render import common
 from trainop.render import dtj as render
 from trainop.spec import FailureRule, Job
@@ -36,6 +36,20 @@ STORAGE_LIMIT_MESSAGES = ("Usage of EmptyDir volume ", "exceeded its local ephem
                           "Pod ephemeral local storage usage exceeds the total limit")
 
 HISTORY = 10  # restarts kept in status.restarts.history (the newest)
+
+LOST_NODES = "lost"  # the one key of the index of lost nodes (handlers/indexes.py)
+
+
+def node_lost(body: dict) -> dict | None:
+    """The node's Ready condition when it is Unknown, else None. Only Unknown: the node
+    lifecycle controller sets it (with the node.kubernetes.io/unreachable taints) once the
+    kubelet has not renewed its Lease for --node-monitor-grace-period (40-50 s by default), so
+    nobody on the node can end or report its pods. Ready False is the kubelet's own word (its
+    container runtime restarting, PLEG): it still runs and ends its pods, and a containerd
+    restart must not restart every gang on the node."""
+    ready = next((c for c in (body.get("status") or {}).get("conditions") or []
+                  if c.get("type") == "Ready"), None)
+    return ready if ready is not None and ready.get("status") == "Unknown" else None
 
 
 def attempt(status: dict | None) -> int:
@@ -174,6 +188,22 @@ def _matches(rule: FailureRule, failure: Failure) -> bool:
     return failure.cause in rule.reasons
 
 
+def lost_node_failure(pod: dict, lost: dict[str, dict], spot: bool = False) -> Failure | None:
+    """A pod that has not ended, bound to a node judged lost: NodeLost (SpotEviction on a spot
+    pool), a disruption. Its status will never change (no kubelet reports it), so waiting for
+    its end would wait for the taint manager (the unreachable taint's tolerationSeconds, 300 by
+    default) and then for ever (the deleted pod stays Terminating until its kubelet confirms)."""
+    node = (pod.get("spec") or {}).get("nodeName") or ""
+    verdict = lost.get(node)
+    if verdict is None or (pod.get("status") or {}).get("phase") in TERMINAL:
+        return None
+    since = f" since {verdict['since']}" if verdict.get("since") else ""
+    said = f": {verdict['message']}" if verdict.get("message") else ""
+    return Failure(pod["metadata"]["name"], pod["spec"]["containers"][0]["name"], None,
+                   "NodeStatusUnknown", "", node, "SpotEviction" if spot else "NodeLost",
+                   detail=f"the node is lost (Ready Unknown{since}{said})")
+
+
 def _launcher_failure(job: Job, pods: list[dict]) -> Failure:
     for pod in pods:
         if pod["metadata"]["labels"].get(common.LABEL_ROLE) == render.LAUNCHER:
@@ -208,10 +238,29 @@ def _gang_failures(plan: _Plan, job: Job, workers: dict[int, dict], launched: bo
             elif job.launcher == "mpi" and pod.get("status", {}).get("phase") == "Succeeded":
                 failures.append(Failure(pod["metadata"]["name"], render.WORKER, 0,
                                         "WorkerExited"))
+    failures += _on_lost_nodes(plan, job, failures, attempt_)
     failures.sort(key=lambda f: (not f.disruption, f.finished or "~"))
     if job.launcher == "mpi" and _launcher_outcome(plan.snap.launcher) == "Failed":
         failures.append(_launcher_failure(job, plan.snap.pods))
     return failures
+
+
+def _on_lost_nodes(plan: _Plan, job: Job, known: list[Failure], attempt_: int) -> list[Failure]:
+    """The attempt's pods (workers and the launcher's) on a lost node, before or after launch:
+    the gang cannot go on without them, nor start (a worker there never becomes Ready). Read
+    from the Node, as soon as the node lifecycle controller judges it (its
+    --node-monitor-grace-period), not from the pods' eviction, which waits for the unreachable
+    taint's tolerationSeconds (300 s by default; why trainop renders no shorter one:
+    docs/pools-and-failures.md, "A node lost under the gang"). A launcher that completed has
+    finished the job, whatever its node became since."""
+    if not plan.snap.lost_nodes or (job.launcher == "mpi" and
+                                    _launcher_outcome(plan.snap.launcher) == "Complete"):
+        return []
+    named = {f.pod for f in known}
+    return [f for p in plan.snap.pods
+            if p["metadata"].get("labels", {}).get(common.LABEL_ATTEMPT) == str(attempt_)
+            and p["metadata"]["name"] not in named
+            and (f := lost_node_failure(p, plan.snap.lost_nodes, job.placement.spot))]
 
 
 def _gang_failed(plan: _Plan, job: Job, st: _Status, failure: Failure) -> Outcome:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 
 from trainop import conditions, podgroup, resume
-from trainop.actions import Apply, Create, CreateSSHSecret, Outcome
+from trainop.actions import Apply, Create, CreateSSHSecret, Outcome, force_delete
 from trainop.jobsync import stall, starting
 from trainop.jobsync.data import _with_save
 from trainop.jobsync.fabric import _fabric, _training_transport
@@ -183,7 +183,18 @@ def _previous_attempt(plan: _Plan, st: _Status, attempt_: int) -> Outcome | None
         launcher["metadata"].get("labels", {}).get(label) != str(attempt_)
     if not (stale or stale_launcher):
         return None
-    _delete_pods(plan, stale)  # first: see model._stop
+    lost = [p for p in stale if (p.get("spec") or {}).get("nodeName") in plan.snap.lost_nodes]
+    # A pod on a lost node would stay Terminating until its kubelet confirms, which a dead node
+    # never does (PodGC forces only pods of a node with the out-of-service taint, or of a
+    # deleted Node), and its name is the next attempt's. So it goes with grace 0, also when
+    # already Terminating. Safe for a gang: the rest of the attempt is being deleted, so a rank
+    # still alive on a partitioned node has no peers to make progress with; the next attempt
+    # writes its checkpoints and logs into folders of its own (attempt-<n>); and a node that
+    # comes back finds the pod gone (or under another uid) and its kubelet kills the
+    # containers. (The unreachable NoSchedule taint keeps new pods off the node meanwhile.)
+    # Pods first, then the launcher: see model._stop.
+    plan.out.actions.extend(force_delete(p) for p in lost)
+    _delete_pods(plan, [p for p in stale if p not in lost])
     if stale_launcher and not launcher["metadata"].get("deletionTimestamp"):
         plan.delete(launcher)
     st.phase("Starting")

@@ -44,6 +44,8 @@ class JobSnapshot:
     nodes: list[dict] = field(default_factory=list)
     # the nodes that carry the preflight's taint (preflight.maxTaintedNodes counts them)
     tainted_nodes: tuple[str, ...] = ()
+    # the nodes judged lost (Ready Unknown: failures.node_lost) by name: {name, since, message}
+    lost_nodes: dict[str, dict] = field(default_factory=dict)
     stage: dict | None = None                             # the referenced DataStage
     # The native queue's answer (gate.py), asked by the controller when a decide() of this
     # snapshot returned Outcome.asks; None: not asked yet.
