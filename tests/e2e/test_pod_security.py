@@ -21,6 +21,9 @@ def test_job_pods_run_under_the_restricted_profile(real_cluster, restricted_name
                                                     pod_azurite):
     ns = restricted_namespace
     manifest = reduced("pytorch-horovod-synthetic.yaml", "strict")
+    # the pods stay after Succeeded for the checks below (the default, Running, deletes the
+    # workers at the end: a listing after Succeeded once found only the launcher)
+    manifest["spec"].setdefault("runPolicy", {})["cleanPodPolicy"] = "None"
     with_blob_output(manifest, real_cluster, ns, pod_azurite)
     real_cluster.apply(manifest, ns)
     wait_phase(real_cluster, ns, "strict", "Succeeded")
