@@ -16,6 +16,8 @@ the API server answers), so jobs are in flight at every stage:
 - progress:   once every job runs, progress ConfigMaps of three jobs filled with what a buggy or
               hostile trainer can write: not JSON, JSON of the wrong shapes with an infinity
               and a 2**70, and nearly 1 MiB;
+- node:       (only when named) bench/chaos_node.py: a GPU node killed under a training job, on a
+              real-node cluster of its own, recovery counted from the kill;
 - upgrade:    once every job runs, the operator stopped (SIGTERM, as a rolling update does) and
               this checkout's started with a new configuration (other images, launcher
               resources, timeouts); with --upgrade-from DIR the jobs were made by the operator
@@ -392,24 +394,26 @@ def row(r: dict) -> str:
             f"{len(r['lost'])} | {r['counted_restarts']} | {anew} | {len(r['error_lines'])} |")
 
 
+def node_row() -> dict:
+    """bench/chaos_node.py's fault (its own real-node cluster, one job) in this table's shape;
+    its recovery counts from the kill, the node-monitor grace period included."""
+    from bench import chaos_node
+    r = chaos_node.run()
+    return {"fault": "node (killed under training; recovery from the kill)", "jobs": 1, "in_flight": 1,
+            "back": r["jobs_recovered"], "recovery_s": r["recovery_seconds"],
+            "created_twice": ["?"] * (r["duplicate_children"] or 0), "lost": ["chaosnode"] * r["lost_jobs"],
+            "counted_restarts": r["counted_restarts"], "new_pods": [],
+            "error_lines": ["?"] * r["operator_error_lines"], **({"error": r["error"]} if "error" in r else {})}
+
+
 HEADER = ("| fault | jobs in flight / all | back Running | recovery after return (s) | created twice | "
           "lost | counted restarts | pods made anew or changed | operator ERROR lines |\n"
           "|---|---|---|---|---|---|---|---|---|")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=100)
-    parser.add_argument("--faults", nargs="+", choices=list(FAULTS), default=list(FAULTS))
-    parser.add_argument("--down", type=float, default=5.0, help="seconds apiserver/etcd stay down")
-    parser.add_argument("--freeze", type=float, default=60.0,
-                        help="seconds the API server stays frozen (past the operator's 30 s request timeout)")
-    parser.add_argument("--cm-down", type=float, default=60.0, help="seconds the controller-manager stays down")
-    parser.add_argument("--upgrade-from", type=Path, help="`upgrade`: the checkout whose operator makes "
-                        "the jobs before this one takes over (default: this one)")
-    parser.add_argument("--md", type=Path, help="append the table to this Markdown file")
-    args = parser.parse_args()
+def kwok_rows(args: argparse.Namespace, faults: list[str]) -> list[dict]:
+    """The control-plane faults, one after the other on one KWOK dev cluster of their own."""
+    results = []
     with tempfile.TemporaryDirectory(prefix="trainop-chaos-") as tmp:
         state = Path(tmp)
         cluster = chaos_cluster(state, args.jobs)
@@ -420,8 +424,7 @@ def main() -> int:
                 raise RuntimeError(f"the API server refused CRDs: {refused}")
             api = kube_config.new_client_from_config(config_file=str(cluster.kubeconfig))
             api.user_agent = "trainop-bench"
-            results = []
-            for fault in args.faults:
+            for fault in faults:
                 result = run_fault(cluster, api, fault, args.jobs, state, down_s=args.down,
                                    freeze_s=args.freeze, cm_down_s=args.cm_down, upgrade_from=args.upgrade_from)
                 print(json.dumps(result), flush=True)
@@ -433,6 +436,30 @@ def main() -> int:
             for log in state.glob("*.log"):
                 shutil.copy(log, keep / log.name)
             cluster.down()
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--faults", nargs="+", choices=[*FAULTS, "node"], default=list(FAULTS),
+                        help="node: bench/chaos_node.py's GPU node killed under training, on a "
+                             "real-node cluster of its own (not in the default list: minutes, root)")
+    parser.add_argument("--down", type=float, default=5.0, help="seconds apiserver/etcd stay down")
+    parser.add_argument("--freeze", type=float, default=60.0,
+                        help="seconds the API server stays frozen (past the operator's 30 s request timeout)")
+    parser.add_argument("--cm-down", type=float, default=60.0, help="seconds the controller-manager stays down")
+    parser.add_argument("--upgrade-from", type=Path, help="`upgrade`: the checkout whose operator makes "
+                        "the jobs before this one takes over (default: this one)")
+    parser.add_argument("--md", type=Path, help="append the table to this Markdown file")
+    args = parser.parse_args()
+    results, kwok_faults = [], [f for f in args.faults if f != "node"]
+    if kwok_faults:
+        results += kwok_rows(args, kwok_faults)
+    if "node" in args.faults:
+        results.append(node_row())
+        print(json.dumps(results[-1]), flush=True)
     title = (f"\n### Chaos, {args.jobs} jobs ({dt.date.today()}, {machine()}, --down {args.down:g} s, "
              f"--freeze {args.freeze:g} s, --cm-down {args.cm_down:g} s)\n\n")
     table = title + HEADER + "\n" + "\n".join(row(r) for r in results) + "\n"

@@ -15,6 +15,7 @@ condition True again; it includes the grace period above and bringing the node b
 duplicate_children, lost_jobs, counted_restarts (against backoffLimit), operator_error_lines.
 
     .venv/bin/python bench/chaos_node.py     # starts its own real-node dev cluster, prints the row as JSON
+    .venv/bin/python bench/chaos.py --faults ... node   # the same, as the last row of chaos.py's table
 
 Only one real-node dev cluster may run on a machine at a time.
 """
@@ -64,7 +65,8 @@ def node_lost(cluster: RealCluster, namespace: str, operator: OperatorProcess, a
     return row(loss, operator.logs())
 
 
-def main() -> None:
+def run() -> dict:
+    """The fault on a real-node dev cluster of its own: the row."""
     with tempfile.TemporaryDirectory(prefix="chaos-node-") as tmp:
         work = Path(tmp)
         pools = parse_pools("system=0,gpu=0,ibgpu=0", real="system=1,gpu=1")
@@ -82,8 +84,8 @@ def main() -> None:
                     operator.stop()
         finally:
             dev.down()
-    print(json.dumps(result, indent=1))
+    return result
 
 
 if __name__ == "__main__":
-    main()
+    print(json.dumps(run(), indent=1))
