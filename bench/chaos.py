@@ -45,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,13 +106,14 @@ class Operator:
 
     def start(self) -> Operator:
         health = f"http://127.0.0.1:{_free_port()}/healthz"
+        self.metrics_port = _free_port()
         env = dict(os.environ, KUBECONFIG=str(self.cluster.kubeconfig), PYTHONUNBUFFERED="1",
                    TRAINOP_CONFIG=str(self.config), POD_ID=self.log.stem,
                    PYTHONPATH=os.pathsep.join([str(self.tree / "operator"), str(self.tree)]))
         mode = ["--lease", self.lease, "--lease-namespace", self.namespace] if self.lease else ["--standalone"]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "trainop", "operator", *mode, "--namespace", self.namespace,
-             f"--liveness={health}"], env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
+             f"--liveness={health}", f"--metrics-port={self.metrics_port}"], env=env, stdout=self.log.open("ab"), stderr=subprocess.STDOUT,
             start_new_session=True)
         wait_healthy(health, self.proc)
         return self
@@ -124,6 +126,14 @@ class Operator:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+    def reconciles(self) -> int:
+        """DistributedTrainingJob reconciles this process has done (its /metrics)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("trainop_reconcile_duration_seconds_count{")
+                       and "DistributedTrainingJob" in line))
 
     def error_lines(self) -> list[str]:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -306,8 +316,15 @@ def progress(run: Run) -> None:
 def upgrade(run: Run) -> None:
     all_running(run)
     run.operators[0].stop(signal.SIGTERM)
-    run.operator("upgraded", config=UPGRADED_CONFIG)
+    new = run.operator("upgraded", config=UPGRADED_CONFIG)
     run.returned = time.time()
+    # the pods are compared once the new operator has judged every job (its first listing wakes
+    # each one): compared at once, a stop and requeue of every job went unseen
+    deadline = time.monotonic() + 120
+    while new.reconciles() < run.jobs:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the upgraded operator reconciled {new.reconciles()} of {run.jobs} jobs in 120 s")
+        time.sleep(0.2)
 
 
 FAULTS: dict[str, Callable[[Run], None]] = {

@@ -249,7 +249,7 @@ def test_second_replica_stands_by_then_takes_over(cluster, install, sa_operator,
     the chart's own pod runs on a KWOK node, so it runs nothing): of two replicas only the
     Lease's holder reconciles; when it stops cleanly it releases the Lease and the other
     carries on with the same job. (A kill in the middle of a ramp, counted in the audit log:
-    tests/cluster/test_leader.py.)"""
+    tests/cluster/test_chaos.py.)"""
     ns = install.jobs
     wait_until(lambda: holder(cluster, install).startswith("operator_"), timeout=60,
                what="the first replica holding the Lease")

@@ -595,6 +595,33 @@ def test_an_admitted_job_whose_pod_template_grew_is_stopped_and_queued_again():
     assert again.asks is not None and again.asks.pod_template == grown["spec"]["podTemplate"]
 
 
+def test_an_upgrade_that_changes_the_rendered_shape_leaves_running_jobs_alone():
+    """A helm upgrade with a new launcherResources changes the shape the operator renders, not
+    the job's spec: the gang runs on (its pods were counted as made), the digest follows it, and
+    an edit of the spec after that is still judged (found by tests/e2e/test_operator_in_cluster.py's
+    upgrade test: every running job was stopped and requeued)."""
+    admitted_shape = admission.shape_digest(parse(body(), CFG))
+    running = {**copy.deepcopy(RUNNING), "admittedShape": admitted_shape, "admittedGeneration": 1}
+    upgraded = config.from_dict({"launcherResources": {"requests": {"cpu": "750m", "memory": "768Mi"}}})
+    new_shape = admission.shape_digest(parse(body(), upgraded))
+    assert new_shape != admitted_shape
+    out = decide(snap(body(copy.deepcopy(running)), pods=workers(), launcher=launcher(), **shared()), upgraded, NOW)
+    assert not [line for line in summary(out.actions) if line.startswith(("delete", "create"))]
+    assert out.status["phase"] == "Running"
+    assert (out.status["admittedShape"], out.status["admittedGeneration"]) == (new_shape, 1)
+    # a job admitted by an operator that did not record admittedGeneration: the generation its
+    # last reconcile saw stands in
+    old = {k: v for k, v in running.items() if k != "admittedGeneration"} | {"observedGeneration": 1}
+    out = decide(snap(body(copy.deepcopy(old)), pods=workers(), launcher=launcher(), **shared()), upgraded, NOW)
+    assert not [line for line in summary(out.actions) if line.startswith(("delete", "create"))]
+    assert out.status["admittedShape"] == new_shape
+    # the spec edited since admission: judged as before, whatever else changed
+    grown = body(copy.deepcopy(running), generation=2, podTemplate={"worker": {"spec": {
+        "containers": [{"name": "extra", "image": "x", "resources": {"requests": {"cpu": "64"}}}]}}})
+    out = decide(snap(grown, pods=workers(), launcher=launcher(), **shared()), upgraded, NOW)
+    assert out.status["phase"] == "Queued" and "stopping the gang" in out.waiting
+
+
 def test_a_malformed_port_fails_the_job_once_and_the_next_reconcile_is_quiet():
     """Issue 22 L1: the ValueError once escaped decide(), so every retry failed again."""
     bad = body(output={"blob": {"accountURL": "https://acct.blob.core.windows.net:99999", "container": "logs",

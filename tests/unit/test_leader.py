@@ -1,6 +1,6 @@
 """leader.Lease's rounds against an in-memory Lease with the API server's optimistic concurrency
 (a write with a stale resourceVersion is a 409), on a clock the test moves. The real thing, two
-processes and a kill: tests/cluster/test_leader.py."""
+processes and a kill: tests/cluster/test_chaos.py."""
 
 from __future__ import annotations
 

@@ -34,6 +34,7 @@ def _admit(plan: _Plan, job: Job, prio: priority.Priority, st: _Status) -> Outco
         st.phase("Queued")
         return plan.wait(decision.message)
     st.data["admittedShape"] = admission.shape_digest(job, plan.snap.memo)
+    st.data["admittedGeneration"] = plan.body["metadata"].get("generation")
     return None
 
 
@@ -42,10 +43,24 @@ def _shape_kept(plan: _Plan, job: Job, st: _Status) -> Outcome | None:
     from admission on; what its rule cannot afford to compare (a podTemplate's containers and
     their resources) is compared here: a job whose pods would differ from what was admitted is
     stopped and queues again, as Kueue's jobframework stops a job that no longer matches its
-    Workload, so a reservation for 1 GPU never runs 16 (issue 22 H1)."""
+    Workload, so a reservation for 1 GPU never runs 16 (issue 22 H1).
+
+    Only an edit of the spec can do that. The shape is rendered with the operator's
+    configuration (launcherResources, a sidecar's requests), which an upgrade may change: a job
+    whose spec is still the generation admitted keeps running (its pods were made and counted
+    with the old values; only pods made later get the new ones), and the digest follows, so a
+    later edit is judged against it. (Found by the helm-upgrade e2e test: a new launcherResources
+    stopped and requeued every running job.)"""
     digest = admission.shape_digest(job, plan.snap.memo)
     known = st.data.setdefault("admittedShape", digest)  # (jobs admitted before it existed)
+    generation = plan.body["metadata"].get("generation")
+    # Jobs admitted before admittedGeneration existed: the generation the last reconcile saw,
+    # which judged that spec's shape equal to admittedShape (or it would have stopped the gang).
+    admitted_at = st.data.setdefault("admittedGeneration", st.data.get("observedGeneration"))
     if known == digest:
+        return None
+    if admitted_at is not None and admitted_at == generation:
+        st.data["admittedShape"] = digest
         return None
     pods, launcher = plan.snap.pods, plan.snap.launcher
     _delete_pods(plan, pods)  # first: see model._stop
@@ -61,6 +76,7 @@ def _shape_kept(plan: _Plan, job: Job, st: _Status) -> Outcome | None:
         if conditions.get_condition(st.data.get("conditions"), type_):
             st.cond(type_, False, "ShapeChanged", "stopped: queued again")
     st.data.pop("admittedShape")
+    st.data.pop("admittedGeneration", None)
     st.data.pop("startTime", None)
     st.phase("Queued")
     return plan.wait(f"{why}: queued again")
