@@ -134,6 +134,10 @@ def test_helm_upgrade_with_jobs_running_makes_no_pod_anew(real_cluster, tmp_path
                             for i in range(UPGRADE_JOBS)], jobs)
         wait_until(lambda: list(phases().values()).count("Running") == UPGRADE_JOBS, timeout=300,
                    what=f"{UPGRADE_JOBS} jobs Running")
+        # and every pod made and Running (the status says Running once the launcher's batch Job
+        # exists; the Job controller makes its pod after)
+        wait_until(lambda: [p["status"].get("phase") for p in real_cluster.get("pods", "-n", jobs)["items"]]
+                   == ["Running"] * 2 * UPGRADE_JOBS, timeout=120, what="a worker and a launcher pod Running per job")
         before, (old,) = job_pods(), operator_pods()
 
         helm_run("upgrade", after_values)
