@@ -75,6 +75,13 @@ def job(name: str) -> dict:
             "metadata": {"name": name}, "spec": {"workers": 2, "gpusPerWorker": 4}}
 
 
+def job_reconciles(metrics: str) -> int:
+    """DistributedTrainingJob reconciles counted in an operator's Prometheus text."""
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                   if line.startswith("trainop_reconcile_duration_seconds_count{")
+                   and "DistributedTrainingJob" in line))
+
+
 def retry(call: Callable, timeout: float = 120, until_found: bool = False):
     """`call()` until the API server answers (it may be down or frozen while a fault lasts) and,
     with `until_found`, until the object exists."""
@@ -130,10 +137,7 @@ class Operator:
     def reconciles(self) -> int:
         """DistributedTrainingJob reconciles this process has done (its /metrics)."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
-        return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("trainop_reconcile_duration_seconds_count{")
-                       and "DistributedTrainingJob" in line))
+            return job_reconciles(resp.read().decode())
 
     def error_lines(self) -> list[str]:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""

@@ -14,6 +14,7 @@ import subprocess
 import pytest
 import yaml
 
+from bench.chaos import job_reconciles
 from tests.e2e.test_network_policy import IDLE, can_connect, pod, start
 from tests.e2e.test_real_pods import digests, reduced, wait_phase
 from tests.fixtures.waiting import wait_until
@@ -76,8 +77,7 @@ def _reconciles(cluster, namespace: str, pod: str) -> int:
     out = cluster.kubectl("exec", "-n", namespace, pod, "--", "python", "-c",
                           "import urllib.request; print(urllib.request.urlopen("
                           "'http://127.0.0.1:9090/metrics', timeout=5).read().decode())", check=False).stdout
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in out.splitlines()
-                   if line.startswith("trainop_reconcile_duration_seconds_count{") and "DistributedTrainingJob" in line))
+    return job_reconciles(out)
 
 
 def test_helm_upgrade_with_jobs_running_makes_no_pod_anew(real_cluster, tmp_path):
