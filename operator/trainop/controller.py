@@ -56,6 +56,7 @@ JOB, STAGE = "DistributedTrainingJob", "DataStage"
 WORKERS = 8           # reconciles in flight (each mostly waits on the API server)
 MAX_BACKOFF = 300.0   # seconds between retries of a reconcile that keeps failing
 TRANSIENT_RETRIES = 6  # 2+4+8+16+32 s of an unreachable API server before it is an ERROR
+DEADLINE_SLACK = 0.05  # wake a little after a deadline, never a little before it
 
 
 def _transient(exc: Exception) -> bool:
@@ -64,7 +65,6 @@ def _transient(exc: Exception) -> bool:
     if isinstance(exc, ApiException):
         return not exc.status or exc.status == 429 or exc.status >= 500
     return isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
-DEADLINE_SLACK = 0.05  # wake a little after a deadline, never a little before it
 
 
 def _rv(obj: dict | None) -> int:

@@ -19,7 +19,6 @@ from trainop.jobsync.failures import (
     Failure,
     action_for,
     attempt,
-    lost_node_failure,
     node_lost,
     pod_failure,
     restart_counts,
@@ -29,4 +28,4 @@ from trainop.jobsync.model import TERMINAL, JobSnapshot
 
 __all__ = ["DISRUPTIONS", "FAIL_JOB", "HISTORY", "RESTART", "RESTART_UNCOUNTED", "TERMINAL",
            "Decision", "Failure", "JobSnapshot", "action_for", "attempt", "decide",
-           "lost_node_failure", "node_lost", "pod_failure", "restart_counts", "restart_gang"]
+           "node_lost", "pod_failure", "restart_counts", "restart_gang"]
