@@ -237,6 +237,24 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
 
 
+def wait_nodes_quiet(core: k8s.CoreV1Api, quiet: float = 5, timeout: float = 600) -> float:
+    """Until no node has changed for `quiet` seconds; returns the seconds waited. A new cluster's
+    controller-manager patches every node for a while after they register (at 500 nodes for
+    about two minutes, 9 patches/s, held to its client's 20 QPS): a ramp started before that
+    ends makes whichever operator runs first on the cluster (trainop, which watches nodes)
+    process a node event per patch that the second never sees."""
+    start = time.monotonic()
+    versions, since = None, start
+    while time.monotonic() - start < timeout:
+        now = {n.metadata.name: n.metadata.resource_version for n in core.list_node().items}
+        if now != versions:
+            versions, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return round(time.monotonic() - start, 1)
+        time.sleep(1)
+    raise TimeoutError(f"nodes still changing after {timeout}s")
+
+
 def wait_namespace_gone(core: k8s.CoreV1Api, namespace: str, timeout: float = 600) -> None:
     try:
         core.delete_namespace(namespace)
@@ -255,8 +273,17 @@ def wait_namespace_gone(core: k8s.CoreV1Api, namespace: str, timeout: float = 60
     raise TimeoutError(f"namespace {namespace} still there after {timeout}s")
 
 
+def profiler(pid: int, out: Path) -> subprocess.Popen:
+    """py-spy (the venv's) sampling every thread holding the GIL at 100 Hz, until SIGINT; raw
+    collapsed stacks (`bench/profile_summary.py` sums them by function)."""
+    return subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(pid),
+                             "--rate", "100", "--gil", "--nonblocking", "--format", "raw",
+                             "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, window: float,
-            logs: Path) -> dict:
+            logs: Path, profile: Path | None = None) -> dict:
     core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)
     kind, _, tree = operator.partition("@")
     make, (group, version, plural), selector, job_label = OPERATORS[kind]
@@ -274,6 +301,7 @@ def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, wind
     if kind != "trainop":  # (trainop: start_operator waited for its liveness endpoint)
         time.sleep(3)  # started: its informers' initial listings done
     watcher = LauncherWatch(core, namespace, selector, job_label)
+    spy = profiler(proc.pid, profile / f"{label}-{n}.txt") if profile and kind == "trainop" else None
     cpu0, cpu_before, restarts = cpu_seconds(proc.pid), 0.0, 0
     applied: dict[str, float] = {}
     start = time.monotonic()
@@ -298,6 +326,9 @@ def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, wind
         time.sleep(0.2)
     done = time.monotonic()
     ramp_cpu = cpu_before + cpu_seconds(proc.pid) - cpu0
+    if spy:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
     latencies = [watcher.running[j] - applied[j] for j in applied if j in watcher.running]
     result = {"operator": operator, "jobs": n, "running": len(watcher.running),
               "all_running_s": round(done - start, 1) if len(watcher.running) == n else None,
@@ -355,6 +386,8 @@ def main() -> int:
     p.add_argument("--json", type=Path, help="write the raw results here")
     p.add_argument("--crds", type=Path, help="install these CRDs (a folder; default: this "
                    "checkout's crds/), e.g. another checkout's when this one's is refused")
+    p.add_argument("--profile", type=Path, help="a folder: py-spy samples each trainop ramp into "
+                   "<operator>-<N>.txt (py-spy's own CPU is not counted in the operator's)")
     args = p.parse_args()
     for op in args.operators:
         if op.partition("@")[0] not in OPERATORS:
@@ -362,6 +395,8 @@ def main() -> int:
 
     if "mpi-operator" in args.operators:
         mpi_operator_binary()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     results = []
     for n in args.jobs:
         with tempfile.TemporaryDirectory(prefix="trainop-bench-") as tmp:
@@ -381,8 +416,9 @@ def main() -> int:
                 from kubernetes import config as k8s_config
                 api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
                 api.user_agent = "trainop-bench"  # not counted as either operator's (own_requests)
+                print(f"nodes quiet after {wait_nodes_quiet(k8s.CoreV1Api(api))} s", flush=True)
                 for operator in args.operators:
-                    result = run_one(cluster, api, operator, n, args.window, logs)
+                    result = run_one(cluster, api, operator, n, args.window, logs, args.profile)
                     print(json.dumps(result), flush=True)
                     results.append(result)
             finally:

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes.client.exceptions import ApiException
 
@@ -70,40 +71,61 @@ class Applier:
 
     def run(self, actions: list) -> list[Problem]:
         """Execute `actions` in order; returns the problems met: a name another owner holds,
-        a child the API server refused as invalid. Other API errors raise (retried)."""
-        problems, checked = [], set()
-        for action in actions:
-            try:
-                if isinstance(action, Apply):
-                    self._apply(action)
-                elif isinstance(action, Create):
+        a child the API server refused as invalid. Other API errors raise (retried).
+
+        "In order" by stages (`stages`): the children a gang's pods need (its NetworkPolicy,
+        Service, ConfigMap, SSH Secret) go together, then its pods together, each stage's calls
+        at once. A new job's first reconcile then waits for two round trips, not six: its
+        launcher ran 0.1-0.2 s sooner on the 10-job benchmark. A stage still completes before
+        the next starts (no pod before its NetworkPolicy), and its outcomes are judged in order,
+        as if sequential; only the siblings after a refused one have been tried as well."""
+        problems = []
+        for stage in stages(actions):
+            checked: set = set()
+            for action in stage:  # (at most one GET for the gang, before any of its pods)
+                if isinstance(action, Create):
                     self._check_ssh_secret(action, checked)
-                    _create(kube.with_owner(action.obj, action.owner), action.owner)
-                elif isinstance(action, CreateSSHSecret):
-                    self._create_ssh_secret(action)
-                elif isinstance(action, Delete):
-                    _delete(action.ref, action.grace_seconds)
-                elif isinstance(action, SetFinalizers):
-                    _set_finalizers(action.ref, list(action.finalizers), action.resource_version)
-                elif isinstance(action, Patch):
-                    _patch(action)
-                elif isinstance(action, PatchStatus):
-                    _patch_status(action)
-                elif isinstance(action, TaintNode):
-                    _taint_node(action)
-                else:
-                    raise TypeError(f"unknown action {action!r}")
-            except kube.OwnershipError as exc:
-                problems.append(Problem("NameConflict", str(exc)))
-            except ApiException as exc:
-                if exc.status == 403 and "violates PodSecurity" in (exc.body or ""):
+            results = [self._try(stage[0])] if len(stage) == 1 else list(_POOL.map(self._try, stage))
+            for action, exc in zip(stage, results):
+                if exc is None:
+                    continue
+                if isinstance(exc, kube.OwnershipError):
+                    problems.append(Problem("NameConflict", str(exc)))
+                elif exc.status == 403 and "violates PodSecurity" in (exc.body or ""):
                     problems.append(Problem("PodSecurity", _pod_security(action, exc), _said(exc)))
-                    break
-                if not rejected(exc):
-                    raise
-                problems.append(Problem("ChildRejected", _rejection(action, exc)))
-                break  # the children after it depend on it (e.g. pods on their Service)
+                    return problems
+                elif rejected(exc):
+                    problems.append(Problem("ChildRejected", _rejection(action, exc)))
+                    return problems  # the children after it depend on it (e.g. pods on their Service)
+                else:
+                    raise exc
         return problems
+
+    def _try(self, action) -> Exception | None:
+        """One action; the OwnershipError or ApiException it met (for run() to judge), else
+        None."""
+        try:
+            if isinstance(action, Apply):
+                self._apply(action)
+            elif isinstance(action, Create):
+                _create(kube.with_owner(action.obj, action.owner), action.owner)
+            elif isinstance(action, CreateSSHSecret):
+                self._create_ssh_secret(action)
+            elif isinstance(action, Delete):
+                _delete(action.ref, action.grace_seconds)
+            elif isinstance(action, SetFinalizers):
+                _set_finalizers(action.ref, list(action.finalizers), action.resource_version)
+            elif isinstance(action, Patch):
+                _patch(action)
+            elif isinstance(action, PatchStatus):
+                _patch_status(action)
+            elif isinstance(action, TaintNode):
+                _taint_node(action)
+            else:
+                raise TypeError(f"unknown action {action!r}")
+        except (kube.OwnershipError, ApiException) as exc:
+            return exc
+        return None
 
     def forget(self, owner_uid: str) -> None:
         """The owner is gone: drop what was remembered about its children."""
@@ -169,6 +191,36 @@ class Applier:
             live = kube.apply(desired)
         with self._lock:
             self._applied[key] = (digest, live["metadata"].get("resourceVersion", ""))
+
+
+# The calls of one stage run here, beside the controller's reconcile threads (a pool of its own:
+# a reconcile thread waiting for its stage never holds a slot the stage needs).
+_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="trainop-apply-stage")
+_WORKLOADS = ("Pod", "Job")
+
+
+def stages(actions: list) -> list[list]:
+    """`actions` cut into stages that may run at once: consecutive Apply/Create/CreateSSHSecret
+    of the objects pods need, or consecutive creates of the gang's pods (a launcher Job stays
+    alone: it starts last, once the workers run); any other action (a delete, a finalizer, a
+    patch, a taint) is a stage of its own, where order matters (pods before their launcher
+    Job)."""
+    def group(action) -> str | None:
+        if isinstance(action, CreateSSHSecret) or \
+                (isinstance(action, (Apply, Create)) and action.obj.get("kind") not in _WORKLOADS):
+            return "needed"
+        if isinstance(action, Create) and action.obj.get("kind") == "Pod":
+            return "pods"
+        return None
+
+    out: list[list] = []
+    for action in actions:
+        g = group(action)
+        if out and g is not None and group(out[-1][0]) == g:
+            out[-1].append(action)
+        else:
+            out.append([action])
+    return out
 
 
 def _newer(version: str, than: str) -> bool:

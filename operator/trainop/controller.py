@@ -43,11 +43,10 @@ from trainop import (
 )
 from trainop.actions import Problem
 from trainop.config import Config
-from trainop.jobsync.failures import LOST_NODES
+from trainop.handlers.indexes import NODE_LOST, NODE_POOL, NODE_TAINTED
 from trainop.memo import Memos
 from trainop.render import dtj as render_dtj
 from trainop.render import logship as render_logship
-from trainop.render.fabric import UNHEALTHY_TAINT
 from trainop.spec import SpecError, priority_class_name
 from trainop.workqueue import WorkQueue
 
@@ -291,7 +290,8 @@ class Controller:
     # ---- DistributedTrainingJob ------------------------------------------------------------
 
     def nodes(self) -> list[dict]:
-        return [n for store in self.ix["nodes_by_pool"].values() for n in store]
+        return [n for key, store in self.ix["nodes"].items() if key[0] == NODE_POOL
+                for n in store]
 
     def priority_classes(self) -> priority.Classes:
         return priority.Classes.of(
@@ -360,8 +360,8 @@ class Controller:
             ssh_secret=self.applier.has_ssh_secret(uid),
             endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
-            tainted_nodes=tuple(self._all("preflight_tainted", UNHEALTHY_TAINT)),
-            lost_nodes={n["name"]: n for n in self._all("lost_nodes", LOST_NODES)},
+            tainted_nodes=tuple(self._all("nodes", (NODE_TAINTED,))),
+            lost_nodes={n["name"]: n for n in self._all("nodes", (NODE_LOST,))},
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
             classes=self.priority_classes(),
             workload=workload, flavors=flavors, pod_group=pod_group,

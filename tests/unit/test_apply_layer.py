@@ -216,3 +216,39 @@ def test_a_write_is_refused_by_the_fence_before_it_is_sent(monkeypatch):
         assert sent == []  # nothing reached the client
     finally:
         kube.fence(lambda: True)
+
+
+def _obj(kind: str, name: str) -> dict:
+    return {"apiVersion": "batch/v1" if kind == "Job" else "v1", "kind": kind,
+            "metadata": {"name": name, "namespace": "ns"}}
+
+
+def test_stages_group_what_pods_need_then_the_pods_and_keep_the_rest_in_order():
+    netpol, svc, cm = (Apply(_obj(k, "j"), OWNER) for k in ("NetworkPolicy", "Service", "ConfigMap"))
+    w0, w1 = (Create(_obj("Pod", f"j-worker-{i}"), OWNER) for i in range(2))
+    launcher = Create(_obj("Job", "j-launcher"), OWNER)
+    d0, d1 = Delete(Ref("v1", "Pod", "j-worker-0", "ns")), Delete(Ref("batch/v1", "Job", "j-launcher", "ns"))
+    assert apply.stages([netpol, svc, cm, w0, w1]) == [[netpol, svc, cm], [w0, w1]]
+    assert apply.stages([netpol, svc, cm, launcher]) == [[netpol, svc, cm], [launcher]]
+    # deletes keep their order (pods before their launcher Job), one at a time
+    assert apply.stages([d0, d1, netpol]) == [[d0], [d1], [netpol]]
+    assert apply.stages([w0, netpol, w1]) == [[w0], [netpol], [w1]]
+
+
+def test_a_refused_child_stops_the_stages_after_it(api, monkeypatch):
+    """The Service refused as invalid: its stage's siblings were tried, no pod is created."""
+    real = api.create
+
+    def create(obj):
+        if obj["kind"] == "Service":
+            api.calls.append("create")
+            raise ApiException(status=422, reason="Invalid")
+        return real(obj)
+
+    monkeypatch.setattr(kube, "create", create)
+    actions = [Apply(_obj("NetworkPolicy", "j"), OWNER, live_version=""), Apply(SERVICE, OWNER, live_version=""),
+               Create(_obj("Pod", "j-worker-0"), OWNER), Create(_obj("Pod", "j-worker-1"), OWNER)]
+    problems = apply.Applier().run(actions)
+    assert [p.reason for p in problems] == ["ChildRejected"]
+    assert "Service" in problems[0].message
+    assert sorted(k for k, _, _ in api.objects) == ["NetworkPolicy"]  # and no Pod

@@ -319,7 +319,7 @@ def _tracked_decide(h: Harness, name: str, monkeypatch) -> tuple[dict, dict]:
 
 # Which index slims each field of the snapshot.
 INDEX_OF = {"pods": "dtj_pods", "departed": "dtj_pods", "endpoint_slices": "dtj_endpointslices",
-            "nodes": "nodes_by_pool", "launcher": "dtj_launchers", "service": "dtj_services",
+            "nodes": "nodes", "launcher": "dtj_launchers", "service": "dtj_services",
             "config_map": "dtj_configmaps", "progress": "dtj_configmaps",
             "network_policy": "dtj_netpols", "workload": "dtj_workloads",
             "pod_group": "dtj_podgroups_plugins"}

@@ -5,6 +5,7 @@ trainop.main, which imports every handler."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import threading
 
@@ -62,6 +63,11 @@ def run(args: argparse.Namespace) -> int:
                    log_prefix=args.log_format != "json")
     from trainop import logfilter
     logfilter.install()  # kopf's per-attempt retry ERRORs: one WARNING per 30 s (logfilter.py)
+    if not args.verbose:
+        # kopf.objects' INFO lines are each handler's "succeeded", on every watch event of every
+        # object; the handlers' filters drop them (handlers/), but only after the record was made
+        # and formatted, a few % of the CPU of a 500-job ramp. Warnings and errors still show.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     # kopf itself always runs standalone: its peering would pause the watches of a standby
     # (cold caches) and cannot hold back the controller's own tasks (leader.py says why)
     stop, lost = threading.Event(), threading.Event()

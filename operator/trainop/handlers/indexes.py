@@ -22,9 +22,9 @@ children then fit in tens of MB.
     dtj_podgroups_plugins, dtj_podgroups_volcano
                          (ns, job-name)           its PodGroup (runPolicy.schedulingPolicy; none
                                                   where that scheduler's API is not served)
-    nodes_by_pool        agentpool label          nodes (labels, allocatable)
-    preflight_tainted    the preflight taint's key the names of the nodes that carry it
-    lost_nodes           LOST_NODES               the nodes whose Ready condition is Unknown (the node
+    nodes                (NODE_POOL, agentpool)   nodes (labels, allocatable)
+                         (NODE_TAINTED,)          the names of the nodes that carry the preflight's taint
+                         (NODE_LOST,)             the nodes whose Ready condition is Unknown (the node
                                                   lifecycle controller's verdict: the kubelet went silent),
                                                   {name, since, message}
     quotas               ns                       ResourceQuotas
@@ -305,35 +305,31 @@ async def dtj_podgroups_volcano(body, namespace, **_):
 
 # ---- cluster state the gate and placement read ----------------------------------------------
 
+# One handler for the three views of a node: kopf builds every handler's arguments afresh on
+# every watch event, and a cluster's nodes change often (a new 500-node cluster's controller-
+# manager patched each about once a minute for two minutes; three handlers plus the router cost
+# twice what this one does).
+NODE_POOL, NODE_TAINTED, NODE_LOST = "pool", "tainted", LOST_NODES
+
+
 @kopf.index("v1", "nodes")
-async def nodes_by_pool(body, **_):
-    labels = dict(body["metadata"].get("labels") or {})
-    return {labels.get(POOL_LABEL, ""): {
-        "metadata": {"name": body["metadata"]["name"], "labels": labels},
+async def nodes(body, **_):
+    """A node under (NODE_POOL, its agentpool label): its labels and allocatable; its name
+    under (NODE_TAINTED,) when it carries the preflight's taint (preflight.maxTaintedNodes is
+    counted from them in decide; apply's TaintNode counts again from the API, against a race);
+    and under (NODE_LOST,) while it is judged lost."""
+    meta, labels = body["metadata"], dict(body["metadata"].get("labels") or {})
+    # keys a node no longer has leave the index (kopf drops an object's keys not returned)
+    out = {(NODE_POOL, labels.get(POOL_LABEL, "")): {
+        "metadata": {"name": meta["name"], "labels": labels},
         "status": {"allocatable": dict((body.get("status") or {}).get("allocatable") or {})}}}
-
-
-@kopf.index("v1", "nodes")
-async def preflight_tainted(body, **_):
-    """The nodes that carry the preflight's taint (preflight.maxTaintedNodes is counted from
-    them in decide; apply's TaintNode counts again from the API, against a race)."""
-    taints = (body.get("spec") or {}).get("taints") or []
-    # {}, not None: kopf keeps an object's old entry when the function returns None, and a
-    # node whose taint an admin removed must leave the index
-    if any(t.get("key") == UNHEALTHY_TAINT for t in taints):
-        return {UNHEALTHY_TAINT: body["metadata"]["name"]}
-    return {}
-
-
-@kopf.index("v1", "nodes")
-async def lost_nodes(body, **_):
-    """The nodes judged lost ({}, not None, once Ready again: see preflight_tainted)."""
+    if any(t.get("key") == UNHEALTHY_TAINT for t in (body.get("spec") or {}).get("taints") or []):
+        out[(NODE_TAINTED,)] = meta["name"]
     ready = node_lost(body)
-    if ready is None:
-        return {}
-    return {LOST_NODES: {"name": body["metadata"]["name"],
-                         "since": ready.get("lastTransitionTime") or "",
-                         "message": (ready.get("message") or "")[:256]}}
+    if ready is not None:
+        out[(NODE_LOST,)] = {"name": meta["name"], "since": ready.get("lastTransitionTime") or "",
+                             "message": (ready.get("message") or "")[:256]}
+    return out
 
 
 @kopf.index("v1", "resourcequotas")
@@ -405,7 +401,7 @@ async def resource_flavors(body, name, **_):
 
 
 INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps", "dtj_netpols",
-           "dtj_endpointslices", "dtj_workloads", "dtj_podgroups_plugins", "dtj_podgroups_volcano", "nodes_by_pool", "preflight_tainted", "lost_nodes", "quotas", "stage_bodies",
+           "dtj_endpointslices", "dtj_workloads", "dtj_podgroups_plugins", "dtj_podgroups_volcano", "nodes", "quotas", "stage_bodies",
            "stage_services", "stage_statefulsets", "stage_jobs", "service_accounts", "claims",
            "priority_classes", "workload_priority_classes", "resource_flavors")
 

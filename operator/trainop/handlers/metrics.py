@@ -24,11 +24,13 @@ def _not_routine(record: logging.LogRecord) -> bool:
 logging.getLogger("kopf.objects").addFilter(_not_routine)
 
 
+# async, though they do no I/O: kopf runs a plain `def` handler in a thread of its executor,
+# a thread hop on every job's every watch event (1% of the operator's CPU at 500 jobs).
 @kopf.on.event(GROUP, VERSION, "distributedtrainingjobs")
-def job_event(body: kopf.Body, type: str | None, **_) -> None:  # noqa: A002 (kopf's kwarg name)
-    metrics.observe(metrics.JOB_KIND, dict(body), deleted=type == "DELETED")
+async def job_event(body: kopf.Body, type: str | None, **_) -> None:  # noqa: A002 (kopf's kwarg name)
+    metrics.observe(metrics.JOB_KIND, body, deleted=type == "DELETED")
 
 
 @kopf.on.event(GROUP, VERSION, "datastages")
-def stage_event(body: kopf.Body, type: str | None, **_) -> None:  # noqa: A002
-    metrics.observe(metrics.STAGE_KIND, dict(body), deleted=type == "DELETED")
+async def stage_event(body: kopf.Body, type: str | None, **_) -> None:  # noqa: A002
+    metrics.observe(metrics.STAGE_KIND, body, deleted=type == "DELETED")
