@@ -36,7 +36,7 @@ import json
 import logging
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 
 from kubernetes.client.exceptions import ApiException
 
@@ -68,6 +68,9 @@ class Applier:
         self._applied: dict[tuple, tuple[str, str]] = {}
         self._ssh_secrets: dict[str, object] = {}  # job uid -> its spec.Job: the SSH Secret exists
         self._ssh_fresh: set[str] = set()  # ... just made or confirmed: its first pods need no read
+        # The calls of one stage (run()) run here: a pool of its own beside the controller's
+        # reconcile threads, so a reconcile waiting for its stage never holds a slot it needs.
+        self.pool: Executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="trainop-stage")
 
     def run(self, actions: list) -> list[Problem]:
         """Execute `actions` in order; returns the problems met: a name another owner holds,
@@ -85,7 +88,7 @@ class Applier:
             for action in stage:  # (at most one GET for the gang, before any of its pods)
                 if isinstance(action, Create):
                     self._check_ssh_secret(action, checked)
-            results = [self._try(stage[0])] if len(stage) == 1 else list(_POOL.map(self._try, stage))
+            results = [self._try(stage[0])] if len(stage) == 1 else list(self.pool.map(self._try, stage))
             for action, exc in zip(stage, results):
                 if exc is None:
                     continue
@@ -193,9 +196,6 @@ class Applier:
             self._applied[key] = (digest, live["metadata"].get("resourceVersion", ""))
 
 
-# The calls of one stage run here, beside the controller's reconcile threads (a pool of its own:
-# a reconcile thread waiting for its stage never holds a slot the stage needs).
-_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="trainop-apply-stage")
 _WORKLOADS = ("Pod", "Job")
 
 
@@ -367,6 +367,18 @@ def write_status(body: dict, changes: dict, subresource: str = "status") -> dict
     meta = body["metadata"]
     return kube.patch(body["apiVersion"], body["kind"], meta["name"], meta["namespace"],
                       {"status": changes}, subresource=subresource)
+
+
+def post_events(body: dict, events: list[tuple[str, str, str]]) -> None:
+    """post_event() for each (type, reason, message) in order, in the controller's event pool:
+    a call that fails otherwise than post_event() expects (leadership lost meanwhile, the API
+    server unreachable) drops the rest, said once, since no reconcile is there to retry them."""
+    try:
+        for type_, reason, message in events:
+            post_event(body, type_, reason, message)
+    except Exception as exc:  # noqa: BLE001 (a thread of the pool: nobody else would see it)
+        log.warning("%d Event(s) on %s/%s not posted: %s", len(events),
+                    body["metadata"].get("namespace"), body["metadata"].get("name"), exc)
 
 
 def post_event(body: dict, type_: str, reason: str, message: str,
