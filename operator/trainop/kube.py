@@ -79,6 +79,19 @@ def fence(may_write: Callable[[], bool]) -> None:
     _may_write = may_write
 
 
+# Connections kept open to the API server: as many as threads call it at once (the controller's
+# reconciles, each one's stage of parallel calls (apply.py), its Event posters, the Lease). The
+# client's default is 5 per CPU: on 2 CPUs, 10, and every call over that opened a new TLS
+# connection and threw it away ("Connection pool is full"), a handshake of CPU each time.
+MAX_CONNECTIONS = 32
+
+
+def _configuration() -> k8s.Configuration:
+    cfg = k8s.Configuration()
+    cfg.connection_pool_maxsize = MAX_CONNECTIONS
+    return cfg
+
+
 def connect(kubeconfig: str | None = None, context: str | None = None
             ) -> tuple[k8s.ApiClient, str | None]:
     """A client and the context's namespace (None in a pod, or when the context names none):
@@ -87,12 +100,14 @@ def connect(kubeconfig: str | None = None, context: str | None = None
     kubernetes.config.ConfigException when neither works."""
     if kubeconfig is None and context is None:
         try:
-            cfg = k8s.Configuration()
+            cfg = _configuration()
             k8s_config.load_incluster_config(client_configuration=cfg)
             return k8s.ApiClient(cfg), None
         except k8s_config.ConfigException:
             pass
-    api = k8s_config.new_client_from_config(config_file=kubeconfig, context=context)
+    cfg = _configuration()
+    k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+    api = k8s.ApiClient(cfg)
     _, active = k8s_config.list_kube_config_contexts(config_file=kubeconfig)
     if context:
         contexts, _ = k8s_config.list_kube_config_contexts(config_file=kubeconfig)

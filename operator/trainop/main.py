@@ -16,10 +16,7 @@ import logging
 import kopf
 
 from trainop import config, controller, kube, leader
-from trainop.handlers import (
-    indexes,  # noqa: F401  (watch caches + wake-up routing)
-    metrics,  # noqa: F401  (watch events -> Prometheus gauges)
-)
+from trainop.handlers import indexes  # noqa: F401  (watch caches, wake-up routing, metrics)
 
 
 class _NoDiffBase(kopf.AnnotationsDiffBaseStorage):

@@ -22,10 +22,10 @@ What other modules call
     with metrics.reconcile("DistributedTrainingJob"):   # around one reconcile (controller.py); times it and
         ...                                             # counts an exception as an error
     metrics.observe(kind, body, deleted=False)          # every watch event of a DTJ/DataStage;
-                                                        # handlers/metrics.py feeds it (kopf)
+                                                        # handlers/indexes.py's routers feed it
     metrics.queue_totals(namespace, totals)             # gate.py after judging a namespace's queue
     metrics.serve(port, address="0.0.0.0")              # start the HTTP endpoint (cli/operator.py)
-Everything is thread-safe: kopf runs sync handlers in a thread pool.
+Everything is thread-safe: reconciles run in the controller's thread pool.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ from types import SimpleNamespace
 
 import kopf
 
-from trainop import GROUP, VERSION, phases
+from trainop import GROUP, VERSION, metrics, phases
 from trainop.config import POOL_LABEL
 from trainop.jobsync.failures import LOST_NODES, node_lost
 from trainop.jobsync.starting import NOT_STARTING
@@ -410,6 +410,9 @@ INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_confi
 
 @kopf.on.event(GROUP, VERSION, "distributedtrainingjobs")
 async def route_job(type, name, namespace, body, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    # the Prometheus gauges follow what the API server holds, also for objects no reconcile
+    # reached yet (here, not in a watcher of its own: one kopf handler fewer per event)
+    metrics.observe(metrics.JOB_KIND, body, deleted=type == "DELETED")
     ctl = memo.controller
     if type == "DELETED":
         ctl.job_gone(namespace, name, body["metadata"].get("uid"))
@@ -491,7 +494,8 @@ async def route_node(type, body, memo: kopf.Memo, **_) -> None:  # noqa: A002
 
 
 @kopf.on.event(GROUP, VERSION, "datastages")
-async def route_stage(type, name, namespace, memo: kopf.Memo, **_) -> None:  # noqa: A002
+async def route_stage(type, name, namespace, body, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    metrics.observe(metrics.STAGE_KIND, body, deleted=type == "DELETED")  # (see route_job)
     ctl = memo.controller
     if type == "DELETED":
         ctl.stage_gone(namespace, name)
