@@ -50,7 +50,10 @@ def job() -> spec.Job:
             "metadata": {"name": "grace", "namespace": "default", "uid": "0123456789ab"},
             "spec": {"framework": "pytorch", "launcher": "torchrun", "workers": 1, "gpusPerWorker": 0,
                      "data": {"synthetic": True}, "training": {"batchSize": 4, "imageSize": 32},
-                     "checkpoint": {"everySteps": 100000, "volume": {"claimName": "checkpoints"}}}}
+                     "checkpoint": {"everySteps": 100000, "volume": {"claimName": "checkpoints"}},
+                     # the ranks' share of the grace period, which the worker's shell enforces
+                     # (render/dtj.py stop_ranks): room for the slow save, as a measure would give
+                     "terminationGracePeriodSeconds": 120}}
     return spec.parse(body, config.from_dict(None))
 
 

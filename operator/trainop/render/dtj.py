@@ -272,17 +272,11 @@ def torchrun_script(job: Job) -> str:
     # later (torch.distributed.elastic's fixed timeout), which would cut a slower save short.
     # This shell hands the kubelet's SIGTERM to the ranks (torchrun's children) instead; they
     # save and end, torchrun with them, within the pod's grace period.
-    return fabric.memlock_preamble(job) + "\n".join([
+    return fabric.memlock_preamble(job) + _TORCHRUN_RANKS + stop_ranks(rank_deadline(job), ":") + \
+        "\n".join([
         "set -eu", *_wait_for_dns(host(job, 0)),
         shlex.join(cmd) + " &",
         "torchrun=$!",
-        "stop() {",
-        "  for stat in /proc/[0-9]*/stat; do",
-        '    read -r pid rest 2>/dev/null < "$stat" || continue',
-        '    ppid=${rest##*) }; ppid=${ppid#* }; ppid=${ppid%% *}',
-        '    if [ "$ppid" = "$torchrun" ]; then kill -TERM "$pid" 2>/dev/null; fi',
-        "  done",
-        "}",
         "trap stop TERM",
         "set +e",
         'while :; do wait "$torchrun"; status=$?; kill -0 "$torchrun" 2>/dev/null || exit "$status"; done',
@@ -306,6 +300,34 @@ ranks() {
   done
 }
 """
+# torchrun's ranks: its children ($torchrun, set once it started).
+_TORCHRUN_RANKS = """\
+ranks() {
+  for stat in /proc/[0-9]*/stat; do
+    read -r pid rest 2>/dev/null < "$stat" || continue
+    ppid=${rest##*) }; ppid=${ppid#* }; ppid=${ppid%% *}
+    if [ "$ppid" = "${torchrun:-}" ]; then echo "$pid"; fi
+  done
+}
+"""
+
+
+def stop_ranks(deadline: int, then: str) -> str:
+    """The shell's `stop` (its SIGTERM trap; `ranks` lists the ranks): SIGTERM to the ranks,
+    which save a checkpoint and end; then `then`. A rank still there `deadline` seconds later is
+    hung (a stalled gang: frozen, or waiting in a collective for one that is): it will never
+    save, and waiting on would spend the rest of the pod's grace period, which is the log
+    shipper's drain (grace_seconds), until the kubelet's SIGKILL ends the shipper too. So it is
+    SIGKILLed then, and the shipper drains as after any other end."""
+    return "\n".join([
+        "stop() {",
+        '  for rank in $(ranks); do kill -TERM "$rank" 2>/dev/null; done',
+        "  waited=0",
+        f'  while [ -n "$(ranks)" ] && [ "$waited" -lt {deadline} ]; do sleep 1; waited=$((waited + 1)); done',
+        '  for rank in $(ranks); do kill -KILL "$rank" 2>/dev/null; done',
+        f"  {then}",
+        "}",
+    ]) + "\n"
 
 
 def sshd_script(job: Job | None = None) -> str:
@@ -320,20 +342,16 @@ def sshd_script(job: Job | None = None) -> str:
 
     sshd is not exec'd: as the container's first process, its exit on the kubelet's SIGTERM
     would end every process of the pod at once. This shell hands the SIGTERM to the ranks
-    instead (the trainer saves a checkpoint on it, docs/long-runs.md) and ends when they have."""
+    instead (the trainer saves a checkpoint on it, docs/long-runs.md) and ends when they have,
+    or when the hung ones among them were killed (stop_ranks)."""
     preamble = fabric.memlock_preamble(job) if job is not None else ""
-    return preamble + _RANKS + "\n".join([
+    deadline = rank_deadline(job) if job is not None else GRACE_FLOOR_SECONDS
+    return preamble + _RANKS + stop_ranks(deadline, 'kill "$sshd" 2>/dev/null; exit 143') + "\n".join([
         f"(umask 077 && export -p > {WORKER_ENV})",
         # root's sshd separates privileges into this empty folder, which not every image has
         *(["mkdir -p /run/sshd"] if job is not None and job.security.root else []),
         f"/usr/sbin/sshd -D -e -f {CONF_DIR}/sshd_config &",
         "sshd=$!",
-        "stop() {",
-        '  for rank in $(ranks); do kill -TERM "$rank" 2>/dev/null; done',
-        '  while [ -n "$(ranks)" ]; do sleep 1; done',
-        '  kill "$sshd" 2>/dev/null',
-        "  exit 143",
-        "}",
         "trap stop TERM",
         'wait "$sshd"',
         "status=$?",
@@ -611,6 +629,13 @@ def save_grace(job: Job) -> int:
         return GRACE_FLOOR_SECONDS
     wanted = math.ceil(job.save_seconds * GRACE_MARGIN + GRACE_SLACK_SECONDS)
     return min(max(wanted, GRACE_FLOOR_SECONDS), job.max_checkpoint_grace_seconds)
+
+
+def rank_deadline(job: Job) -> int:
+    """The seconds a worker's shell waits for its ranks to save and end after the SIGTERM
+    (stop_ranks): spec.terminationGracePeriodSeconds when set, else save_grace."""
+    user = job.termination_grace_period_seconds
+    return user if user is not None else save_grace(job)
 
 
 def grace_seconds(job: Job, drain: int | None = None) -> int | None:
