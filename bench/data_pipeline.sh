@@ -24,6 +24,7 @@
 # (the loader_probe variants), TRACE (0; 1: train through bench/spread_trace.py and summarise each
 # run's traces (raw under TRACES, tarred into OUT/traces.tgz): per-step and GPU step times,
 # per-worker batch times, CPU steal, GPU clocks),
+# DECODE_PROBE (1: time the GPU path's decoders alone first, bench/gpu_decode_probe.py),
 # EXTRA (more trainer arguments), PY (python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +48,14 @@ if [[ ! -d $DATA/tar ]]; then
   start=$(date +%s)
   "$PY" bench/make_jpegs.py "$DATA" --images "$IMAGES" | tee "$OUT/data.txt"
   echo "generated in $(( $(date +%s) - start )) s"
+fi
+
+# The GPU path's decoders alone (bench/gpu_decode_probe.py): every GPU at once, then one.
+if [[ ${DECODE_PROBE:-1} == 1 ]]; then
+  for n in "$GPUS" 1; do
+    torchrun --standalone --nproc-per-node "$n" bench/gpu_decode_probe.py "$DATA/tar" >"$OUT/decode-probe-$n.log" 2>&1
+    grep -h '^{"probe' "$OUT/decode-probe-$n.log" | tee -a "$OUT/decode-probe.jsonl"
+  done
 fi
 
 rate_of() {  # the trainer's final images/sec from its log

@@ -9,12 +9,13 @@ Decode paths, one augmentation contract (data.py):
 - `gpu` (`--decode gpu`): a worker reads a batch's bytes (files, or tar members coalesced into
   sequential reads), parses the JPEG headers and draws each crop and flip; it returns ONE flat
   uint8 tensor of the encoded images plus small tensors of offsets, boxes, flips and labels. A
-  thread of the rank's process decodes them with nvJPEG (`torchvision.io.decode_jpeg(device=
-  "cuda")`, batched), crops, resizes, flips and normalises on the device, on a side stream, a
-  couple of batches ahead of the training step.
+  thread of the rank's process decodes them (`DeviceDecoder`, batched), crops, resizes, flips and
+  normalises on the device, on a side stream, a couple of batches ahead of the training step.
 - `split` (the default when the job has GPUs): the first `cpu_share` of every batch goes the `cpu`
-  way, the rest the `gpu` way, so the node's cores and nvJPEG both work (all on the CPU when the
-  rank has cores enough).
+  way, the rest the `gpu` way, so the node's cores and the device's decoder both work, each share
+  in proportion to the rate measured for it on this host at start-up (`measure_rates`).
+- The device decoder (`DeviceDecoder`) is nvImageCodec where installed (the GPU's hardware JPEG
+  engines, batched, state kept between calls), else torchvision's nvJPEG.
 
 Bad samples: every path reads through `data.read_batch`, in the worker: an empty, unidentifiable
 or truncated file is replaced in its slot there (data.py's module docstring), so the `gpu` half
@@ -172,22 +173,95 @@ def finish_uint8(images: torch.Tensor, memory_format) -> torch.Tensor:
     return x.contiguous(memory_format=memory_format)
 
 
-def decode_batch(encoded, offsets, boxes, flips, image_size: int, device: torch.device, memory_format) -> torch.Tensor:
-    """The GPU path's device half: decode (nvJPEG on CUDA, libjpeg-turbo on CPU), then the
-    contract's crop, bilinear antialiased resize, flip and normalisation on `device`."""
-    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+def _nvimgcodec():
+    """nvImageCodec's Python module, or None where it is not installed (the CPU-only images)."""
+    try:
+        from nvidia import nvimgcodec  # noqa: PLC0415 (optional: nvidia-nvimgcodec-cu13 + nvidia-nvjpeg)
+    except ImportError:
+        return None
+    return nvimgcodec
 
+
+class DeviceDecoder:
+    """The GPU path's JPEG decoder: encoded views -> CHW uint8 images on `device`.
+
+    `nvimgcodec` (the default where nvidia-nvimgcodec-cu13 is installed): one batched call per
+    batch that tries the GPU's hardware JPEG engines first (H100: NVJPG), then nvJPEG's CUDA
+    decoder; it keeps its decoder state between calls. `nvjpeg`: torchvision's `decode_jpeg(
+    device="cuda")`, which sets nvJPEG up per call, synchronises and serialises behind one mutex
+    (issue 18's notes); the measured rates are in docs/benchmarks.md. Either way an image the
+    device decoder refuses (a PNG, a CMYK JPEG) is decoded on the CPU and moved over; on a CPU
+    device everything is (what the CPU-only tests run).
+    `kind`: auto (nvimgcodec if importable), nvimgcodec, nvjpeg; TRAINOP_DEVICE_DECODER overrides
+    auto, so a run can compare the two on one machine."""
+
+    def __init__(self, device: torch.device, kind: str = "auto", codec_module=None):
+        self.device = device
+        kind = os.environ.get("TRAINOP_DEVICE_DECODER", "auto") if kind == "auto" else kind
+        module = codec_module if codec_module is not None else (_nvimgcodec() if kind != "nvjpeg" else None)
+        if kind == "nvimgcodec" and module is None:
+            raise RuntimeError("TRAINOP_DEVICE_DECODER=nvimgcodec but nvidia-nvimgcodec-cu13 is not installed")
+        self._codec = self._params = None
+        self.refused = 0  # images the device decoder refused and the CPU decoded (nvimgcodec)
+        if device.type == "cuda" and module is not None:
+            backends = [module.Backend(module.BackendKind.HW_GPU_ONLY), module.Backend(module.BackendKind.GPU_ONLY),
+                        module.Backend(module.BackendKind.CPU_ONLY)]
+            # two CPU threads: it parses and feeds the hardware engines; the rank's process is one
+            # core of the node's budget (data.auto_workers), not one thread per core of the node
+            self._codec = module.Decoder(device_id=device.index or 0, max_num_cpu_threads=2, backends=backends)
+            # the CPU path's decode (torchvision) ignores EXIF orientation: so must this one
+            self._params = module.DecodeParams(apply_exif_orientation=False, color_spec=module.ColorSpec.SRGB,
+                                               sample_format=module.SampleFormat.I_RGB)
+            self._module = module
+        self.name = "nvimgcodec" if self._codec is not None else ("nvjpeg" if device.type == "cuda" else "cpu")
+
+    def decode(self, views: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self._codec is not None:
+            return self._decode_nvimgcodec(views)
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        if self.device.type != "cuda":
+            return [_cpu_decode(v).to(self.device) for v in views]
+        try:
+            return decode_jpeg(views, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:  # a PNG or a JPEG nvJPEG refuses (CMYK) in the batch: one at a time
+            images = []
+            for v in views:
+                try:
+                    images.append(decode_jpeg(v, mode=ImageReadMode.RGB, device=self.device))
+                except RuntimeError:
+                    images.append(_cpu_decode(v).to(self.device))
+            return images
+
+    def _decode_nvimgcodec(self, views):
+        module = self._module
+        streams = [module.CodeStream(v.numpy()) for v in views]
+        stream = torch.cuda.current_stream(self.device)
+        decoded = self._codec.decode(streams, params=self._params, cuda_stream=stream.cuda_stream)
+        out = []
+        for v, image in zip(views, decoded):
+            if image is None:  # refused by every backend (a PNG among JPEGs, say): the CPU decode
+                self.refused += 1
+                out.append(_cpu_decode(v).to(self.device))
+            else:  # HWC interleaved RGB on the device, ordered on `stream`
+                out.append(torch.as_tensor(image, device=self.device).permute(2, 0, 1))
+        return out
+
+
+def _cpu_decode(view: torch.Tensor) -> torch.Tensor:
+    from torchvision.io import ImageReadMode, decode_image
+
+    return decode_image(view, mode=ImageReadMode.RGB)
+
+
+def decode_batch(encoded, offsets, boxes, flips, image_size: int, device: torch.device, memory_format,
+                 decoder: DeviceDecoder | None = None) -> torch.Tensor:
+    """The GPU path's device half: decode (`decoder`; by default the device's, DeviceDecoder), then
+    the contract's crop, bilinear antialiased resize, flip and normalisation on `device`."""
+    decoder = decoder if decoder is not None else DeviceDecoder(device)
     bounds = offsets.tolist()
     views = [encoded[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
-    try:
-        images = decode_jpeg(views, mode=ImageReadMode.RGB, device=device)
-    except RuntimeError:  # a PNG or a JPEG nvJPEG refuses (CMYK): decode those on the CPU
-        images = []
-        for v in views:
-            try:
-                images.append(decode_jpeg(v, mode=ImageReadMode.RGB, device=device))
-            except RuntimeError:
-                images.append(decode_image(v, mode=ImageReadMode.RGB).to(device))
+    images = decoder.decode(views)
     out = torch.empty((len(views), 3, image_size, image_size), dtype=torch.float32, device=device)
     # One resize per image (the crops differ in size), written in place through the ATen op:
     # F.interpolate's Python checks and a copy per image would hold the GIL the training thread
@@ -202,23 +276,58 @@ def decode_batch(encoded, offsets, boxes, flips, image_size: int, device: torch.
     return out.contiguous(memory_format=memory_format)
 
 
-def cpu_share(decode_on: str, workers: int) -> float:
-    """The fraction of each batch the loader workers decode on the CPU; the GPU decodes the rest.
+def cpu_share(decode_on: str, workers: int, cpu_rate: float = 0.0, device_rate: float = 0.0) -> float:
+    """The fraction of each batch the loader workers decode on the CPU; the device decodes the rest.
 
-    `split` (the default with GPUs) sizes it so that the workers' decodes, at PER_CORE images/s
-    each, cover as much of the GPU's appetite (TARGET images/s) as they can, and nvJPEG the rest:
-    both decoders work at once and neither alone has to keep up (DALI splits its hardware and
-    hybrid decoders the same way). Measured on an H100 (docs/benchmarks.md): with 7 workers, split
-    trains 1.31x as fast as the CPU path alone; with 11 or more the CPU takes whole batches."""
+    `split` (the default with GPUs) gives each decoder a share in proportion to the rate this host
+    measured for it at start-up (`measure_rates`): `workers` x `cpu_rate` (one worker's images/s)
+    on the CPU, `device_rate` (the device stage's images/s) on the GPU, so that both finish their
+    parts of a batch at the same time and the batch comes as fast as the two can make it. A host
+    with fewer cores per GPU measures less CPU and moves work to the GPU; one whose device decoder
+    is slow keeps it on the CPU. It is not all-CPU where the cores would keep up: decoding on the
+    CPU loads the host, and the rank's own process, which launches the GPU's work, then issues it
+    late (issue 27: the GPU's time per step grew with the CPU load; docs/benchmarks.md). No rates
+    (a measurement that failed): all on the CPU, the path that needs nothing of the device."""
     if decode_on in ("cpu", "gpu"):
         return 1.0 if decode_on == "cpu" else 0.0
-    return min(1.0, workers * PER_CORE / TARGET)
+    cpu = max(0.0, workers * cpu_rate)
+    if cpu + device_rate <= 0 or device_rate <= 0:
+        return 1.0
+    return cpu / (cpu + device_rate)
 
 
-# images/s one loaded core decodes (ImageNet-like JPEG, crop, resize): 427 measured with decode_into
-# (15 workers beside the training rank on 16 cores of an H100 host; PIL gave 240)
-PER_CORE = 400
-TARGET = 4000  # images/s ResNet-50 trains at on one H100 (bf16, batch 256, eager): 3,975 measured
+def measure_rates(reader: BatchReader, plan: data.BatchPlan, image_size: int, device: torch.device,
+                  decoder: DeviceDecoder, cpu_images: int = 24, memory_format=torch.contiguous_format):
+    """(one worker's images/s, the device stage's images/s), timed here at start-up on the rank's
+    own first batch: the worker's decode (`decode_into`) on `cpu_images` images, one at a time as
+    a worker does (median, so a page fault or a preemption does not set the rate); the device's
+    `decode_batch` on the whole batch, after one untimed call (nvJPEG's and the allocator's set-up).
+    About 0.1 s of CPU and two batches of GPU decode before the workers start."""
+    import time
+
+    epoch, indices = plan.batch(0)
+    head, _ = data.read_batch(reader.samples, reader.pool, epoch, indices[:cpu_images], reader.seed, reader.rank,
+                              reader.train)
+    scratch = torch.empty((image_size, image_size, 3), dtype=torch.uint8)
+    times = []
+    for pick in head:
+        start = time.perf_counter()
+        decode_into(pick.raw, pick.crop, image_size, scratch)
+        times.append(time.perf_counter() - start)
+    cpu_rate = 1.0 / max(float(np.median(times)), 1e-6)
+    _, encoded, offsets, boxes, flips, _, _ = reader[(epoch, indices, 0)]
+    cuda = device.type == "cuda"
+    device_rate = 0.0
+    for timed in (False, True):
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        decode_batch(encoded, offsets, boxes, flips, image_size, device, memory_format, decoder)
+        if cuda:
+            torch.cuda.synchronize(device)
+        if timed:
+            device_rate = len(boxes) / max(time.perf_counter() - start, 1e-6)
+    return cpu_rate, device_rate
 
 
 class Loader:
@@ -228,11 +337,18 @@ class Loader:
 
     def __init__(self, dataset: data.DataSet, rank: int, size: int, batch_size: int, image_size: int,
                  seed: int, workers: int, decode_on: str, read_mode: str, device: torch.device,
-                 memory_format=torch.contiguous_format, max_bad_samples: float = data.MAX_BAD_SAMPLES):
+                 memory_format=torch.contiguous_format, max_bad_samples: float = data.MAX_BAD_SAMPLES,
+                 rates: tuple[float, float] | None = None):
         self.plan = data.BatchPlan(tuple(dataset.blocks(rank, size, read_mode)), batch_size, seed, rank)
         self.reader = BatchReader(dataset.samples, image_size, seed, rank, pool=self.plan.pool)
         self.bad_samples = data.BadSamples(dataset.samples, max_bad_samples)
-        self.cpu_count = round(cpu_share(decode_on, workers) * batch_size)
+        self.decoder = DeviceDecoder(device) if decode_on != "cpu" else None
+        # `split`: this host's rates (one worker's and the device stage's images/s), measured here
+        # before the workers start unless given (tests); they size the CPU's share of each batch
+        if decode_on == "split" and rates is None:
+            rates = measure_rates(self.reader, self.plan, image_size, device, self.decoder, memory_format=memory_format)
+        self.rates = rates
+        self.cpu_count = round(cpu_share(decode_on, workers, *(rates or (0.0, 0.0))) * batch_size)
         self.workers, self.device, self.memory_format = workers, device, memory_format
         self.image_size = image_size
         self.consumed = 0  # batches handed to the training loop: the whole resumable state
@@ -267,7 +383,8 @@ class Loader:
         if len(images):
             parts.append(finish_uint8(images.to(self.device, non_blocking=True), self.memory_format))
         if len(boxes):
-            parts.append(decode_batch(encoded, offsets, boxes, flips, self.image_size, self.device, self.memory_format))
+            parts.append(decode_batch(encoded, offsets, boxes, flips, self.image_size, self.device, self.memory_format,
+                                      self.decoder))
         x = parts[0] if len(parts) == 1 else torch.cat(parts).contiguous(memory_format=self.memory_format)
         return x, labels.to(self.device, non_blocking=True), bad
 

@@ -108,7 +108,10 @@ def _folder_batches(cfg: Config, world: World, device: torch.device, memory_form
     if start:
         loader.load_state_dict({**loader.state_dict(), "batches": start})
     print(f"trainop_trainer: rank {world.rank} decodes {loader.cpu_count} of every {cfg.batch_size} images on the "
-          f"CPU ({workers} loader workers), the rest on the {device.type.upper()} ({decode_on})",
+          f"CPU ({workers} loader workers), the rest on the {device.type.upper()} ({decode_on}"
+          + (f", {loader.decoder.name}" if loader.decoder is not None else "")
+          + (f"; measured: {loader.rates[0]:.0f} images/s per worker, {loader.rates[1]:.0f} on the device"
+             if loader.rates else "") + ")",
           file=sys.stderr, flush=True)
     return loader, dataset.steps_per_epoch(world.size, cfg.batch_size, mode)
 
