@@ -72,9 +72,9 @@ def test_split_batches_share_the_decode_between_cpu_and_device(image_tars):
     ds = data.scan(image_tars)
 
     def first_batch(decode_on, workers):
-        # rates given: 5 workers at 100 images/s each and a device stage at 500 share a batch half and half
+        # rates given: 5 workers at 100 images/s each keep up with half of a model that trains at 1,000
         loader = torch_data.Loader(ds, 0, 1, 8, SIZE, 42, workers, decode_on, "sequential", torch.device("cpu"),
-                                   rates=(100.0, 500.0))
+                                   rates=(100.0, 1000.0))
         loader.workers = 0  # decode in this process; the share stays that of `workers` workers
         return loader.cpu_count, next(loader)
 

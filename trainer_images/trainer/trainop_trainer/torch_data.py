@@ -12,8 +12,9 @@ Decode paths, one augmentation contract (data.py):
   thread of the rank's process decodes them (`DeviceDecoder`, batched), crops, resizes, flips and
   normalises on the device, on a side stream, a couple of batches ahead of the training step.
 - `split` (the default when the job has GPUs): the first `cpu_share` of every batch goes the `cpu`
-  way, the rest the `gpu` way, so the node's cores and the device's decoder both work, each share
-  in proportion to the rate measured for it on this host at start-up (`measure_rates`).
+  way, the rest the `gpu` way: the workers take what they keep up with at the rates measured on
+  this host at start-up (`cpu_share`: a worker's decode rate under load, the model's training
+  rate), the device the rest.
 - The device decoder (`DeviceDecoder`) is nvImageCodec where installed (the GPU's hardware JPEG
   engines, batched, state kept between calls), else torchvision's nvJPEG.
 
@@ -203,7 +204,8 @@ class DeviceDecoder:
             raise RuntimeError("TRAINOP_DEVICE_DECODER=nvimgcodec but nvidia-nvimgcodec-cu13 is not installed")
         self._codec = self._params = None
         self.refused = 0  # images the device decoder refused and the CPU decoded (nvimgcodec)
-        if device.type == "cuda" and module is not None:
+        # a module given (tests: a stand-in for the GPU library) is used on any device
+        if module is not None and (device.type == "cuda" or codec_module is not None):
             backends = [module.Backend(module.BackendKind.HW_GPU_ONLY), module.Backend(module.BackendKind.GPU_ONLY),
                         module.Backend(module.BackendKind.CPU_ONLY)]
             # two CPU threads: it parses and feeds the hardware engines; the rank's process is one
@@ -236,8 +238,8 @@ class DeviceDecoder:
     def _decode_nvimgcodec(self, views):
         module = self._module
         streams = [module.CodeStream(v.numpy()) for v in views]
-        stream = torch.cuda.current_stream(self.device)
-        decoded = self._codec.decode(streams, params=self._params, cuda_stream=stream.cuda_stream)
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        decoded = self._codec.decode(streams, params=self._params, cuda_stream=stream)
         out = []
         for v, image in zip(views, decoded):
             if image is None:  # refused by every backend (a PNG among JPEGs, say): the CPU decode
@@ -276,58 +278,99 @@ def decode_batch(encoded, offsets, boxes, flips, image_size: int, device: torch.
     return out.contiguous(memory_format=memory_format)
 
 
-def cpu_share(decode_on: str, workers: int, cpu_rate: float = 0.0, device_rate: float = 0.0) -> float:
+def cpu_share(decode_on: str, workers: int, worker_rate: float = 0.0, appetite: float = 0.0) -> float:
     """The fraction of each batch the loader workers decode on the CPU; the device decodes the rest.
 
-    `split` (the default with GPUs) gives each decoder a share in proportion to the rate this host
-    measured for it at start-up (`measure_rates`): `workers` x `cpu_rate` (one worker's images/s)
-    on the CPU, `device_rate` (the device stage's images/s) on the GPU, so that both finish their
-    parts of a batch at the same time and the batch comes as fast as the two can make it. A host
-    with fewer cores per GPU measures less CPU and moves work to the GPU; one whose device decoder
-    is slow keeps it on the CPU. It is not all-CPU where the cores would keep up: decoding on the
-    CPU loads the host, and the rank's own process, which launches the GPU's work, then issues it
-    late (issue 27: the GPU's time per step grew with the CPU load; docs/benchmarks.md). No rates
-    (a measurement that failed): all on the CPU, the path that needs nothing of the device."""
+    `split` (the default with GPUs): the workers take as much of the batch as they keep up with,
+    `workers` x `worker_rate` images/s against the `appetite` (images/s the model trains at), both
+    measured on this host at start-up (`measure_worker_rate`, `measure_appetite`); the device
+    decodes the rest. So a host with fewer cores per GPU, or slower ones, or a faster GPU, moves
+    work to the GPU, and one whose cores keep up leaves the GPU to train. Why the CPU first: on 4x
+    H100 (docs/benchmarks.md, issue 27) the device decode alone trained at 0.66 of synthetic, and
+    a split in proportion to the two decoders' rates (about 45% on the device) at 0.79, against
+    0.93-0.99 with every image on the CPU: each image the device decodes costs the rank's own
+    process about 0.1 ms of CPU under the GIL (decode call, crop, resize launch), and that process
+    is the one that launches the training step. No rates (a CPU device, or a measurement that
+    failed): all on the CPU, the path that needs nothing of the device."""
     if decode_on in ("cpu", "gpu"):
         return 1.0 if decode_on == "cpu" else 0.0
-    cpu = max(0.0, workers * cpu_rate)
-    if cpu + device_rate <= 0 or device_rate <= 0:
+    if worker_rate <= 0 or appetite <= 0:
         return 1.0
-    return cpu / (cpu + device_rate)
+    return min(1.0, workers * worker_rate / appetite)
 
 
-def measure_rates(reader: BatchReader, plan: data.BatchPlan, image_size: int, device: torch.device,
-                  decoder: DeviceDecoder, cpu_images: int = 24, memory_format=torch.contiguous_format):
-    """(one worker's images/s, the device stage's images/s), timed here at start-up on the rank's
-    own first batch: the worker's decode (`decode_into`) on `cpu_images` images, one at a time as
-    a worker does (median, so a page fault or a preemption does not set the rate); the device's
-    `decode_batch` on the whole batch, after one untimed call (nvJPEG's and the allocator's set-up).
-    About 0.1 s of CPU and two batches of GPU decode before the workers start."""
+_RATE_PICKS: list = []  # the images measure_worker_rate's forked processes decode (inherited, not pickled)
+
+
+def _time_decodes(image_size: int) -> float:
+    """In a forked measuring process: the median seconds per image of decode_into over _RATE_PICKS."""
+    _one_thread(0)
     import time
 
-    epoch, indices = plan.batch(0)
-    head, _ = data.read_batch(reader.samples, reader.pool, epoch, indices[:cpu_images], reader.seed, reader.rank,
-                              reader.train)
     scratch = torch.empty((image_size, image_size, 3), dtype=torch.uint8)
     times = []
-    for pick in head:
+    for pick in _RATE_PICKS:
         start = time.perf_counter()
         decode_into(pick.raw, pick.crop, image_size, scratch)
         times.append(time.perf_counter() - start)
-    cpu_rate = 1.0 / max(float(np.median(times)), 1e-6)
-    _, encoded, offsets, boxes, flips, _, _ = reader[(epoch, indices, 0)]
+    return float(np.median(times))
+
+
+def measure_worker_rate(reader: BatchReader, plan: data.BatchPlan, image_size: int, workers: int,
+                        images: int = 16) -> float:
+    """One loader worker's images/s on this host, under the load of training: `workers` processes
+    (forked, as the DataLoader's are) each decode the rank's first `images` images at once, while
+    the node's other ranks do the same at start-up, so the cores are as busy as in training
+    (a lone decode on an idle node ran 1.1-1.9x faster than a loaded worker: docs/benchmarks.md).
+    The median over images (a page fault or preemption does not set it), then over processes."""
+    import multiprocessing
+
+    global _RATE_PICKS
+    epoch, indices = plan.batch(0)
+    _RATE_PICKS, _ = data.read_batch(reader.samples, reader.pool, epoch, indices[:images], reader.seed, reader.rank,
+                                     reader.train)
+    try:
+        if workers <= 0:
+            return 1.0 / max(_time_decodes(image_size), 1e-6)
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            seconds = pool.map(_time_decodes, [image_size] * workers, chunksize=1)
+    finally:
+        _RATE_PICKS = []
+    return 1.0 / max(float(np.median(seconds)), 1e-6)
+
+
+def measure_appetite(model: torch.nn.Module, batch_size: int, image_size: int, device: torch.device,
+                     memory_format, precision: str, steps: int = 3) -> float:
+    """Images/s `model` trains at on random input: forward and backward (autocast as in training)
+    after one untimed pass, timed on the device. The model comes back as it was (parameters,
+    batch-norm statistics, no gradients), so the run trains the same with or without it. It leaves
+    out the all-reduce and the optimizer (a few %), so it errs towards a larger appetite: more on
+    the device, never a starved step. (The trainer times it on GPUs only: torch_train._appetite.)"""
+    import time
+
     cuda = device.type == "cuda"
-    device_rate = 0.0
-    for timed in (False, True):
-        if cuda:
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        decode_batch(encoded, offsets, boxes, flips, image_size, device, memory_format, decoder)
-        if cuda:
-            torch.cuda.synchronize(device)
-        if timed:
-            device_rate = len(boxes) / max(time.perf_counter() - start, 1e-6)
-    return cpu_rate, device_rate
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(memory_format=memory_format)
+    y = torch.randint(0, 2, (batch_size,), device=device)
+    was_training = model.training
+    model.train()
+    try:
+        for timed in (False, True):
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            for _ in range(steps if timed else 1):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+            if cuda:
+                torch.cuda.synchronize(device)
+        seconds = (time.perf_counter() - start) / steps
+    finally:
+        model.load_state_dict(saved)
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return batch_size / max(seconds, 1e-6)
 
 
 class Loader:
@@ -338,15 +381,16 @@ class Loader:
     def __init__(self, dataset: data.DataSet, rank: int, size: int, batch_size: int, image_size: int,
                  seed: int, workers: int, decode_on: str, read_mode: str, device: torch.device,
                  memory_format=torch.contiguous_format, max_bad_samples: float = data.MAX_BAD_SAMPLES,
-                 rates: tuple[float, float] | None = None):
+                 rates: tuple[float, float] | None = None, appetite: float = 0.0):
         self.plan = data.BatchPlan(tuple(dataset.blocks(rank, size, read_mode)), batch_size, seed, rank)
         self.reader = BatchReader(dataset.samples, image_size, seed, rank, pool=self.plan.pool)
         self.bad_samples = data.BadSamples(dataset.samples, max_bad_samples)
         self.decoder = DeviceDecoder(device) if decode_on != "cpu" else None
-        # `split`: this host's rates (one worker's and the device stage's images/s), measured here
-        # before the workers start unless given (tests); they size the CPU's share of each batch
-        if decode_on == "split" and rates is None:
-            rates = measure_rates(self.reader, self.plan, image_size, device, self.decoder, memory_format=memory_format)
+        # `split`: this host's rates, (one worker's images/s, the model's images/s), size the CPU's
+        # share of each batch; the worker's is measured here before the workers start, the model's
+        # (`appetite`, measure_appetite) by the caller, unless `rates` gives both (tests)
+        if decode_on == "split" and rates is None and appetite > 0:
+            rates = (measure_worker_rate(self.reader, self.plan, image_size, workers), appetite)
         self.rates = rates
         self.cpu_count = round(cpu_share(decode_on, workers, *(rates or (0.0, 0.0))) * batch_size)
         self.workers, self.device, self.memory_format = workers, device, memory_format
