@@ -1,5 +1,5 @@
 """Issue 27: `split` sized from this host's measured rates, and the GPU path's decoder
-(`torch_data.DeviceDecoder`: nvImageCodec where installed, else torchvision's nvJPEG).
+(`torch_data.DeviceDecoder`: torchvision's nvJPEG, or nvImageCodec where installed and asked for).
 
 CPU-only: the GPU library is replaced by `MockNvImgCodec`, a stand-in for nvImageCodec's Python
 module (named as such) that decodes on the CPU, so the decoder's own logic (batched call, the
@@ -168,9 +168,11 @@ def test_images_the_device_decoder_refuses_are_decoded_on_the_cpu(image_folder):
 
 
 def test_the_decoder_choice(monkeypatch):
-    monkeypatch.setattr(torch_data, "_nvimgcodec", lambda: None)  # not installed
     monkeypatch.delenv("TRAINOP_DEVICE_DECODER", raising=False)
+    # the default is torchvision's nvJPEG (measured no slower): nvImageCodec is not even imported
+    monkeypatch.setattr(torch_data, "_nvimgcodec", lambda: pytest.fail("imported"))
     assert torch_data.DeviceDecoder(torch.device("cpu")).name == "cpu"
+    monkeypatch.setattr(torch_data, "_nvimgcodec", lambda: None)  # not installed
     with pytest.raises(RuntimeError, match="nvimgcodec"):
         torch_data.DeviceDecoder(torch.device("cpu"), "nvimgcodec")
     monkeypatch.setenv("TRAINOP_DEVICE_DECODER", "nvimgcodec")

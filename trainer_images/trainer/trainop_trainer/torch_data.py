@@ -15,8 +15,8 @@ Decode paths, one augmentation contract (data.py):
   way, the rest the `gpu` way: the workers take what they keep up with at the rates measured on
   this host at start-up (`cpu_share`: a worker's decode rate under load, the model's training
   rate), the device the rest.
-- The device decoder (`DeviceDecoder`) is nvImageCodec where installed (the GPU's hardware JPEG
-  engines, batched, state kept between calls), else torchvision's nvJPEG.
+- The device decoder (`DeviceDecoder`) is torchvision's nvJPEG, or nvImageCodec (the GPU's
+  hardware JPEG engines) where installed and asked for: measured, neither limits the GPU path.
 
 Bad samples: every path reads through `data.read_batch`, in the worker: an empty, unidentifiable
 or truncated file is replaced in its slot there (data.py's module docstring), so the `gpu` half
@@ -186,20 +186,22 @@ def _nvimgcodec():
 class DeviceDecoder:
     """The GPU path's JPEG decoder: encoded views -> CHW uint8 images on `device`.
 
-    `nvimgcodec` (the default where nvidia-nvimgcodec-cu13 is installed): one batched call per
-    batch that tries the GPU's hardware JPEG engines first (H100: NVJPG), then nvJPEG's CUDA
-    decoder; it keeps its decoder state between calls. `nvjpeg`: torchvision's `decode_jpeg(
-    device="cuda")`, which sets nvJPEG up per call, synchronises and serialises behind one mutex
-    (issue 18's notes); the measured rates are in docs/benchmarks.md. Either way an image the
-    device decoder refuses (a PNG, a CMYK JPEG) is decoded on the CPU and moved over; on a CPU
-    device everything is (what the CPU-only tests run).
-    `kind`: auto (nvimgcodec if importable), nvimgcodec, nvjpeg; TRAINOP_DEVICE_DECODER overrides
-    auto, so a run can compare the two on one machine."""
+    `nvjpeg` (the default): torchvision's `decode_jpeg(device="cuda")`, one batched call per batch.
+    `nvimgcodec` (TRAINOP_DEVICE_DECODER=nvimgcodec, where nvidia-nvimgcodec-cu13 and
+    nvidia-nvjpeg are installed): nvImageCodec, one batched call that tries the GPU's hardware
+    JPEG engines first, then the CPU; it keeps its decoder state between calls. Measured on 4x
+    H100, 4 ranks decoding at once (docs/benchmarks.md, issue 27): torchvision 13,300-16,600
+    images/s per GPU at 0.06-0.075 ms of the rank process's CPU per image, nvImageCodec 10,700-
+    11,400 at 0.095-0.10 ms (hardware engines alone: 11,000-14,300); both 2.5-4x what ResNet-50
+    trains at, so the decoder is not what limits the GPU path, and the default stays the one that
+    needs no extra wheel. Either way an image the device decoder refuses (a PNG, a CMYK JPEG) is
+    decoded on the CPU and moved over; on a CPU device everything is (what the CPU-only tests run).
+    `kind`: auto (TRAINOP_DEVICE_DECODER, else nvjpeg), nvimgcodec, nvjpeg."""
 
     def __init__(self, device: torch.device, kind: str = "auto", codec_module=None):
         self.device = device
-        kind = os.environ.get("TRAINOP_DEVICE_DECODER", "auto") if kind == "auto" else kind
-        module = codec_module if codec_module is not None else (_nvimgcodec() if kind != "nvjpeg" else None)
+        kind = os.environ.get("TRAINOP_DEVICE_DECODER", "nvjpeg") if kind == "auto" else kind
+        module = codec_module if codec_module is not None else (_nvimgcodec() if kind == "nvimgcodec" else None)
         if kind == "nvimgcodec" and module is None:
             raise RuntimeError("TRAINOP_DEVICE_DECODER=nvimgcodec but nvidia-nvimgcodec-cu13 is not installed")
         self._codec = self._params = None
