@@ -2,10 +2,12 @@
 # Input-pipeline benchmark (issue 18): the trainer on synthetic data vs real JPEGs, PyTorch, ResNet-50.
 #
 # In one run on a GPU machine with no network: generate the JPEG set deterministically
-# (bench/make_jpegs.py: ImageNet-like sizes, as class folders and as .tar shards), then train on
-# 1 GPU and on every GPU with synthetic data and with JPEGs: the default (`--decode auto`: split,
-# each batch shared between the loader workers' decode and nvJPEG on the GPU), the GPU path alone
-# and the CPU path alone, default loader settings; print images/sec and the ratio to synthetic.
+# (bench/make_jpegs.py: ImageNet-like sizes, as class folders and as .tar shards); time the GPU
+# path's decoders alone (DECODE_PROBE=1: bench/gpu_decode_probe.py, every GPU at once, then one);
+# then train on every GPU, by default issue 27's cases: synthetic data, JPEGs with default
+# settings (`--decode auto`: split, the workers take what they keep up with at the rates each
+# rank measures at start-up, the device decoder the rest) on tars and on class folders, both
+# again at CORES_PER_GPU, and the GPU path alone; print images/sec and the ratio to synthetic.
 # Then (PROBE=1) bench/loader_probe.py times the loaders alone, without a model, to show where the
 # old CPU pipeline lost its time.
 #
