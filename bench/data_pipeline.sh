@@ -2,10 +2,12 @@
 # Input-pipeline benchmark (issue 18): the trainer on synthetic data vs real JPEGs, PyTorch, ResNet-50.
 #
 # In one run on a GPU machine with no network: generate the JPEG set deterministically
-# (bench/make_jpegs.py: ImageNet-like sizes, as class folders and as .tar shards), then train on
-# 1 GPU and on every GPU with synthetic data and with JPEGs: the default (`--decode auto`: split,
-# each batch shared between the loader workers' decode and nvJPEG on the GPU), the GPU path alone
-# and the CPU path alone, default loader settings; print images/sec and the ratio to synthetic.
+# (bench/make_jpegs.py: ImageNet-like sizes, as class folders and as .tar shards); time the GPU
+# path's decoders alone (DECODE_PROBE=1: bench/gpu_decode_probe.py, every GPU at once, then one);
+# then train on every GPU, by default issue 27's cases: synthetic data, JPEGs with default
+# settings (`--decode auto`: split, the workers take what they keep up with at the rates each
+# rank measures at start-up, the device decoder the rest) on tars and on class folders, both
+# again at CORES_PER_GPU, and the GPU path alone; print images/sec and the ratio to synthetic.
 # Then (PROBE=1) bench/loader_probe.py times the loaders alone, without a model, to show where the
 # old CPU pipeline lost its time.
 #
@@ -18,12 +20,13 @@
 #   bash bench/data_pipeline.sh
 # Environment: OUT (output folder, /tmp/data-bench), DATA (/tmp/jpegs; generated when missing),
 # IMAGES (25600), GPUS (all), RUNS (kind:GPUs[:cores per GPU]; kind synthetic or <decode>-<layout>,
-# decode auto | gpu | cpu, layout tar | folder), CORES_PER_GPU (12: the default RUNS' reduced-core
+# decode auto | gpu | cpu, layout tar | folder; a kind ending in +compile adds --compile), CORES_PER_GPU (12: the default RUNS' reduced-core
 # cases), REPEAT (3 rounds), DEADLINE (seconds after the start after which no new run starts; none),
 # BATCH (256 per GPU), STEPS (50 per epoch), EPOCHS (3; the first is not timed), PROBE (1), PROBES
 # (the loader_probe variants), TRACE (0; 1: train through bench/spread_trace.py and summarise each
 # run's traces (raw under TRACES, tarred into OUT/traces.tgz): per-step and GPU step times,
 # per-worker batch times, CPU steal, GPU clocks),
+# DECODE_PROBE (1: time the GPU path's decoders alone first, bench/gpu_decode_probe.py),
 # EXTRA (more trainer arguments), PY (python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +34,7 @@ OUT="${OUT:-/tmp/data-bench}" PY="${PY:-python3}" DATA="${DATA:-/tmp/jpegs}"
 IMAGES="${IMAGES:-25600}" BATCH="${BATCH:-256}" STEPS="${STEPS:-50}" EPOCHS="${EPOCHS:-3}"
 GPUS="${GPUS:-$(nvidia-smi -L | wc -l)}"
 CORES_PER_GPU="${CORES_PER_GPU:-12}" REPEAT="${REPEAT:-3}" DEADLINE="${DEADLINE:-}" TRACE="${TRACE:-0}"
-RUNS="${RUNS:-synthetic:1 auto-tar:1 gpu-tar:1 cpu-tar:1 synthetic:$GPUS auto-tar:$GPUS gpu-tar:$GPUS cpu-tar:$GPUS auto-folder:$GPUS auto-tar:$GPUS:$CORES_PER_GPU auto-folder:$GPUS:$CORES_PER_GPU}"
+RUNS="${RUNS:-synthetic:$GPUS auto-tar:$GPUS auto-folder:$GPUS auto-tar:$GPUS:$CORES_PER_GPU auto-folder:$GPUS:$CORES_PER_GPU gpu-tar:$GPUS}"
 PROBE="${PROBE:-1}" PROBES="${PROBES:-pil old old-nopin old-uint8 new-cpu new-gpu}"
 T0=$(date +%s) TRACES="${TRACES:-/tmp/data-bench-traces}"
 mkdir -p "$OUT"
@@ -49,6 +52,14 @@ if [[ ! -d $DATA/tar ]]; then
   echo "generated in $(( $(date +%s) - start )) s"
 fi
 
+# The GPU path's decoders alone (bench/gpu_decode_probe.py): every GPU at once, then one.
+if [[ ${DECODE_PROBE:-1} == 1 ]]; then
+  for n in "$GPUS" 1; do
+    torchrun --standalone --nproc-per-node "$n" bench/gpu_decode_probe.py "$DATA/tar" >"$OUT/decode-probe-$n.log" 2>&1
+    grep -h '^{"probe' "$OUT/decode-probe-$n.log" | tee -a "$OUT/decode-probe.jsonl"
+  done
+fi
+
 rate_of() {  # the trainer's final images/sec from its log
   "$PY" -c 'import json,sys
 for l in open(sys.argv[1]):
@@ -59,6 +70,8 @@ for round in $(seq 1 "$REPEAT"); do
 for run in $RUNS; do
   if [[ -n $DEADLINE ]] && (( $(date +%s) - T0 > DEADLINE )); then echo "deadline: no more runs"; break 2; fi
   IFS=: read -r kind n cores <<<"$run"
+  more=() case=$kind
+  if [[ $kind == *+compile ]]; then kind=${kind%+compile}; more=(--compile); fi
   case $kind in
     synthetic) src=(--synthetic --num-classes 100) ;;
     gpu-*) src=(--data-dir "$DATA/${kind#*-}" --decode gpu) ;;
@@ -66,8 +79,8 @@ for run in $RUNS; do
     cpu-*) src=(--data-dir "$DATA/${kind#*-}" --decode cpu) ;;
   esac
   [[ $kind == *-folder ]] && src[1]="$DATA/folder/train"
-  pin=() case=$kind
-  if [[ -n $cores ]]; then pin=(taskset -c "0-$(( cores * n - 1 ))"); case="$kind@${cores}cpg"; fi
+  pin=()
+  if [[ -n $cores ]]; then pin=(taskset -c "0-$(( cores * n - 1 ))"); case="$case@${cores}cpg"; fi
   log="$OUT/train-$case-$n-$round.log"
   start=$(date +%s)
   if [[ $TRACE == 1 ]]; then
@@ -77,13 +90,13 @@ for run in $RUNS; do
       --format=csv,noheader -lms 500 >"$trace/gpu.csv" 2>/dev/null & smi_pid=$!
     TRACE_DIR="$trace" "${pin[@]}" torchrun --standalone --nproc-per-node "$n" bench/spread_trace.py --framework pytorch \
       --backend native "${src[@]}" --precision bf16 --channels-last --batch-size "$BATCH" --epochs "$EPOCHS" \
-      --steps-per-epoch "$STEPS" --output-dir "/tmp/data-bench-$kind-$n" ${EXTRA:-} >"$log" 2>&1
+      --steps-per-epoch "$STEPS" --output-dir "/tmp/data-bench-$kind-$n" "${more[@]}" ${EXTRA:-} >"$log" 2>&1
     kill "$sys_pid" "$smi_pid"; wait "$sys_pid" "$smi_pid" 2>/dev/null
     BATCH="$BATCH" "$PY" bench/spread_trace.py --summary "$trace" >>"$OUT/trace-summary.jsonl"
   else
     "${pin[@]}" torchrun --standalone --nproc-per-node "$n" -m trainop_trainer --framework pytorch --backend native "${src[@]}" \
       --precision bf16 --channels-last --batch-size "$BATCH" --epochs "$EPOCHS" --steps-per-epoch "$STEPS" \
-      --output-dir "/tmp/data-bench-$kind-$n" ${EXTRA:-} >"$log" 2>&1
+      --output-dir "/tmp/data-bench-$kind-$n" "${more[@]}" ${EXTRA:-} >"$log" 2>&1
   fi
   rate=$(rate_of "$log")
   echo "{\"run\": \"$case\", \"gpus\": $n, \"round\": $round, \"imagesPerSec\": ${rate:-null}, \"seconds\": $(( $(date +%s) - start )), \"t\": $(( $(date +%s) - T0 ))}" | tee -a "$results"

@@ -3,6 +3,7 @@ auto worker count, sequential reads of tar shards, the resumable batch plan, and
 end to end on a small generated JPEG set."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -71,11 +72,12 @@ def test_split_batches_share_the_decode_between_cpu_and_device(image_tars):
     ds = data.scan(image_tars)
 
     def first_batch(decode_on, workers):
-        loader = torch_data.Loader(ds, 0, 1, 8, SIZE, 42, workers, decode_on, "sequential", torch.device("cpu"))
+        # rates given: 5 workers at 100 images/s each keep up with half of a model that trains at 1,000
+        loader = torch_data.Loader(ds, 0, 1, 8, SIZE, 42, workers, decode_on, "sequential", torch.device("cpu"),
+                                   rates=(100.0, 1000.0))
         loader.workers = 0  # decode in this process; the share stays that of `workers` workers
         return loader.cpu_count, next(loader)
 
-    assert torch_data.cpu_share("split", 5) == 0.5 and torch_data.cpu_share("split", 11) == 1.0
     (n_cpu, (x_cpu, y_cpu)), (n_split, (x_split, y_split)) = first_batch("cpu", 0), first_batch("split", 5)
     assert (n_cpu, n_split) == (8, 4)
     assert torch.equal(y_cpu, y_split) and x_cpu.shape == x_split.shape
@@ -229,8 +231,10 @@ def test_cpu_path_trains_on_tar_shards_with_default_workers(image_tars, tmp_path
                                    "--image-size", "32", "--model", "resnet18", "--batch-size", "2", "--epochs", "1",
                                    "--warmup-epochs", "1"], tmp_path)
     assert run.returncode == 0, run.explain()
-    decode_on = "split" if torch.cuda.is_available() else "cpu"
-    on_cpu = round(torch_data.cpu_share(decode_on, data.auto_workers(2, decode_on)) * 2)
-    assert "sequential reads" in run.stderr and f"decodes {on_cpu} of every 2 images on the CPU" in run.stderr
+    if torch.cuda.is_available():  # split, sized by the rates the rank measured (printed on the same line)
+        assert re.search(r"decodes [0-2] of every 2 images on the CPU .*measured: \d+ images/s per worker", run.stderr)
+    else:
+        assert "decodes 2 of every 2 images on the CPU" in run.stderr
+    assert "sequential reads" in run.stderr
     final = run.records[-1]
     assert final["final"] and final["step"] == 24 // 2 // 2 and final["imagesPerSec"] > 0

@@ -9,12 +9,14 @@ Decode paths, one augmentation contract (data.py):
 - `gpu` (`--decode gpu`): a worker reads a batch's bytes (files, or tar members coalesced into
   sequential reads), parses the JPEG headers and draws each crop and flip; it returns ONE flat
   uint8 tensor of the encoded images plus small tensors of offsets, boxes, flips and labels. A
-  thread of the rank's process decodes them with nvJPEG (`torchvision.io.decode_jpeg(device=
-  "cuda")`, batched), crops, resizes, flips and normalises on the device, on a side stream, a
-  couple of batches ahead of the training step.
+  thread of the rank's process decodes them (`DeviceDecoder`, batched), crops, resizes, flips and
+  normalises on the device, on a side stream, a couple of batches ahead of the training step.
 - `split` (the default when the job has GPUs): the first `cpu_share` of every batch goes the `cpu`
-  way, the rest the `gpu` way, so the node's cores and nvJPEG both work (all on the CPU when the
-  rank has cores enough).
+  way, the rest the `gpu` way: the workers take what they keep up with at the rates measured on
+  this host at start-up (`cpu_share`: a worker's decode rate under load, the model's training
+  rate), the device the rest.
+- The device decoder (`DeviceDecoder`) is torchvision's nvJPEG, or nvImageCodec (the GPU's
+  hardware JPEG engines) where installed and asked for: measured, neither limits the GPU path.
 
 Bad samples: every path reads through `data.read_batch`, in the worker: an empty, unidentifiable
 or truncated file is replaced in its slot there (data.py's module docstring), so the `gpu` half
@@ -172,22 +174,98 @@ def finish_uint8(images: torch.Tensor, memory_format) -> torch.Tensor:
     return x.contiguous(memory_format=memory_format)
 
 
-def decode_batch(encoded, offsets, boxes, flips, image_size: int, device: torch.device, memory_format) -> torch.Tensor:
-    """The GPU path's device half: decode (nvJPEG on CUDA, libjpeg-turbo on CPU), then the
-    contract's crop, bilinear antialiased resize, flip and normalisation on `device`."""
-    from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+def _nvimgcodec():
+    """nvImageCodec's Python module, or None where it is not installed (the CPU-only images)."""
+    try:
+        from nvidia import nvimgcodec  # noqa: PLC0415 (optional: nvidia-nvimgcodec-cu13 + nvidia-nvjpeg)
+    except ImportError:
+        return None
+    return nvimgcodec
 
+
+class DeviceDecoder:
+    """The GPU path's JPEG decoder: encoded views -> CHW uint8 images on `device`.
+
+    `nvjpeg` (the default): torchvision's `decode_jpeg(device="cuda")`, one batched call per batch.
+    `nvimgcodec` (TRAINOP_DEVICE_DECODER=nvimgcodec, where nvidia-nvimgcodec-cu13 and
+    nvidia-nvjpeg are installed): nvImageCodec, one batched call that tries the GPU's hardware
+    JPEG engines first, then the CPU; it keeps its decoder state between calls. Measured on 4x
+    H100, 4 ranks decoding at once (docs/benchmarks.md, issue 27): torchvision 13,300-16,600
+    images/s per GPU at 0.06-0.075 ms of the rank process's CPU per image, nvImageCodec 10,700-
+    11,400 at 0.095-0.10 ms (hardware engines alone: 11,000-14,300); both 2.5-4x what ResNet-50
+    trains at, so the decoder is not what limits the GPU path, and the default stays the one that
+    needs no extra wheel. Either way an image the device decoder refuses (a PNG, a CMYK JPEG) is
+    decoded on the CPU and moved over; on a CPU device everything is (what the CPU-only tests run).
+    `kind`: auto (TRAINOP_DEVICE_DECODER, else nvjpeg), nvimgcodec, nvjpeg."""
+
+    def __init__(self, device: torch.device, kind: str = "auto", codec_module=None):
+        self.device = device
+        kind = os.environ.get("TRAINOP_DEVICE_DECODER", "nvjpeg") if kind == "auto" else kind
+        module = codec_module if codec_module is not None else (_nvimgcodec() if kind == "nvimgcodec" else None)
+        if kind == "nvimgcodec" and module is None:
+            raise RuntimeError("TRAINOP_DEVICE_DECODER=nvimgcodec but nvidia-nvimgcodec-cu13 is not installed")
+        self._codec = self._params = None
+        self.refused = 0  # images the device decoder refused and the CPU decoded (nvimgcodec)
+        # a module given (tests: a stand-in for the GPU library) is used on any device
+        if module is not None and (device.type == "cuda" or codec_module is not None):
+            backends = [module.Backend(module.BackendKind.HW_GPU_ONLY), module.Backend(module.BackendKind.GPU_ONLY),
+                        module.Backend(module.BackendKind.CPU_ONLY)]
+            # two CPU threads: it parses and feeds the hardware engines; the rank's process is one
+            # core of the node's budget (data.auto_workers), not one thread per core of the node
+            self._codec = module.Decoder(device_id=device.index or 0, max_num_cpu_threads=2, backends=backends)
+            # the CPU path's decode (torchvision) ignores EXIF orientation: so must this one
+            self._params = module.DecodeParams(apply_exif_orientation=False, color_spec=module.ColorSpec.SRGB,
+                                               sample_format=module.SampleFormat.I_RGB)
+            self._module = module
+        self.name = "nvimgcodec" if self._codec is not None else ("nvjpeg" if device.type == "cuda" else "cpu")
+
+    def decode(self, views: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self._codec is not None:
+            return self._decode_nvimgcodec(views)
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        if self.device.type != "cuda":
+            return [_cpu_decode(v).to(self.device) for v in views]
+        try:
+            return decode_jpeg(views, mode=ImageReadMode.RGB, device=self.device)
+        except RuntimeError:  # a PNG or a JPEG nvJPEG refuses (CMYK) in the batch: one at a time
+            images = []
+            for v in views:
+                try:
+                    images.append(decode_jpeg(v, mode=ImageReadMode.RGB, device=self.device))
+                except RuntimeError:
+                    images.append(_cpu_decode(v).to(self.device))
+            return images
+
+    def _decode_nvimgcodec(self, views):
+        module = self._module
+        streams = [module.CodeStream(v.numpy()) for v in views]
+        stream = torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
+        decoded = self._codec.decode(streams, params=self._params, cuda_stream=stream)
+        out = []
+        for v, image in zip(views, decoded):
+            if image is None:  # refused by every backend (a PNG among JPEGs, say): the CPU decode
+                self.refused += 1
+                out.append(_cpu_decode(v).to(self.device))
+            else:  # HWC interleaved RGB on the device, ordered on `stream`
+                out.append(torch.as_tensor(image, device=self.device).permute(2, 0, 1))
+        return out
+
+
+def _cpu_decode(view: torch.Tensor) -> torch.Tensor:
+    from torchvision.io import ImageReadMode, decode_image
+
+    return decode_image(view, mode=ImageReadMode.RGB)
+
+
+def decode_batch(encoded, offsets, boxes, flips, image_size: int, device: torch.device, memory_format,
+                 decoder: DeviceDecoder | None = None) -> torch.Tensor:
+    """The GPU path's device half: decode (`decoder`; by default the device's, DeviceDecoder), then
+    the contract's crop, bilinear antialiased resize, flip and normalisation on `device`."""
+    decoder = decoder if decoder is not None else DeviceDecoder(device)
     bounds = offsets.tolist()
     views = [encoded[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
-    try:
-        images = decode_jpeg(views, mode=ImageReadMode.RGB, device=device)
-    except RuntimeError:  # a PNG or a JPEG nvJPEG refuses (CMYK): decode those on the CPU
-        images = []
-        for v in views:
-            try:
-                images.append(decode_jpeg(v, mode=ImageReadMode.RGB, device=device))
-            except RuntimeError:
-                images.append(decode_image(v, mode=ImageReadMode.RGB).to(device))
+    images = decoder.decode(views)
     out = torch.empty((len(views), 3, image_size, image_size), dtype=torch.float32, device=device)
     # One resize per image (the crops differ in size), written in place through the ATen op:
     # F.interpolate's Python checks and a copy per image would hold the GIL the training thread
@@ -202,23 +280,99 @@ def decode_batch(encoded, offsets, boxes, flips, image_size: int, device: torch.
     return out.contiguous(memory_format=memory_format)
 
 
-def cpu_share(decode_on: str, workers: int) -> float:
-    """The fraction of each batch the loader workers decode on the CPU; the GPU decodes the rest.
+def cpu_share(decode_on: str, workers: int, worker_rate: float = 0.0, appetite: float = 0.0) -> float:
+    """The fraction of each batch the loader workers decode on the CPU; the device decodes the rest.
 
-    `split` (the default with GPUs) sizes it so that the workers' decodes, at PER_CORE images/s
-    each, cover as much of the GPU's appetite (TARGET images/s) as they can, and nvJPEG the rest:
-    both decoders work at once and neither alone has to keep up (DALI splits its hardware and
-    hybrid decoders the same way). Measured on an H100 (docs/benchmarks.md): with 7 workers, split
-    trains 1.31x as fast as the CPU path alone; with 11 or more the CPU takes whole batches."""
+    `split` (the default with GPUs): the workers take as much of the batch as they keep up with,
+    `workers` x `worker_rate` images/s against the `appetite` (images/s the model trains at), both
+    measured on this host at start-up (`measure_worker_rate`, `measure_appetite`); the device
+    decodes the rest. So a host with fewer cores per GPU, or slower ones, or a faster GPU, moves
+    work to the GPU, and one whose cores keep up leaves the GPU to train. Why the CPU first: on 4x
+    H100 (docs/benchmarks.md, issue 27) the device decode alone trained at 0.66 of synthetic, and
+    a split in proportion to the two decoders' rates (about 45% on the device) at 0.79, against
+    0.93-0.99 with every image on the CPU: each image the device decodes costs the rank's own
+    process about 0.1 ms of CPU under the GIL (decode call, crop, resize launch), and that process
+    is the one that launches the training step. No rates (a CPU device, or a measurement that
+    failed): all on the CPU, the path that needs nothing of the device."""
     if decode_on in ("cpu", "gpu"):
         return 1.0 if decode_on == "cpu" else 0.0
-    return min(1.0, workers * PER_CORE / TARGET)
+    if worker_rate <= 0 or appetite <= 0:
+        return 1.0
+    return min(1.0, workers * worker_rate / appetite)
 
 
-# images/s one loaded core decodes (ImageNet-like JPEG, crop, resize): 427 measured with decode_into
-# (15 workers beside the training rank on 16 cores of an H100 host; PIL gave 240)
-PER_CORE = 400
-TARGET = 4000  # images/s ResNet-50 trains at on one H100 (bf16, batch 256, eager): 3,975 measured
+_RATE_PICKS: list = []  # the images measure_worker_rate's forked processes decode (inherited, not pickled)
+
+
+def _time_decodes(image_size: int) -> float:
+    """In a forked measuring process: the median seconds per image of decode_into over _RATE_PICKS."""
+    _one_thread(0)
+    import time
+
+    scratch = torch.empty((image_size, image_size, 3), dtype=torch.uint8)
+    times = []
+    for pick in _RATE_PICKS:
+        start = time.perf_counter()
+        decode_into(pick.raw, pick.crop, image_size, scratch)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def measure_worker_rate(reader: BatchReader, plan: data.BatchPlan, image_size: int, workers: int,
+                        images: int = 16) -> float:
+    """One loader worker's images/s on this host, under the load of training: `workers` processes
+    (forked, as the DataLoader's are) each decode the rank's first `images` images at once, while
+    the node's other ranks do the same at start-up, so the cores are as busy as in training
+    (a lone decode on an idle node ran 1.1-1.9x faster than a loaded worker: docs/benchmarks.md).
+    The median over images (a page fault or preemption does not set it), then over processes."""
+    import multiprocessing
+
+    global _RATE_PICKS
+    epoch, indices = plan.batch(0)
+    _RATE_PICKS, _ = data.read_batch(reader.samples, reader.pool, epoch, indices[:images], reader.seed, reader.rank,
+                                     reader.train)
+    try:
+        if workers <= 0:
+            return 1.0 / max(_time_decodes(image_size), 1e-6)
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            seconds = pool.map(_time_decodes, [image_size] * workers, chunksize=1)
+    finally:
+        _RATE_PICKS = []
+    return 1.0 / max(float(np.median(seconds)), 1e-6)
+
+
+def measure_appetite(model: torch.nn.Module, batch_size: int, image_size: int, device: torch.device,
+                     memory_format, precision: str, steps: int = 3) -> float:
+    """Images/s `model` trains at on random input: forward and backward (autocast as in training)
+    after one untimed pass, timed on the device. The model comes back as it was (parameters,
+    batch-norm statistics, no gradients), so the run trains the same with or without it. It leaves
+    out the all-reduce and the optimizer (a few %), so it errs towards a larger appetite: more on
+    the device, never a starved step. (The trainer times it on GPUs only: torch_train._appetite.)"""
+    import time
+
+    cuda = device.type == "cuda"
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    x = torch.randn(batch_size, 3, image_size, image_size, device=device).contiguous(memory_format=memory_format)
+    y = torch.randint(0, 2, (batch_size,), device=device)
+    was_training = model.training
+    model.train()
+    try:
+        for timed in (False, True):
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            for _ in range(steps if timed else 1):
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+            if cuda:
+                torch.cuda.synchronize(device)
+        seconds = (time.perf_counter() - start) / steps
+    finally:
+        model.load_state_dict(saved)
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+    return batch_size / max(seconds, 1e-6)
 
 
 class Loader:
@@ -228,11 +382,19 @@ class Loader:
 
     def __init__(self, dataset: data.DataSet, rank: int, size: int, batch_size: int, image_size: int,
                  seed: int, workers: int, decode_on: str, read_mode: str, device: torch.device,
-                 memory_format=torch.contiguous_format, max_bad_samples: float = data.MAX_BAD_SAMPLES):
+                 memory_format=torch.contiguous_format, max_bad_samples: float = data.MAX_BAD_SAMPLES,
+                 rates: tuple[float, float] | None = None, appetite: float = 0.0):
         self.plan = data.BatchPlan(tuple(dataset.blocks(rank, size, read_mode)), batch_size, seed, rank)
         self.reader = BatchReader(dataset.samples, image_size, seed, rank, pool=self.plan.pool)
         self.bad_samples = data.BadSamples(dataset.samples, max_bad_samples)
-        self.cpu_count = round(cpu_share(decode_on, workers) * batch_size)
+        self.decoder = DeviceDecoder(device) if decode_on != "cpu" else None
+        # `split`: this host's rates, (one worker's images/s, the model's images/s), size the CPU's
+        # share of each batch; the worker's is measured here before the workers start, the model's
+        # (`appetite`, measure_appetite) by the caller, unless `rates` gives both (tests)
+        if decode_on == "split" and rates is None and appetite > 0:
+            rates = (measure_worker_rate(self.reader, self.plan, image_size, workers), appetite)
+        self.rates = rates
+        self.cpu_count = round(cpu_share(decode_on, workers, *(rates or (0.0, 0.0))) * batch_size)
         self.workers, self.device, self.memory_format = workers, device, memory_format
         self.image_size = image_size
         self.consumed = 0  # batches handed to the training loop: the whole resumable state
@@ -267,7 +429,8 @@ class Loader:
         if len(images):
             parts.append(finish_uint8(images.to(self.device, non_blocking=True), self.memory_format))
         if len(boxes):
-            parts.append(decode_batch(encoded, offsets, boxes, flips, self.image_size, self.device, self.memory_format))
+            parts.append(decode_batch(encoded, offsets, boxes, flips, self.image_size, self.device, self.memory_format,
+                                      self.decoder))
         x = parts[0] if len(parts) == 1 else torch.cat(parts).contiguous(memory_format=self.memory_format)
         return x, labels.to(self.device, non_blocking=True), bad
 

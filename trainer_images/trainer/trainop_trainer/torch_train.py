@@ -93,9 +93,11 @@ def _synthetic_batches(cfg: Config, world: World, device: torch.device, memory_f
     return itertools.cycle(batches[start % len(batches):] + batches[:start % len(batches)]), 100
 
 
-def _folder_batches(cfg: Config, world: World, device: torch.device, memory_format, start: int = 0):
+def _folder_batches(cfg: Config, world: World, device: torch.device, memory_format, start: int = 0,
+                    appetite: float = 0.0):
     """A `torch_data.Loader` (iterable; `state_dict()`/`load_state_dict()` hold its position:
-    the batches consumed, so a run resumed at global step `start` continues where it stopped)."""
+    the batches consumed, so a run resumed at global step `start` continues where it stopped).
+    `appetite`: images/s the model trains at (`_appetite`), which sizes `split`'s CPU share."""
     from trainop_trainer import torch_data
 
     dataset = data.scan(cfg.data_dir)
@@ -104,13 +106,32 @@ def _folder_batches(cfg: Config, world: World, device: torch.device, memory_form
     decode_on = cfg.decode if cfg.decode != "auto" else ("split" if device.type == "cuda" else "cpu")
     workers = cfg.loader_workers if cfg.loader_workers is not None else data.auto_workers(world.local_size, decode_on)
     loader = torch_data.Loader(dataset, world.rank, world.size, cfg.batch_size, cfg.image_size, cfg.seed, workers,
-                               decode_on, mode, device, memory_format, cfg.max_bad_samples)
+                               decode_on, mode, device, memory_format, cfg.max_bad_samples, appetite=appetite)
     if start:
         loader.load_state_dict({**loader.state_dict(), "batches": start})
     print(f"trainop_trainer: rank {world.rank} decodes {loader.cpu_count} of every {cfg.batch_size} images on the "
-          f"CPU ({workers} loader workers), the rest on the {device.type.upper()} ({decode_on})",
+          f"CPU ({workers} loader workers), the rest on the {device.type.upper()} ({decode_on}"
+          + (f", {loader.decoder.name}" if loader.decoder is not None else "")
+          + (f"; measured: {loader.rates[0]:.0f} images/s per worker, the model trains at {loader.rates[1]:.0f}"
+             if loader.rates else "") + ")",
           file=sys.stderr, flush=True)
     return loader, dataset.steps_per_epoch(world.size, cfg.batch_size, mode)
+
+
+def _appetite(cfg: Config, net: nn.Module, device: torch.device, memory_format) -> float:
+    """Images/s this model trains at on this device (torch_data.measure_appetite), for `split`;
+    0.0 where no split happens. Timed on the bare model, before Horovod's optimizer or DDP wrap
+    it: a backward through their parameters would fire their all-reduce hooks out of step."""
+    from trainop_trainer import torch_data
+
+    split = cfg.decode == "split" or (cfg.decode == "auto" and device.type == "cuda")
+    if cfg.synthetic or not split or device.type != "cuda":
+        return 0.0
+    net.to(memory_format=memory_format)
+    try:
+        return torch_data.measure_appetite(net, cfg.batch_size, cfg.image_size, device, memory_format, cfg.precision)
+    finally:
+        net.to(memory_format=torch.contiguous_format)  # Horovod's broadcast checks contiguity (below)
 
 
 def train(cfg: Config, world: World) -> None:
@@ -136,6 +157,7 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
 
     net = getattr(torchvision.models, cfg.model)(num_classes=cfg.num_classes).to(device)
+    appetite = _appetite(cfg, net, device, memory_format)  # before any wrap (below): see _appetite
     optimizer = torch.optim.SGD(net.parameters(), lr=cfg.base_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if comm.hvd:
         # Broadcast while the tensors are still in the default layout (Horovod checks contiguity).
@@ -152,7 +174,8 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
 
     make = _synthetic_batches if cfg.synthetic else _folder_batches
     start_step = resumed["step"] if resumed else 0
-    batches, default_steps = make(cfg, world, device, memory_format, start_step)
+    batches, default_steps = make(cfg, world, device, memory_format, start_step,
+                                  **({} if cfg.synthetic else {"appetite": appetite}))
     bad_samples = getattr(batches, "bad_samples", None)  # a data set's Loader (data.BadSamples); None: synthetic
     steps = cfg.steps_per_epoch or default_steps
     loss_fn = nn.CrossEntropyLoss()
