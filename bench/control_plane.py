@@ -4,11 +4,15 @@ controller-manager; KWOK nodes), one operator after the other, the same N jobs o
 
     .venv/bin/python bench/control_plane.py --jobs 10 100 500 [--window 30] [--md docs/benchmarks.md]
     .venv/bin/python bench/control_plane.py --jobs 10 100 --operators trainop trainop@../old-checkout
+    .venv/bin/python bench/control_plane.py --jobs 500 --operators trainop --profile .cache/profile
+    .venv/bin/python bench/profile_summary.py .cache/profile/trainop-500.txt --match trainop/
 
 `trainop@DIR` runs the operator of another checkout (a commit to compare: `git worktree add DIR
 COMMIT`) on the same cluster, CRDs and script, one after the other like the others.
 
-Per operator and N it reports
+Each N gets a new cluster; the first operator starts once no node has changed for 5 s (a new
+cluster's controller-manager patches its nodes for a while: at 500 nodes about two minutes, which
+fell on the first operator's ramp only). Per operator and N it reports
 - ramp: seconds from the first job applied until every launcher pod is Running; p50/p99 of each
   job's apply -> its launcher pod Running (seen by this script's watch);
 - the operator's CPU seconds over the ramp and its peak RSS (/proc: utime+stime, VmHWM); an

@@ -196,15 +196,17 @@ class Applier:
             self._applied[key] = (digest, live["metadata"].get("resourceVersion", ""))
 
 
-_WORKLOADS = ("Pod", "Job")
+# Kinds that start pods: never in a stage with what their pods need (a StatefulSet's pod made
+# before its ServiceAccount is refused, and its controller retries only after a backoff).
+_WORKLOADS = ("Pod", "Job", "StatefulSet", "Deployment", "DaemonSet", "ReplicaSet")
 
 
 def stages(actions: list) -> list[list]:
     """`actions` cut into stages that may run at once: consecutive Apply/Create/CreateSSHSecret
-    of the objects pods need, or consecutive creates of the gang's pods (a launcher Job stays
-    alone: it starts last, once the workers run); any other action (a delete, a finalizer, a
-    patch, a taint) is a stage of its own, where order matters (pods before their launcher
-    Job)."""
+    of the objects pods need, or consecutive creates of the gang's pods; any other action (a
+    workload that makes pods, such as a launcher Job or a DataStage's StatefulSet; a delete, a
+    finalizer, a patch, a taint) is a stage of its own, where order matters (pods before their
+    launcher Job)."""
     def group(action) -> str | None:
         if isinstance(action, CreateSSHSecret) or \
                 (isinstance(action, (Apply, Create)) and action.obj.get("kind") not in _WORKLOADS):

@@ -252,3 +252,8 @@ def test_a_refused_child_stops_the_stages_after_it(api, monkeypatch):
     assert [p.reason for p in problems] == ["ChildRejected"]
     assert "Service" in problems[0].message
     assert sorted(k for k, _, _ in api.objects) == ["NetworkPolicy"]  # and no Pod
+
+
+def test_a_workload_that_makes_pods_waits_for_what_they_need():
+    sa, sts = Apply(_obj("ServiceAccount", "s"), OWNER), Apply({**_obj("StatefulSet", "s"), "apiVersion": "apps/v1"}, OWNER)
+    assert apply.stages([sa, sts]) == [[sa], [sts]]
