@@ -15,7 +15,8 @@ from trainop.stagesync import FINALIZER, SECRET_RECHECK_SECONDS, StageSnapshot, 
 
 CFG = config.from_dict({"datastage": {"allowedNfsExports": [
     {"server": "10.1.2.3", "path": "/export", "namespaces": ["team-a"]},
-    {"server": "10.1.2.4", "path": "/tenants/{namespace}"}], "allowProvisionedServers": True},
+    {"server": "10.1.2.4", "path": "/tenants/{namespace}"}], "allowProvisionedServers": True,
+    "nfsClientCIDRs": ["10.224.0.0/16"]},
     "blob": {"allowedServiceAccounts": ["reader-wi"]}})
 NOW = "2026-05-01T12:00:00Z"
 UID = "stage-uid"
