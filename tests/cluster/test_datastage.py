@@ -32,7 +32,7 @@ GROUP, VERSION, PLURAL = "trainop.io", "v1alpha1", "datastages"
 FAST = {"resyncSeconds": 0.5, "datastage": {
     "allowedNfsExports": [{"server": "10.240.0.4", "path": "/export", "namespaces": ["*"]},
                           {"server": "10.240.0.4", "path": "/datasets", "namespaces": ["*"]}],
-    "allowProvisionedServers": True,
+    "allowProvisionedServers": True, "nfsClientCIDRs": ["10.224.0.0/16"],
     "progressIntervalSeconds": 1},  # how often the stager reports and a copying stage is looked at
     # dataset-reader: what examples/datastage-imagenet.yaml asks the admin to list; nobody:
     # allowed and never created, for "not found"
