@@ -180,12 +180,19 @@ def test_provisioned_server_statefulset_service_and_volume_on_cluster_ip():
     # NFS-Ganesha by default: non-root, one capability, read-only root filesystem
     assert container["image"] == "trainop/nfs-server:0.2.0"
     assert container["volumeMounts"] == [{"name": "export", "mountPath": "/exports"},
-                                         {"name": "run", "mountPath": "/run/ganesha"}]
+                                         {"name": "run", "mountPath": "/run/ganesha"},
+                                         {"name": "tmp", "mountPath": "/tmp"}]
     assert container["securityContext"] == {
         "runAsUser": 10002, "runAsGroup": 10002, "runAsNonRoot": True, "allowPrivilegeEscalation": True,
-        "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}}
+        "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]},
+        # containerd's RuntimeDefault refuses open_by_handle_at (tests/e2e/test_nfs_ganesha.py)
+        "seccompProfile": {"type": "Unconfined"}}
     assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-    assert pod["volumes"] == [{"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}]
+    assert pod["volumes"] == [{"name": n, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}} for n in ("run", "tmp")]
+    local = {"type": "Localhost", "localhostProfile": "profiles/ganesha.json"}
+    cfg_local = config.from_dict({"datastage": {"nfsClientCIDRs": ["10.224.0.0/16"], "nfsServerSeccompProfile": local}})
+    local_sts = render.server_objects(stage, cfg_local)[1]
+    assert local_sts["spec"]["template"]["spec"]["containers"][0]["securityContext"]["seccompProfile"] == local
     assert container["env"] == [{"name": "EXPORT_DIR", "value": "/exports"},
                                 {"name": "NFS_CLIENTS", "value": "10.224.0.0/16, 10.225.1.0/24"},
                                 {"name": "RUN_DIR", "value": "/run/ganesha"}]

@@ -53,6 +53,12 @@ DEFAULTS = {
     "securityContext": {"runAsUser": 10001, "runAsGroup": 10001, "runAsNonRoot": True},
     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
     "nfsServerResources": {"requests": {"cpu": "1", "memory": "2Gi"}},
+    # The Ganesha container's seccomp profile. Not RuntimeDefault: containerd's default profile
+    # (1.6.20 tried here) refuses open_by_handle_at(2) with EPERM even to a container that holds
+    # CAP_DAC_READ_SEARCH, and Ganesha's VFS FSAL cannot serve a file without it ("Could not get
+    # handle for path /exports, error Operation not permitted"). Where the nodes have a profile
+    # that is RuntimeDefault plus open_by_handle_at, name it: {type: Localhost, localhostProfile: ...}.
+    "nfsServerSeccompProfile": {"type": "Unconfined"},
 }
 
 
@@ -171,23 +177,28 @@ def _ganesha_pod(settings: dict, cfg: Config) -> dict:
     securityContext: the runtime sets no ambient capabilities); the kernel grants a file capability
     on exec only without no_new_privs, hence allowPrivilegeEscalation: true, bounded by the
     capability set (drop ALL, add DAC_READ_SEARCH) and an image without set-user-ID programs.
-    Pod Security: `baseline` lists DAC_READ_SEARCH among the capabilities it refuses, so this pod
-    needs a namespace at `privileged` level; it is still no privileged container, holds no root and
-    no other capability, and its root filesystem is read-only (docs/security.md)."""
+    Seccomp: `nfsServerSeccompProfile` (Unconfined by default: see DEFAULTS). Pod Security:
+    `baseline` refuses DAC_READ_SEARCH (and Unconfined), so this pod needs a namespace at
+    `privileged` level; it is still no privileged container, holds no root and no other
+    capability, and its root filesystem is read-only (docs/security.md)."""
     container = _server_container(settings, settings["nfsServerImage"])
     container["env"] = [{"name": "EXPORT_DIR", "value": EXPORT_DIR},
                         {"name": "NFS_CLIENTS", "value": export_clients(cfg)},
                         {"name": "RUN_DIR", "value": GANESHA_RUN_DIR}]
-    container["volumeMounts"] = [*container["volumeMounts"], {"name": "run", "mountPath": GANESHA_RUN_DIR}]
+    # /tmp: Ganesha tests the file system for OFD locks with a file there
+    container["volumeMounts"] = [*container["volumeMounts"], {"name": "run", "mountPath": GANESHA_RUN_DIR},
+                                 {"name": "tmp", "mountPath": "/tmp"}]
     container["securityContext"] = {
         "runAsUser": GANESHA_UID, "runAsGroup": GANESHA_UID, "runAsNonRoot": True,
         "allowPrivilegeEscalation": True, "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}}
+        "capabilities": {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]},
+        "seccompProfile": dict(settings["nfsServerSeccompProfile"])}
     return {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
             # SIGTERM: ganesha.nfsd stops its threads and exits 0 in well under a second.
             "terminationGracePeriodSeconds": 30,
             "containers": [container],
-            "volumes": [{"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}]}
+            "volumes": [{"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}
+                        for name in ("run", "tmp")]}
 
 
 def _kernel_pod(settings: dict) -> dict:
