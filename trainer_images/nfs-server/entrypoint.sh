@@ -6,8 +6,9 @@
 # Privileges: none but CAP_DAC_READ_SEARCH, as uid 10002. The VFS FSAL turns NFS file handles
 # into open files with open_by_handle_at(2), which the kernel allows only to a process holding
 # CAP_DAC_READ_SEARCH in the initial user namespace (since Linux 6.10 a user namespace may open
-# directories by handle, never files). Without it every request fails with NFS4ERR_PERM (tried:
-# trainer_images/nfs-server's test, tests/e2e/test_nfs_ganesha.py). Ganesha needs no other: as
+# directories by handle, never files). Without it every request fails with NFS4ERR_PERM (tried
+# here, 2026-11-27). The same syscall is why the pod's seccomp profile is not containerd's
+# RuntimeDefault, which refuses it (render/datastage.py DEFAULTS). Ganesha needs no other: as
 # non-root it cannot and need not switch to a client's uid, because the export is read-only and
 # every client's identity is squashed (below), and nothing here binds a port under 1024.
 set -eu

@@ -39,17 +39,18 @@ GANESHA_RUN_DIR = "/run/ganesha"  # its writable place (config, pid, recovery): 
 # The PV's mount option when the DataStage names no version: both servers speak NFSv4 only (one
 # TCP port, no rpcbind or mountd), and 4.1 is what Ganesha is set up and tested for.
 DEFAULT_NFS_VERSION = "nfsvers=4.1"
-# Kernel server (datastage.server: kernel): read-only to every client: the copy Job writes the server's disk directly, so no NFS client
-# can change the data. fsid=0: the NFSv4 root (clients mount "<server>:/"); no "insecure": only
-# privileged source ports (kubelets' kernel mounts), not a user's NFS library in a pod.
+# Kernel server (datastage.server: kernel): read-only to every client: the copy Job writes the
+# server's disk directly, so no NFS client can change the data. fsid=0: the NFSv4 root (clients
+# mount "<server>:/"); no "insecure": only privileged source ports (kubelets' kernel mounts).
 EXPORT_OPTIONS = "ro,fsid=0,sync,no_subtree_check,root_squash"
 DEFAULTS = {
     "image": "trainop/operator:0.1.0",  # the stager is part of the operator's package
     "nfsServerImage": "trainop/nfs-server:0.2.0",  # NFS-Ganesha (datastage.server: ganesha)
     "nfsKernelServerImage": "trainop/nfs-server-kernel:0.1.0",  # datastage.server: kernel
     "progressIntervalSeconds": 5,
-    # The copy runs as the operator image's non-root user; a provisioned server hands its export
-    # root to the same uid/gid. An existing export must let this user write (or set yours here).
+    # The copy runs as the operator image's non-root user; a provisioned server's disk becomes
+    # writable to its group through the copy pod's fsGroup (the kernel server also chowns it to
+    # this uid/gid). An existing export must let this user write (or set yours here).
     "securityContext": {"runAsUser": 10001, "runAsGroup": 10001, "runAsNonRoot": True},
     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
     "nfsServerResources": {"requests": {"cpu": "1", "memory": "2Gi"}},
