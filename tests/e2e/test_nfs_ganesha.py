@@ -179,6 +179,25 @@ def test_a_write_through_nfs_is_refused(staged):
     assert digest == staged["expected"]["train/cat/000.jpg"]
 
 
+def test_root_is_squashed(staged):
+    """AUTH_SYS lets a client claim any uid. A file only its owner may read (0600): the owner's
+    uid reads it, a client claiming root does not, because root is mapped to the anonymous user
+    (without root squash, Ganesha lets root read anything)."""
+    cluster, ns = staged["cluster"], staged["ns"]
+    private = staged["disk"] / "train" / "private.bin"
+    private.write_bytes(b"only the owner")
+    os.chown(private, COPY_UID, COPY_UID)
+    os.chmod(private, 0o600)
+    try:
+        as_owner = url(staged["server"], "train/private.bin") + f"&uid={COPY_UID}&gid={COPY_UID}"
+        rc, out = sh(cluster, ns, "reader", 'nfs-cat "$1"', as_owner)
+        assert rc == 0 and out == "only the owner", out
+        rc, out = sh(cluster, ns, "reader", 'nfs-cat "$1"', url(staged["server"], "train/private.bin") + "&uid=0&gid=0")
+        assert rc != 0 and "NFS4ERR_ACCESS" in out and "only the owner" not in out, out
+    finally:
+        private.unlink()
+
+
 @pytest.fixture(scope="module")
 def intruder(staged, request):
     """A pod in another namespace that claims to read the DataStage (the label is its own to set),
