@@ -123,10 +123,13 @@ Format (every key optional; camelCase like Helm values):
         - {server: 10.240.0.4, path: "/export/{namespace}"}  # each namespace its own folder
                                      # path: a prefix of whole segments; namespaces: ["*"] shares
                                      # the export read-write between every namespace (one team)
-      allowProvisionedServers: false # destination.provision: a privileged NFS server pod in the
-                                     # tenant's namespace (pods/exec there = root on the node)
+      allowProvisionedServers: false # destination.provision: an NFS server pod in the tenant's
+                                     # namespace (docs/datastage.md, docs/security.md M8)
+      server: ganesha                # the provisioned server: ganesha (NFS-Ganesha, non-root, one
+                                     # capability) or kernel (kernel nfsd: a privileged pod)
       nfsClientCIDRs: [10.224.0.0/16]  # where kubelets mount a provisioned server from (the
-                                       # node subnets); admitted by its NetworkPolicy
+                                       # node subnets); admitted by its NetworkPolicy and, with
+                                       # ganesha, its export's client list (required there)
 """
 
 from __future__ import annotations
@@ -189,7 +192,8 @@ DEFAULTS: dict = {
                                      "Standard_ND96isr_H100_v5": "/opt/microsoft/ndv5-topo.xml"}},
     "preflight": {"image": None, "sizeMB": 64, "iterations": 20, "taintUnhealthyNodes": False,
                   "maxTaintedNodes": 2},
-    "datastage": {"allowedNfsExports": [], "nfsClientCIDRs": [], "allowProvisionedServers": False},
+    "datastage": {"allowedNfsExports": [], "nfsClientCIDRs": [], "allowProvisionedServers": False,
+                  "server": "ganesha"},
     "gangScheduling": {"scheduler": None, "schedulerName": None, "allowedQueues": []},
     # IMDS (169.254.169.254) hands out the node's managed identity; WireServer (168.63.129.16)
     # the VM's configuration. No training job needs either (workload identity goes to Entra ID).
@@ -300,6 +304,7 @@ class Config:
     allowed_service_accounts: tuple[str, ...] = ()   # blob.allowedServiceAccounts
     allowed_nfs_exports: tuple[NfsExport, ...] = ()  # datastage.allowedNfsExports
     allow_provisioned_servers: bool = False          # datastage.allowProvisionedServers
+    nfs_server: str = "ganesha"                      # datastage.server: ganesha | kernel
     denied_egress_cidrs: tuple[str, ...] = ()        # jobNetwork.deniedEgressCIDRs
     empty_dir_size_limit: str | None = None          # limits.emptyDirSizeLimit
     max_checkpoint_grace_seconds: int = 600          # limits.maxCheckpointGraceSeconds
@@ -427,6 +432,7 @@ def from_dict(data: dict | None) -> Config:
                   allowed_service_accounts=_service_accounts(raw),
                   nfs_client_cidrs=_cidrs(raw, "datastage", "nfsClientCIDRs"),
                   allow_provisioned_servers=_switch(raw, "datastage", "allowProvisionedServers"),
+                  nfs_server=_nfs_server(raw),
                   denied_egress_cidrs=_cidrs(raw, "jobNetwork", "deniedEgressCIDRs"),
                   empty_dir_size_limit=None if empty_dir is None else str(empty_dir),
                   max_checkpoint_grace_seconds=grace_cap,
@@ -568,6 +574,20 @@ def _switch(raw: dict, section: str, key: str) -> bool:
     value = (raw.get(section) or {}).get(key, False)
     if not isinstance(value, bool):
         raise ConfigError(f"{section}.{key}: must be true or false")
+    return value
+
+
+NFS_SERVERS = ("ganesha", "kernel")
+
+
+def _nfs_server(raw: dict) -> str:
+    """datastage.server: which NFS server destination.provision runs. ganesha (NFS-Ganesha in user
+    space: non-root, one capability) by default; kernel (nfsd: a privileged pod, the node's nfsd
+    module) only where an admin chooses it."""
+    value = (raw.get("datastage") or {}).get("server", "ganesha")
+    if value not in NFS_SERVERS:
+        raise ConfigError(f"datastage.server: {value!r} is not one of {', '.join(NFS_SERVERS)} "
+                          f"(ganesha: NFS-Ganesha, unprivileged; kernel: kernel nfsd, a privileged pod)")
     return value
 
 

@@ -173,10 +173,15 @@ def check_allowed(stage: Stage, cfg: Config) -> None:
     check_mount_options(stage.mount_options)
     if stage.provisioned and not cfg.allow_provisioned_servers:
         raise SpecError("spec.destination.provision",
-                        "provisioned NFS servers are off in this cluster (they run a privileged pod "
+                        "provisioned NFS servers are off in this cluster (they run an NFS server pod "
                         "in your namespace); use destination.volumeClaim or an allowed "
                         "destination.nfs export, or ask the cluster admin to set "
                         "datastage.allowProvisionedServers")
+    if stage.provisioned and cfg.nfs_server == "ganesha" and not cfg.nfs_client_cidrs:
+        raise SpecError("spec.destination.provision",
+                        "the provisioned NFS server exports only to datastage.nfsClientCIDRs (the "
+                        "node subnets kubelets mount from), which is empty in this cluster: no node "
+                        "could mount it; ask the cluster admin to set datastage.nfsClientCIDRs")
     if stage.nfs_server is None:
         return
     ask = ("ask the cluster admin to add it to datastage.allowedNfsExports in the operator "

@@ -32,7 +32,7 @@ GROUP, VERSION, PLURAL = "trainop.io", "v1alpha1", "datastages"
 FAST = {"resyncSeconds": 0.5, "datastage": {
     "allowedNfsExports": [{"server": "10.240.0.4", "path": "/export", "namespaces": ["*"]},
                           {"server": "10.240.0.4", "path": "/datasets", "namespaces": ["*"]}],
-    "allowProvisionedServers": True,
+    "allowProvisionedServers": True, "nfsClientCIDRs": ["10.224.0.0/16"],
     "progressIntervalSeconds": 1},  # how often the stager reports and a copying stage is looked at
     # dataset-reader: what examples/datastage-imagenet.yaml asks the admin to list; nobody:
     # allowed and never created, for "not found"
@@ -375,8 +375,11 @@ def test_provisioned_nfs_server_backs_the_volume_with_its_cluster_ip(cluster, na
         assert job.spec.template.spec.volumes[0].persistent_volume_claim.claim_name == "export-served-nfs-0"
         sts = api.apps.read_namespaced_stateful_set("served-nfs", namespace)
         assert sts.status.ready_replicas == 1
-        env = {e.name: e.value for e in sts.spec.template.spec.containers[0].env}
-        assert env["EXPORT_OPTIONS"].split(",")[0] == "ro" and "insecure" not in env["EXPORT_OPTIONS"]
+        # NFS-Ganesha, serving only the configured node subnets; what it refuses is carried out
+        # against the real server in tests/e2e/test_nfs_ganesha.py
+        (server,) = sts.spec.template.spec.containers
+        assert {e.name: e.value for e in server.env}["NFS_CLIENTS"] == "10.224.0.0/16"
+        assert not server.security_context.privileged and server.security_context.capabilities.add == ["DAC_READ_SEARCH"]
         assert api.condition("served", "ServerReady")["status"] == "True"
         pv_name = api.pv("served").metadata.name
         cluster.kubectl("delete", "dstage", "served", "-n", namespace, "--wait=false")

@@ -28,7 +28,7 @@ SLACK = 10  # a loaded 2-core machine
 PV_RESYNC = 15  # kube-controller-manager's --pvclaimbinder-sync-period, left at its default
 CONFIG = {"safetyResyncSeconds": RESYNC, "resyncSeconds": 0.5,
           "datastage": {"allowedNfsExports": [{"server": "10.240.0.4", "path": "/export/{namespace}"}],
-                        "allowProvisionedServers": True}}
+                        "allowProvisionedServers": True, "nfsClientCIDRs": ["10.224.0.0/16"]}}
 RBAC = "roles.rbac.authorization.k8s.io,rolebindings.rbac.authorization.k8s.io"
 
 

@@ -4,8 +4,9 @@ a volume, and a job's real pods train on what they read from it.
 The volume is NOT NFS: this kernel has no NFS client, so no node here can mount one. The test
 uses `destination.volumeClaim` (an existing ReadWriteMany claim, as Azure Files gives on AKS)
 backed by a hostPath PersistentVolume, which both real nodes reach because they share this
-machine's filesystem. The NFS rendering (provisioned server, PV, inline nfs volume) stays covered
-by tests/cluster/test_datastage.py on KWOK nodes.
+machine's filesystem. The provisioned NFS server serving real bytes to pods (through a user-space
+NFS client) is tests/e2e/test_nfs_ganesha.py; the NFS rendering (PV, inline nfs volume) stays
+covered by tests/cluster/test_datastage.py on KWOK nodes.
 """
 
 from __future__ import annotations

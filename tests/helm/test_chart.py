@@ -198,7 +198,7 @@ def test_rendered_config_is_what_the_operator_loads(render):
                  "max_gpus_per_job", "scheduling_timeout_seconds", "allowed_account_urls", "allowed_nfs_exports", "nfs_client_cidrs"):
         assert getattr(loaded, attr) == getattr(defaults, attr), attr
     assert loaded.section("datastage") == {"image": IMAGE, "allowedNfsExports": [], "nfsClientCIDRs": [],
-                                           "allowProvisionedServers": False}
+                                           "allowProvisionedServers": False, "server": "ganesha"}
     assert loaded.section("logship") == {"image": IMAGE}
 
     allowed = render({"config": {"blob": {"allowedAccountURLs": ["https://*.blob.local.azurestack.external"]},
@@ -254,6 +254,18 @@ def test_persistent_volumes_only_with_nfs_destinations(render):
         assert rule_table(find(objs, "ClusterRole", "trainop-cluster")) == CLUSTER_RULES | VOLUMES
         rule = find(objs, "ValidatingAdmissionPolicy", "trainop-nfs-volumes")["spec"]["validations"][0]
         assert rule["expression"].startswith("has(object.spec.nfs)")
+
+
+def test_no_privileged_nfs_server_unless_the_kernel_server_is_chosen(render):
+    """Issue 28: with NFS-Ganesha (the default) the operator may create no privileged StatefulSet."""
+    objs = render({"config": {"datastage": {"allowProvisionedServers": True, "nfsClientCIDRs": ["10.224.0.0/16"]}}})
+    policy = find(objs, "ValidatingAdmissionPolicy", "trainop-unprivileged-servers")["spec"]
+    assert policy["matchConstraints"]["resourceRules"][0]["resources"] == ["statefulsets"]
+    assert "DAC_READ_SEARCH" in policy["validations"][0]["expression"]
+    assert find(objs, "ValidatingAdmissionPolicyBinding", "trainop-unprivileged-servers")["spec"]["validationActions"] == ["Deny"]
+    for values in ({"allowProvisionedServers": True, "server": "kernel"}, {}):
+        assert not [o for o in render({"config": {"datastage": values}})
+                    if o["metadata"]["name"] == "trainop-unprivileged-servers"]
 
 
 def test_operator_pod_network_policy_admits_only_the_scrapers(render):

@@ -43,7 +43,7 @@ def install(cluster, helm_bin, tmp_path_factory):
     # narrow them, are installed and tried (test_operator_identity_is_narrowed_by_admission)
     values.write_text(yaml.safe_dump({"watchNamespaces": [jobs], "config": {
         "resyncSeconds": 0.5, "preflight": {"taintUnhealthyNodes": True},
-        "datastage": {"allowProvisionedServers": True}}}))
+        "datastage": {"allowProvisionedServers": True, "nfsClientCIDRs": ["10.224.0.0/16"]}}}))
     helm = [str(helm_bin), "--kubeconfig", str(cluster.kubeconfig)]
     out = subprocess.run([*helm, "install", RELEASE, str(CHART), "-n", system, "-f", str(values),
                           "--wait", "--timeout", "120s"], capture_output=True, text=True)
@@ -88,7 +88,7 @@ def test_operator_pod_admitted_under_the_restricted_profile(cluster, install):
 
 @pytest.mark.parametrize("mode", [{"watchNamespaces": ["default"]}, {"clusterWide": True, "watchNamespaces": []},
                                   {"config": {"preflight": {"taintUnhealthyNodes": True},
-                                              "datastage": {"allowProvisionedServers": True}},
+                                              "datastage": {"allowProvisionedServers": True, "nfsClientCIDRs": ["10.224.0.0/16"]}},
                                    "metrics": {"networkPolicy": {"scraperNamespaces": ["monitoring"]}}}],
                          ids=["namespaced", "clusterwide", "policies"])
 def test_rendered_manifests_pass_server_side_dry_run(cluster, install, mode, tmp_path):

@@ -159,7 +159,8 @@ def test_workload_identity_uses_the_federated_account_and_label():
 def test_provisioned_server_statefulset_service_and_volume_on_cluster_ip():
     stage = parse_stage(body({"provision": {"size": "512Gi", "storageClassName": "managed-csi-premium"}}))
     assert render.server_objects(parse_stage(body()), CFG) == []
-    service, sts = render.server_objects(stage, CFG)
+    cfg = config.from_dict({"datastage": {"nfsClientCIDRs": ["10.224.0.0/16", "10.225.1.0/24"]}})
+    service, sts = render.server_objects(stage, cfg)
     lbl = {"trainop.io/datastage": "imagenet", "trainop.io/role": "nfs-server"}
     assert service["metadata"]["name"] == "imagenet-nfs"
     assert service["spec"] == {"type": "ClusterIP", "selector": lbl,
@@ -174,17 +175,62 @@ def test_provisioned_server_statefulset_service_and_volume_on_cluster_ip():
         "metadata": {"name": "export", "labels": lbl},
         "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "managed-csi-premium",
                  "resources": {"requests": {"storage": "512Gi"}}}}]
-    (container,) = spec["template"]["spec"]["containers"]
-    assert container["image"] == "trainop/nfs-server:0.1.0"
-    assert container["volumeMounts"] == [{"name": "export", "mountPath": "/exports"}]
-    assert container["securityContext"] == {"privileged": True}
-    assert container["env"] == [{"name": "EXPORT_OWNER", "value": "10001:10001"},  # the copy's user
-                                {"name": "EXPORT_OPTIONS", "value": "ro,fsid=0,sync,no_subtree_check,root_squash"}]
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    # NFS-Ganesha by default: non-root, one capability, read-only root filesystem
+    assert container["image"] == "trainop/nfs-server:0.2.0"
+    assert container["volumeMounts"] == [{"name": "export", "mountPath": "/exports"},
+                                         {"name": "run", "mountPath": "/run/ganesha"},
+                                         {"name": "tmp", "mountPath": "/tmp"}]
+    assert container["securityContext"] == {
+        "runAsUser": 10002, "runAsGroup": 10002, "runAsNonRoot": True, "allowPrivilegeEscalation": True,
+        "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]},
+        # containerd's RuntimeDefault refuses open_by_handle_at (tests/e2e/test_nfs_ganesha.py)
+        "seccompProfile": {"type": "Unconfined"}}
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["volumes"] == [{"name": n, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}} for n in ("run", "tmp")]
+    local = {"type": "Localhost", "localhostProfile": "profiles/ganesha.json"}
+    cfg_local = config.from_dict({"datastage": {"nfsClientCIDRs": ["10.224.0.0/16"], "nfsServerSeccompProfile": local}})
+    local_sts = render.server_objects(stage, cfg_local)[1]
+    assert local_sts["spec"]["template"]["spec"]["containers"][0]["securityContext"]["seccompProfile"] == local
+    assert container["env"] == [{"name": "EXPORT_DIR", "value": "/exports"},
+                                {"name": "NFS_CLIENTS", "value": "10.224.0.0/16, 10.225.1.0/24"},
+                                {"name": "RUN_DIR", "value": "/run/ganesha"}]
     assert render.server_address(stage, {"spec": {"clusterIP": "10.96.0.77"}}) == "10.96.0.77"
     assert render.server_address(stage, {"spec": {}}) is None
     pv, _ = render.volume_objects(stage, "10.96.0.77")
     assert pv["spec"]["nfs"] == {"server": "10.96.0.77", "path": "/", "readOnly": True}
     assert pv["spec"]["capacity"] == {"storage": "512Gi"}
+    # what the kubelet's mount needs from our own server: NFSv4.1 (docs/datastage.md), the CRD's
+    # default; a DataStage that drops the version still gets it, one that names its own keeps it
+    assert pv["spec"]["mountOptions"] == ["nfsvers=4.1", "hard"]
+    bare = parse_stage(body({"provision": {"size": "1Gi"}, "mountOptions": ["hard"]}))
+    assert render.volume_objects(bare, "10.96.0.77")[0]["spec"]["mountOptions"] == ["nfsvers=4.1", "hard"]
+    own = parse_stage(body({"provision": {"size": "1Gi"}, "mountOptions": ["vers=4.2", "hard"]}))
+    assert render.volume_objects(own, "10.96.0.77")[0]["spec"]["mountOptions"] == ["vers=4.2", "hard"]
+
+
+def test_kernel_server_only_where_the_admin_chooses_it():
+    stage = parse_stage(body({"provision": {"size": "1Gi"}}))
+    cfg = config.from_dict({"datastage": {"server": "kernel"}})
+    (container,) = render.server_objects(stage, cfg)[1]["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "trainop/nfs-server-kernel:0.1.0"
+    assert container["securityContext"] == {"privileged": True}
+    assert container["env"] == [{"name": "EXPORT_OWNER", "value": "10001:10001"},  # the copy's user
+                                {"name": "EXPORT_OPTIONS", "value": "ro,fsid=0,sync,no_subtree_check,root_squash"}]
+    with pytest.raises(config.ConfigError, match=r"datastage.server: 'nfsd' is not one of ganesha, kernel"):
+        config.from_dict({"datastage": {"server": "nfsd"}})
+
+
+def test_copy_pod_gets_the_provisioned_disk_through_its_fs_group_only():
+    """Ganesha runs as non-root and cannot chown the fresh disk: the copy pod's fsGroup makes it
+    writable. Never on an existing claim or export (it would regroup someone else's data)."""
+    provisioned = render.copy_job(parse_stage(body({"provision": {"size": "1Gi"}})), "10.96.0.1", CFG)
+    assert provisioned["spec"]["template"]["spec"]["securityContext"] == {
+        "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}, "runAsUser": 10001,
+        "runAsGroup": 10001, "fsGroup": 10001, "fsGroupChangePolicy": "OnRootMismatch"}
+    claim = render.copy_job(parse_stage(body({"volumeClaim": {"claimName": "c"}})), None, CFG)
+    assert "fsGroup" not in claim["spec"]["template"]["spec"]["securityContext"]
 
 
 def test_operator_configuration_overrides_images():
@@ -195,7 +241,8 @@ def test_operator_configuration_overrides_images():
     sts = render.server_objects(stage, cfg)[1]
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/nfs:9"
     assert "storageClassName" not in sts["spec"]["volumeClaimTemplates"][0]["spec"]
-    assert sts["spec"]["template"]["spec"]["containers"][0]["env"][0] == {"name": "EXPORT_OWNER", "value": "2000:2000"}
+    copy_pod = render.copy_job(stage, "10.0.0.1", cfg)["spec"]["template"]["spec"]
+    assert copy_pod["securityContext"]["fsGroup"] == 2000
 
 
 def test_render_is_pure():

@@ -166,9 +166,28 @@ def test_copy_job_into_an_existing_claim_passes_restricted():
     assert restricted_violations(datastage.copy_job(claim, None, CFG)["spec"]["template"]["spec"]) == []
 
 
-def test_nfs_server_is_privileged():
-    """The kernel NFS server needs privilege (docs/security.md): the one pod that stays so."""
+def test_ganesha_nfs_server_breaks_restricted_only_by_what_open_by_handle_at_needs():
+    """NFS-Ganesha (the default server) is no privileged pod and holds no root: it breaks the
+    profile only by DAC_READ_SEARCH (open_by_handle_at needs it), the privilege escalation that
+    lets its non-root binary take it as a file capability, and the seccomp profile, since
+    containerd's RuntimeDefault refuses open_by_handle_at (docs/security.md). With a Localhost
+    profile that allows it, the seccomp line goes."""
+    violations = [
+        "nfs-server.securityContext.allowPrivilegeEscalation: must be false",
+        "nfs-server.securityContext.capabilities.add: only NET_BIND_SERVICE is allowed, not ['DAC_READ_SEARCH']"]
     _, statefulset = datastage.server_objects(stage({"provision": {"size": "1Gi"}}), CFG)
+    assert restricted_violations(statefulset["spec"]["template"]["spec"]) == [
+        *violations,
+        "nfs-server.securityContext.seccompProfile.type: must be RuntimeDefault or Localhost (here or on the pod)"]
+    local = config.from_dict({"datastage": {"nfsServerSeccompProfile": {"type": "Localhost", "localhostProfile": "g.json"}}})
+    _, statefulset = datastage.server_objects(stage({"provision": {"size": "1Gi"}}), local)
+    assert restricted_violations(statefulset["spec"]["template"]["spec"]) == violations
+
+
+def test_kernel_nfs_server_is_privileged():
+    """The kernel NFS server (datastage.server: kernel) needs privilege: only an admin's choice."""
+    cfg = config.from_dict({"datastage": {"server": "kernel"}})
+    _, statefulset = datastage.server_objects(stage({"provision": {"size": "1Gi"}}), cfg)
     violations = restricted_violations(statefulset["spec"]["template"]["spec"])
     assert "nfs-server.securityContext.privileged: must be unset or false" in violations
 

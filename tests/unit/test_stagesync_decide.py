@@ -15,7 +15,8 @@ from trainop.stagesync import FINALIZER, SECRET_RECHECK_SECONDS, StageSnapshot, 
 
 CFG = config.from_dict({"datastage": {"allowedNfsExports": [
     {"server": "10.1.2.3", "path": "/export", "namespaces": ["team-a"]},
-    {"server": "10.1.2.4", "path": "/tenants/{namespace}"}], "allowProvisionedServers": True},
+    {"server": "10.1.2.4", "path": "/tenants/{namespace}"}], "allowProvisionedServers": True,
+    "nfsClientCIDRs": ["10.224.0.0/16"]},
     "blob": {"allowedServiceAccounts": ["reader-wi"]}})
 NOW = "2026-05-01T12:00:00Z"
 UID = "stage-uid"
@@ -228,12 +229,24 @@ def test_admin_lists_open_other_endpoints_and_exports():
     assert decide(snap(b), cfg, NOW).status["phase"] == "Copying"
     b = body(url="http://127.0.0.1:10001/devstoreaccount1")  # another port is another endpoint
     assert decide(snap(b), cfg, NOW).status["phase"] == "Failed"
-    # provisioned servers are the admin's choice too (a privileged pod in the namespace): off
+    # provisioned servers are the admin's choice too (a server pod in the namespace): off
     out = decide(snap(body(PROVISION)), cfg, NOW)
     assert out.status["phase"] == "Failed" and out.actions == []
     assert out.status["conditions"][0]["message"].startswith(
         "spec.destination.provision: provisioned NFS servers are off in this cluster")
     assert "datastage.allowProvisionedServers" in out.status["conditions"][0]["message"]
+
+
+def test_a_ganesha_server_needs_the_node_subnets_it_may_serve():
+    """Issue 28: NFS-Ganesha exports only to datastage.nfsClientCIDRs; empty, no kubelet could mount
+    it, so the DataStage fails naming the setting (the kernel server exports to everyone)."""
+    on = {"allowProvisionedServers": True}
+    out = decide(snap(body(PROVISION)), config.from_dict({"datastage": on}), NOW)
+    assert out.status["phase"] == "Failed" and out.actions == []
+    message = out.status["conditions"][0]["message"]
+    assert message.startswith("spec.destination.provision: ") and "datastage.nfsClientCIDRs" in message
+    kernel = decide(snap(body(PROVISION)), config.from_dict({"datastage": {**on, "server": "kernel"}}), NOW)
+    assert kernel.status["phase"] != "Failed"
 
 
 @pytest.mark.parametrize("account,namespace", [("platform-admin", "team-a"), ("default", "team-a"),

@@ -298,6 +298,11 @@ IMAGES: dict[str, Image] = {image.name: image for image in (
            base="python", base_arg="PYTHON_IMAGE", mount_cache=True, pip=True),
     _image("nfs-server", datastage.DEFAULTS["nfsServerImage"], dockerfile="trainer_images/nfs-server/Dockerfile",
            context="trainer_images/nfs-server", base="debian", base_arg="DEBIAN_IMAGE"),
+    # `datastage.server: kernel`: needs the node's nfsd module, which this machine's kernel lacks,
+    # so no dev cluster runs it; built on request only.
+    _image("nfs-server-kernel", datastage.DEFAULTS["nfsKernelServerImage"],
+           dockerfile="trainer_images/nfs-server-kernel/Dockerfile", context="trainer_images/nfs-server-kernel",
+           base="debian", base_arg="DEBIAN_IMAGE", default=False),
     # The CPU variant of the trainer images (same Dockerfile, build args): what the tests run.
     _image("trainer-pytorch", config.DEFAULTS["images"]["pytorch"], dockerfile="trainer_images/Dockerfile",
            context="trainer_images", target="pytorch", base="python", base_arg="CUDA_IMAGE",

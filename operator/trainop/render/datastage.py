@@ -33,20 +33,33 @@ LABEL_READS_STAGE = common.LABEL_READS_STAGE  # on job pods that mount the claim
 LABEL_ROLE = common.LABEL_ROLE
 SHARE_MOUNT = "/share"
 NFS_PORT = 2049
-EXPORT_DIR = "/exports"  # inside the NFS server image (trainer_images/nfs-server)
-# Read-only to every client: the copy Job writes the server's disk directly, so no NFS client
-# can change the data. fsid=0: the NFSv4 root (clients mount "<server>:/"); no "insecure": only
-# privileged source ports (kubelets' kernel mounts), not a user's NFS library in a pod.
+EXPORT_DIR = "/exports"  # inside the NFS server images (trainer_images/nfs-server, -kernel)
+GANESHA_UID = 10002  # trainer_images/nfs-server's user: not the copy's uid, so it owns no file it serves
+GANESHA_RUN_DIR = "/run/ganesha"  # its writable place (config, pid, recovery): an emptyDir
+# The PV's mount option when the DataStage names no version: both servers speak NFSv4 only (one
+# TCP port, no rpcbind or mountd), and 4.1 is what Ganesha is set up and tested for.
+DEFAULT_NFS_VERSION = "nfsvers=4.1"
+# Kernel server (datastage.server: kernel): read-only to every client: the copy Job writes the
+# server's disk directly, so no NFS client can change the data. fsid=0: the NFSv4 root (clients
+# mount "<server>:/"); no "insecure": only privileged source ports (kubelets' kernel mounts).
 EXPORT_OPTIONS = "ro,fsid=0,sync,no_subtree_check,root_squash"
 DEFAULTS = {
     "image": "trainop/operator:0.1.0",  # the stager is part of the operator's package
-    "nfsServerImage": "trainop/nfs-server:0.1.0",
+    "nfsServerImage": "trainop/nfs-server:0.2.0",  # NFS-Ganesha (datastage.server: ganesha)
+    "nfsKernelServerImage": "trainop/nfs-server-kernel:0.1.0",  # datastage.server: kernel
     "progressIntervalSeconds": 5,
-    # The copy runs as the operator image's non-root user; a provisioned server hands its export
-    # root to the same uid/gid. An existing export must let this user write (or set yours here).
+    # The copy runs as the operator image's non-root user; a provisioned server's disk becomes
+    # writable to its group through the copy pod's fsGroup (the kernel server also chowns it to
+    # this uid/gid). An existing export must let this user write (or set yours here).
     "securityContext": {"runAsUser": 10001, "runAsGroup": 10001, "runAsNonRoot": True},
     "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
     "nfsServerResources": {"requests": {"cpu": "1", "memory": "2Gi"}},
+    # The Ganesha container's seccomp profile. Not RuntimeDefault: containerd's default profile
+    # (1.6.20 tried here) refuses open_by_handle_at(2) with EPERM even to a container that holds
+    # CAP_DAC_READ_SEARCH, and Ganesha's VFS FSAL cannot serve a file without it ("Could not get
+    # handle for path /exports, error Operation not permitted"). Where the nodes have a profile
+    # that is RuntimeDefault plus open_by_handle_at, name it: {type: Localhost, localhostProfile: ...}.
+    "nfsServerSeccompProfile": {"type": "Unconfined"},
 }
 
 
@@ -127,33 +140,76 @@ def server_objects(stage: Stage, cfg: Config, address: str | None = None) -> lis
     claim_spec: dict = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": stage.capacity}}}
     if stage.storage_class:
         claim_spec["storageClassName"] = stage.storage_class
+    pod_spec = _ganesha_pod(settings, cfg) if cfg.nfs_server == "ganesha" else _kernel_pod(settings)
     statefulset = {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": common.metadata(name, stage.namespace, lbl),
         "spec": {
             "serviceName": name, "replicas": 1, "selector": {"matchLabels": lbl},
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
-            "template": {
-                "metadata": {"labels": lbl},
-                "spec": {
-                    **_placement(cfg),
-                    "containers": [{
-                        "name": "nfs-server", "image": settings["nfsServerImage"],
-                        # The kernel NFS server needs to mount nfsd and start kernel threads.
-                        "securityContext": {"privileged": True},
-                        "ports": [{"name": "nfs", "containerPort": NFS_PORT, "protocol": "TCP"}],
-                        "readinessProbe": {"tcpSocket": {"port": NFS_PORT}, "periodSeconds": 5},
-                        "env": [{"name": "EXPORT_OWNER", "value": _owner(settings)},
-                                {"name": "EXPORT_OPTIONS", "value": EXPORT_OPTIONS}],
-                        "volumeMounts": [{"name": "export", "mountPath": EXPORT_DIR}],
-                        "resources": settings["nfsServerResources"],
-                    }],
-                },
-            },
+            "template": {"metadata": {"labels": lbl}, "spec": {**_placement(cfg), **pod_spec}},
             "volumeClaimTemplates": [{"metadata": {"name": "export", "labels": lbl}, "spec": claim_spec}],
         },
     }
     return [service, statefulset]
+
+
+def export_clients(cfg: Config) -> str:
+    """The Ganesha export's client list (its CLIENT block): `datastage.nfsClientCIDRs`, the node
+    subnets kubelets mount from. Every other address gets Access_Type None (NFS4ERR_ACCESS), so
+    this list is a second wall behind the NetworkPolicy, one that holds where the CNI enforces no
+    policy. stagesync refuses a provisioned DataStage while it is empty."""
+    return ", ".join(cfg.nfs_client_cidrs)
+
+
+def _server_container(settings: dict, image: str) -> dict:
+    return {"name": "nfs-server", "image": image,
+            "ports": [{"name": "nfs", "containerPort": NFS_PORT, "protocol": "TCP"}],
+            "readinessProbe": {"tcpSocket": {"port": NFS_PORT}, "periodSeconds": 5},
+            "volumeMounts": [{"name": "export", "mountPath": EXPORT_DIR}],
+            "resources": settings["nfsServerResources"]}
+
+
+def _ganesha_pod(settings: dict, cfg: Config) -> dict:
+    """NFS-Ganesha (trainer_images/nfs-server), as uid/gid GANESHA_UID, one capability:
+    DAC_READ_SEARCH, without which the kernel refuses open_by_handle_at(2), the call by which
+    Ganesha's VFS FSAL opens every file a client names by handle. The image grants it to the
+    ganesha.nfsd binary as a file capability (a non-root container process gets none from its
+    securityContext: the runtime sets no ambient capabilities); the kernel grants a file capability
+    on exec only without no_new_privs, hence allowPrivilegeEscalation: true, bounded by the
+    capability set (drop ALL, add DAC_READ_SEARCH) and an image without set-user-ID programs.
+    Seccomp: `nfsServerSeccompProfile` (Unconfined by default: see DEFAULTS). Pod Security:
+    `baseline` refuses DAC_READ_SEARCH (and Unconfined), so this pod needs a namespace at
+    `privileged` level; it is still no privileged container, holds no root and no other
+    capability, and its root filesystem is read-only (docs/security.md)."""
+    container = _server_container(settings, settings["nfsServerImage"])
+    container["env"] = [{"name": "EXPORT_DIR", "value": EXPORT_DIR},
+                        {"name": "NFS_CLIENTS", "value": export_clients(cfg)},
+                        {"name": "RUN_DIR", "value": GANESHA_RUN_DIR}]
+    # /tmp: Ganesha tests the file system for OFD locks with a file there
+    container["volumeMounts"] = [*container["volumeMounts"], {"name": "run", "mountPath": GANESHA_RUN_DIR},
+                                 {"name": "tmp", "mountPath": "/tmp"}]
+    container["securityContext"] = {
+        "runAsUser": GANESHA_UID, "runAsGroup": GANESHA_UID, "runAsNonRoot": True,
+        "allowPrivilegeEscalation": True, "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]},
+        "seccompProfile": dict(settings["nfsServerSeccompProfile"])}
+    return {"securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            # SIGTERM: ganesha.nfsd stops its threads and exits 0 in well under a second.
+            "terminationGracePeriodSeconds": 30,
+            "containers": [container],
+            "volumes": [{"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}
+                        for name in ("run", "tmp")]}
+
+
+def _kernel_pod(settings: dict) -> dict:
+    """datastage.server: kernel (trainer_images/nfs-server-kernel): privileged, because the kernel
+    NFS server needs to mount nfsd and start kernel threads."""
+    container = _server_container(settings, settings["nfsKernelServerImage"])
+    container["securityContext"] = {"privileged": True}
+    container["env"] = [{"name": "EXPORT_OWNER", "value": _owner(settings)},
+                        {"name": "EXPORT_OPTIONS", "value": EXPORT_OPTIONS}]
+    return {"containers": [container]}
 
 
 def network_policy(stage: Stage, cfg: Config) -> dict | None:
@@ -209,8 +265,11 @@ def volume_objects(stage: Stage, server: str | None) -> list[dict]:
         "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                      "namespace": stage.namespace, "name": pvc_name},
     }
-    if stage.mount_options:
-        pv_spec["mountOptions"] = list(stage.mount_options)
+    options = list(stage.mount_options)
+    if stage.provisioned and not any(o.split("=")[0] in ("nfsvers", "vers") for o in options):
+        options.insert(0, DEFAULT_NFS_VERSION)  # our own server: we know what it speaks
+    if options:
+        pv_spec["mountOptions"] = options
     pv = {"apiVersion": "v1", "kind": "PersistentVolume",
           "metadata": {"name": pv_name, "labels": pv_labels}, "spec": pv_spec}
     pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
@@ -320,7 +379,7 @@ def copy_job(stage: Stage, server: str | None, cfg: Config) -> dict:
                     **_placement(cfg),
                     "restartPolicy": "Never",
                     "serviceAccountName": stager_service_account(stage),
-                    "securityContext": common.pod_security_context(settings["securityContext"]),
+                    "securityContext": _copy_security_context(stage, settings),
                     "containers": [{
                         "name": "stager", "image": settings["image"],
                         "command": ["python", "-m", "trainop.stager"],
@@ -338,6 +397,19 @@ def copy_job(stage: Stage, server: str | None, cfg: Config) -> dict:
             },
         },
     }
+
+
+def _copy_security_context(stage: Stage, settings: dict) -> dict:
+    """A provisioned server's fresh disk belongs to root, and the NFS-Ganesha server, running as
+    non-root, cannot hand it over: the copy pod's fsGroup has the kubelet make the disk's root
+    group-writable by the copy's group (once: OnRootMismatch). Not for an existing claim or export:
+    that would change the group of data that is not ours."""
+    ctx = common.pod_security_context(settings["securityContext"])
+    if stage.provisioned and "fsGroup" not in ctx:
+        group = ctx.get("runAsGroup", ctx.get("runAsUser"))
+        if group is not None:
+            ctx |= {"fsGroup": group, "fsGroupChangePolicy": "OnRootMismatch"}
+    return ctx
 
 
 def _with_server(stage: Stage) -> dict:
