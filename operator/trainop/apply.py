@@ -196,20 +196,23 @@ class Applier:
             self._applied[key] = (digest, live["metadata"].get("resourceVersion", ""))
 
 
-# Kinds that start pods: never in a stage with what their pods need (a StatefulSet's pod made
-# before its ServiceAccount is refused, and its controller retries only after a backoff).
-_WORKLOADS = ("Pod", "Job", "StatefulSet", "Deployment", "DaemonSet", "ReplicaSet")
+# Kinds that need another object at once, so never in a stage with it: those that start pods (a
+# StatefulSet's pod made before its ServiceAccount is refused, and its controller retries only
+# after a backoff), and bindings (the API server lets the operator bind a Role only if the Role
+# exists and it holds the Role's rights itself: a RoleBinding sent beside its Role was refused).
+_ALONE = ("Pod", "Job", "StatefulSet", "Deployment", "DaemonSet", "ReplicaSet", "RoleBinding",
+          "ClusterRoleBinding")
 
 
 def stages(actions: list) -> list[list]:
     """`actions` cut into stages that may run at once: consecutive Apply/Create/CreateSSHSecret
     of the objects pods need, or consecutive creates of the gang's pods; any other action (a
-    workload that makes pods, such as a launcher Job or a DataStage's StatefulSet; a delete, a
-    finalizer, a patch, a taint) is a stage of its own, where order matters (pods before their
-    launcher Job)."""
+    workload that makes pods, such as a launcher Job or a DataStage's StatefulSet; a RoleBinding,
+    after its Role; a delete, a finalizer, a patch, a taint) is a stage of its own, where order
+    matters (pods before their launcher Job)."""
     def group(action) -> str | None:
         if isinstance(action, CreateSSHSecret) or \
-                (isinstance(action, (Apply, Create)) and action.obj.get("kind") not in _WORKLOADS):
+                (isinstance(action, (Apply, Create)) and action.obj.get("kind") not in _ALONE):
             return "needed"
         if isinstance(action, Create) and action.obj.get("kind") == "Pod":
             return "pods"

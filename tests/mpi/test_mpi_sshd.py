@@ -243,8 +243,12 @@ def _start_workers(job, base: Path, remap, user) -> list[subprocess.Popen]:
         env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         env |= {"PATH": os.environ["PATH"], "HOME": user.pw_dir, "WORKER_ONLY": "from the worker",
                 "TRAINOP_TEST": "the worker's own"}
-        workers.append(_pod([*_as_pod_user(pod), "sh", "-c", script], env=env,
-                            stdout=log, stderr=subprocess.STDOUT))
+        try:
+            workers.append(_pod([*_as_pod_user(pod), "sh", "-c", script], env=env,
+                                stdout=log, stderr=subprocess.STDOUT))
+        except BaseException:
+            _stop(workers)  # the ones already started: left running, they hold the next test's ports
+            raise
 
     def listening():
         for proc in workers:

@@ -254,6 +254,9 @@ def test_a_refused_child_stops_the_stages_after_it(api, monkeypatch):
     assert sorted(k for k, _, _ in api.objects) == ["NetworkPolicy"]  # and no Pod
 
 
-def test_a_workload_that_makes_pods_waits_for_what_they_need():
+def test_a_workload_that_makes_pods_waits_for_what_they_need_and_a_binding_for_its_role():
     sa, sts = Apply(_obj("ServiceAccount", "s"), OWNER), Apply({**_obj("StatefulSet", "s"), "apiVersion": "apps/v1"}, OWNER)
     assert apply.stages([sa, sts]) == [[sa], [sts]]
+    role, binding = (Apply({**_obj(k, "s"), "apiVersion": "rbac.authorization.k8s.io/v1"}, OWNER)
+                     for k in ("Role", "RoleBinding"))
+    assert apply.stages([sa, role, binding, sts]) == [[sa, role], [binding], [sts]]
