@@ -270,6 +270,11 @@ def _launcher(job, base: Path, remap, user, **popen) -> subprocess.Popen:
     launcher = launcher_pod["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in launcher["env"] if "value" in e}
     env |= {"PATH": os.environ["PATH"], "HOME": user.pw_dir}  # HOME: what the runtime sets
+    # the pod's own /tmp (mpirun's session folder), as the workers have theirs: not the host's
+    private = base / "launcher-tmp"
+    private.mkdir(mode=0o700, exist_ok=True)
+    os.chown(private, user.pw_uid, user.pw_gid)
+    env["TMPDIR"] = str(private)
     command = [remap(part) for part in launcher["command"]]
     # root only for the private /etc/hosts; mpirun and ssh run as the pod's user
     return _pod(["sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts),
