@@ -58,7 +58,7 @@ import kopf
 
 from trainop import GROUP, VERSION, metrics, phases
 from trainop.config import POOL_LABEL
-from trainop.jobsync.failures import LOST_NODES, node_lost
+from trainop.jobsync.failures import node_lost
 from trainop.jobsync.starting import NOT_STARTING
 from trainop.kueue import GROUP as KUEUE_GROUP
 from trainop.kueue import VERSION as KUEUE_VERSION
@@ -309,7 +309,7 @@ async def dtj_podgroups_volcano(body, namespace, **_):
 # every watch event, and a cluster's nodes change often (a new 500-node cluster's controller-
 # manager patched each about once a minute for two minutes; three handlers plus the router cost
 # twice what this one does).
-NODE_POOL, NODE_TAINTED, NODE_LOST = "pool", "tainted", LOST_NODES
+NODE_POOL, NODE_TAINTED, NODE_LOST = "pool", "tainted", "lost"  # the keys' first parts
 
 
 @kopf.index("v1", "nodes")

@@ -37,8 +37,6 @@ STORAGE_LIMIT_MESSAGES = ("Usage of EmptyDir volume ", "exceeded its local ephem
 
 HISTORY = 10  # restarts kept in status.restarts.history (the newest)
 
-LOST_NODES = "lost"  # the one key of the index of lost nodes (handlers/indexes.py)
-
 
 def node_lost(body: dict) -> dict | None:
     """The node's Ready condition when it is Unknown, else None. Only Unknown: the node
