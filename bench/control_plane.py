@@ -424,7 +424,8 @@ def main() -> int:
     p.add_argument("--crds", type=Path, help="install these CRDs (a folder; default: this "
                    "checkout's crds/), e.g. another checkout's when this one's is refused")
     p.add_argument("--profile", type=Path, help="a folder: py-spy samples each trainop ramp into "
-                   "<operator>-<N>.txt (py-spy's own CPU is not counted in the operator's)")
+                   "<operator>-<N>.txt (py-spy's own CPU is not counted in the operator's), and "
+                   "keeps the API server's audit log of each N there (audit-<N>.jsonl)")
     args = p.parse_args()
     for op in args.operators:
         if op.partition("@")[0] not in OPERATORS:
@@ -463,6 +464,8 @@ def main() -> int:
                 keep.mkdir(parents=True, exist_ok=True)
                 for f in logs.glob("*.log"):
                     shutil.copy(f, keep / f.name)
+                if args.profile and cluster.audit_log.exists():
+                    shutil.copy(cluster.audit_log, args.profile / f"audit-{n}.jsonl")
                 cluster.down()
     table = markdown(results)
     print(table)

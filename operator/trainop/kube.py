@@ -29,6 +29,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from trainop import fastjson
+
 FIELD_MANAGER = "trainop"
 # Kinds whose plural is not kind.lower() + "s".
 _PLURALS = {"Endpoints": "endpoints", "NetworkPolicy": "networkpolicies",
@@ -174,7 +176,7 @@ def request(method: str, url_path: str, *, body=None, query: list | None = None,
     resp.read()
     if not 200 <= resp.status <= 299:
         raise ApiException(http_resp=resp)
-    return json.loads(resp.data) if resp.data else None
+    return fastjson.loads(resp.data) if resp.data else None
 
 
 def _ref(obj: dict) -> tuple[str, str, str, str | None]:
