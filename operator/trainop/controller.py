@@ -364,7 +364,6 @@ class Controller:
             config_map=config_maps.get(render_dtj.config_map_name(named)),
             progress=progress, network_policy=self._one("dtj_netpols", ck),
             ssh_secret=self.applier.has_ssh_secret(uid),
-            endpoint_slices=self._all("dtj_endpointslices", ck),
             nodes=[] if created else self.nodes(),
             tainted_nodes=tuple(self._all("nodes", (NODE_TAINTED,))),
             lost_nodes={n["name"]: n for n in self._all("nodes", (NODE_LOST,))},

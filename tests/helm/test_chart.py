@@ -50,7 +50,6 @@ NAMESPACED_RULES = {
     ("rbac.authorization.k8s.io", "rolebindings"): ["get", "list", "watch", "create", "patch"],
     ("", "secrets"): ["get", "create"],
     ("networking.k8s.io", "networkpolicies"): ["get", "list", "watch", "create", "patch"],
-    ("discovery.k8s.io", "endpointslices"): ["list", "watch"],
 }
 # leader election (leader.py): create a Lease, get/update only the chart's one, in its namespace
 LEADER_RULES = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},

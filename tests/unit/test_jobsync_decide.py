@@ -62,6 +62,8 @@ def pod(name: str, role: str = "worker", index: int | None = 0, attempt: int = 0
         labels["trainop.io/replica-index"] = str(index)
     status: dict = {"phase": phase,
                     "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    if phase == "Running" and index is not None:
+        status["podIP"] = f"10.0.0.{index + 10}"
     if exit_code is not None:
         status["containerStatuses"] = [{"name": role, "state": {"terminated": {
             "exitCode": exit_code, "reason": reason, "finishedAt": finished}}}]
@@ -90,12 +92,6 @@ def child(kind: str, name: str, version: str = "7", uid: str = UID) -> dict:
     return owned({"apiVersion": api, "kind": kind,
                   "metadata": {"name": name, "namespace": "ns", "resourceVersion": version,
                                "labels": {"trainop.io/job-name": "j"}}}, uid)
-
-
-def slices(*hosts: str) -> list[dict]:
-    return [{"metadata": {"name": "j-abc", "labels": {"kubernetes.io/service-name": "j"}},
-             "endpoints": [{"hostname": h, "addresses": ["10.0.0.1"], "conditions": {"ready": True}}
-                           for h in hosts]}]
 
 
 def shared() -> dict:
@@ -166,14 +162,14 @@ CASES = [
      snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(1), **shared()),
      ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "create Pod j-worker-1"],
      "Starting", {"WorkersReady": ("False", "WaitingForWorkers")}, []),
-    ("every worker Ready but not yet in DNS: no launcher",
-     snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(), **shared(),
-          endpoint_slices=slices("j-worker-0")),
+    ("every worker Ready, one without its pod IP in the cache: no launcher yet",
+     snap(body({"phase": "Starting", "conditions": CREATED}), **shared(),
+          pods=[workers()[0], {**workers()[1], "status": {"phase": "Running", "conditions": [
+              {"type": "Ready", "status": "True"}]}}]),
      ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi"],
-     "Starting", {"WorkersReady": ("False", "WaitingForDNS")}, []),
-    ("every worker Ready and published: the launcher is created",
-     snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(), **shared(),
-          endpoint_slices=slices("j-worker-0", "j-worker-1")),
+     "Starting", {}, []),
+    ("every worker Ready: the launcher is created (no wait for cluster DNS)",
+     snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(), **shared()),
      ["apply NetworkPolicy j", "apply Service j", "apply ConfigMap j-mpi", "create Job j-launcher"],
      "Running", {"WorkersReady": ("True", "AllWorkersReady"),
                  "Running": ("True", "LauncherCreated")},
@@ -367,6 +363,21 @@ def test_decide(case):
 
 
 # ---- details the table does not show ------------------------------------------------------
+
+def test_the_launcher_resolves_the_workers_from_their_pod_ips():
+    """hostAliases: each name in the hostfile (render.host) -> that worker's pod IP, so mpirun's
+    ssh never waits for cluster DNS; the hostfile's names are exactly those."""
+    s = snap(body({"phase": "Starting", "conditions": CREATED}), pods=workers(), **shared())
+    launcher_job = next(a.obj for a in decide(s, CFG, NOW).actions
+                        if isinstance(a, Create) and a.obj["kind"] == "Job")
+    aliases = launcher_job["spec"]["template"]["spec"]["hostAliases"]
+    assert aliases == [{"ip": "10.0.0.10", "hostnames": ["j-worker-0.j.ns.svc"]},
+                       {"ip": "10.0.0.11", "hostnames": ["j-worker-1.j.ns.svc"]}]
+    hostfile = next(a.obj for a in decide(s, CFG, NOW).actions
+                    if isinstance(a, Apply) and a.obj["kind"] == "ConfigMap")["data"]
+    assert [line.split()[0] for line in hostfile["hostfile"].splitlines()] == \
+        [a["hostnames"][0] for a in aliases]
+
 
 def test_worker_volume_mounts_the_stage_claim():
     s = snap(body(data={"dataStageRef": {"name": "imagenet"}}),

@@ -243,7 +243,8 @@ def test_nodes_arriving_end_the_wait():
                                                     "WaitingForNodes", "m", timestamp=T0)
     out = decide_(snap(spot_body(status), pods=workers(2), **shared()))
     assert reasons(out.status)["WaitingForNodes"] == ("False", "NodesAvailable")
-    assert out.waiting == "waiting for the workers' DNS names"  # the next step of the start
+    assert out.waiting is None  # the next step of the start: the launcher
+    assert "create Job j-launcher" in summary(out.actions)
 
 
 def test_fixed_pool_waits_without_deadline_unless_the_job_sets_one():

@@ -44,10 +44,10 @@ def _budget_check(got: dict[str, int], budget: dict[str, int]) -> None:
 
 
 def run_to_running(h: Harness, name: str, namespace: str = "ns", **spec) -> None:
-    """The job created, its workers started and published, its launcher's pod running."""
+    """The job created, its workers started, its launcher's pod running."""
     h.submit(dtj(name, **spec), namespace)
     h.settle()
-    for step in (h.start_pods, h.publish_endpoints, h.start_pods):
+    for step in (h.start_pods, h.start_pods):
         step()
         h.settle()
 
@@ -169,7 +169,7 @@ def _new_job_work(others: int, quota: bool = False) -> tuple[int, int, dict]:
         for i in range(others):
             h.submit(dtj(f"other-{i:03d}"))
         h.settle()
-        for step in (h.start_pods, h.publish_endpoints, h.start_pods):
+        for step in (h.start_pods, h.start_pods):
             step()
             h.settle()
         assert all(h.job(f"other-{i:03d}")["status"]["phase"] == "Running" for i in range(others))
@@ -178,7 +178,7 @@ def _new_job_work(others: int, quota: bool = False) -> tuple[int, int, dict]:
         h.submit(dtj("new"))
         with _Lines() as lines:
             h.settle()
-            for step in (h.start_pods, h.publish_endpoints, h.start_pods):
+            for step in (h.start_pods, h.start_pods):
                 step()
                 h.settle()
         assert h.job("new")["status"]["phase"] == "Running"
@@ -195,8 +195,8 @@ def _new_job_work(others: int, quota: bool = False) -> tuple[int, int, dict]:
 def test_a_new_jobs_work_does_not_grow_with_the_number_of_other_jobs(quota):
     """1 vs 50 running jobs beside it: the same reconciles, the same API calls, and the same
     operator lines executed within 2% (what runs per event or per reconcile for the other
-    jobs would show here; the harness's own stand-ins for the kubelet and the EndpointSlice
-    controller are not counted)."""
+    jobs would show here; the harness's own stand-ins for the kubelet and the Job controller
+    are not counted)."""
     lines_1, reconciles_1, calls_1 = _new_job_work(1, quota)
     lines_50, reconciles_50, calls_50 = _new_job_work(50, quota)
     assert (reconciles_50, calls_50) == (reconciles_1, calls_1)
@@ -280,7 +280,7 @@ def _paths(obj, path: tuple = ()) -> set[tuple]:
     return out
 
 
-CHILD_FIELDS = ("pods", "departed", "endpoint_slices", "nodes")  # lists of cached objects
+CHILD_FIELDS = ("pods", "departed", "nodes")  # lists of cached objects
 ONE_FIELDS = ("launcher", "service", "config_map", "progress", "network_policy", "workload",
               "pod_group")
 
@@ -318,8 +318,7 @@ def _tracked_decide(h: Harness, name: str, monkeypatch) -> tuple[dict, dict]:
 
 
 # Which index slims each field of the snapshot.
-INDEX_OF = {"pods": "dtj_pods", "departed": "dtj_pods", "endpoint_slices": "dtj_endpointslices",
-            "nodes": "nodes", "launcher": "dtj_launchers", "service": "dtj_services",
+INDEX_OF = {"pods": "dtj_pods", "departed": "dtj_pods", "nodes": "nodes", "launcher": "dtj_launchers", "service": "dtj_services",
             "config_map": "dtj_configmaps", "progress": "dtj_configmaps",
             "network_policy": "dtj_netpols", "workload": "dtj_workloads",
             "pod_group": "dtj_podgroups_plugins"}
@@ -343,16 +342,14 @@ def _scenarios():
     def running(h):
         h.submit(dtj("j"))
         h.settle()
-        for step in (h.start_pods, h.publish_endpoints, h.start_pods):
+        for step in (h.start_pods, h.start_pods):
             step()
             h.settle()
 
-    def published(h):  # every worker Ready and in DNS: the launcher comes next
+    def workers_ready(h):  # every worker Ready (its pod IP read): the launcher comes next
         h.submit(dtj("j"))
         h.settle()
         h.start_pods()
-        h.settle()
-        h.publish_endpoints()
         h.observe()
 
     def failed_worker(h):
@@ -430,7 +427,7 @@ def _scenarios():
                       init=True)
         h.observe()
 
-    return {"pending": pending, "running": running, "published": published, "failed_worker": failed_worker,
+    return {"pending": pending, "running": running, "workers_ready": workers_ready, "failed_worker": failed_worker,
             "sshd_not_executable": sshd_not_executable,
             "disrupted": disrupted, "storage_evicted": storage_evicted, "vanished": vanished,
             "launcher_done": launcher_done, "preflight": preflight, "not_starting": not_starting}

@@ -16,7 +16,6 @@ children then fit in tens of MB.
                                                   keys decide reads, each at most MAX_PROGRESS_VALUE);
                                                   only these two names, controlled by a job
     dtj_netpols          (ns, job-name)           its NetworkPolicy (restored if edited/deleted)
-    dtj_endpointslices   (ns, job-name)           its Service's EndpointSlices (labels mirrored)
     dtj_workloads        (ns, job-name)           its Kueue Workload (conditions, admission, the pod
                                                   sets' counts and resources; none without Kueue)
     dtj_podgroups_plugins, dtj_podgroups_volcano
@@ -46,7 +45,9 @@ RoleBinding (render/identity.py) of jobs and DataStages, a DataStage's NetworkPo
 Not watched: Secrets (the operator would hold every credential of the namespaces it serves;
 see apply.py and stagesync.py for how it does without: the SSH Secret is read by name at the
 safety resync); a DataStage's PersistentVolume (cluster-scoped: read by name at each of its
-reconciles, so the safety resync puts back a deleted one).
+reconciles, so the safety resync puts back a deleted one); EndpointSlices (the launcher
+reaches the workers by their pod IPs, its hostAliases: nothing waits for cluster DNS, and the
+slices' updates, about three per job, were a sixth of the watch events of a new job).
 """
 
 from __future__ import annotations
@@ -119,7 +120,6 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.watching.label_selectors["v1", "configmaps"] = LABEL_JOB
     # (NetworkPolicies: a job's and a DataStage's, so no server-side selector; a namespace
     # holds few)
-    settings.watching.label_selectors["discovery.k8s.io", "v1", "endpointslices"] = LABEL_JOB
     settings.watching.label_selectors["apps", "v1", "statefulsets"] = LABEL_STAGE
     settings.watching.label_selectors[KUEUE_GROUP, KUEUE_VERSION, "workloads"] = LABEL_JOB
 
@@ -166,7 +166,8 @@ def slim_pod(body) -> dict:
     if data:
         out_spec["volumes"] = [{"name": "data", "persistentVolumeClaim": {
             "claimName": data[0]["persistentVolumeClaim"].get("claimName")}}]
-    out_status = {k: st[k] for k in ("phase", "reason") if k in st}
+    out_status = {k: st[k] for k in ("phase", "reason", "podIP") if k in st}  # (podIP: the
+    # launcher's hostAliases, jobsync/gang.py)
     if st.get("reason") == "Evicted" and st.get("message"):  # a storage-limit eviction counts
         out_status["message"] = st["message"][:1024]            # (jobsync/failures.py): short
     # reasons too: PodScheduled's Unschedulable (WaitingForNodes), DisruptionTarget's cause;
@@ -261,13 +262,6 @@ async def dtj_configmaps(body, namespace, **_):
 @kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=_HAS_JOB)
 async def dtj_netpols(body, namespace, **_):
     return {_job_key(body, namespace): _obj(body)}
-
-
-@kopf.index("discovery.k8s.io", "v1", "endpointslices", labels=_HAS_JOB)
-async def dtj_endpointslices(body, namespace, **_):
-    endpoints = [{"hostname": ep.get("hostname"), "addresses": ep.get("addresses"),
-                  "conditions": ep.get("conditions") or {}} for ep in body.get("endpoints") or []]
-    return {_job_key(body, namespace): _obj(body, endpoints=endpoints)}
 
 
 def slim_workload(body) -> dict:
@@ -401,7 +395,7 @@ async def resource_flavors(body, name, **_):
 
 
 INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps", "dtj_netpols",
-           "dtj_endpointslices", "dtj_workloads", "dtj_podgroups_plugins", "dtj_podgroups_volcano", "nodes", "quotas", "stage_bodies",
+           "dtj_workloads", "dtj_podgroups_plugins", "dtj_podgroups_volcano", "nodes", "quotas", "stage_bodies",
            "stage_services", "stage_statefulsets", "stage_jobs", "service_accounts", "claims",
            "priority_classes", "workload_priority_classes", "resource_flavors")
 
@@ -436,7 +430,6 @@ async def route_pod(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noq
 @kopf.on.event("v1", "services", labels=_HAS_JOB)
 @kopf.on.event("v1", "configmaps", labels=_HAS_JOB)
 @kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=_HAS_JOB)
-@kopf.on.event("discovery.k8s.io", "v1", "endpointslices", labels=_HAS_JOB)
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=_HAS_JOB)
 @kopf.on.event(*PLUGINS_API, "podgroups", labels=_HAS_JOB)
 @kopf.on.event(*VOLCANO_API, "podgroups", labels=_HAS_JOB)

@@ -40,7 +40,6 @@ class JobSnapshot:
     progress: dict | None = None                          # the log shipper's ConfigMap (display only)
     network_policy: dict | None = None                    # the job's pods' isolation
     ssh_secret: bool = False   # this process made or found the job's SSH Secret (apply.py)
-    endpoint_slices: list[dict] = field(default_factory=list)
     nodes: list[dict] = field(default_factory=list)
     # the nodes that carry the preflight's taint (preflight.maxTaintedNodes counts them)
     tainted_nodes: tuple[str, ...] = ()

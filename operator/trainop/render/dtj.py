@@ -228,9 +228,9 @@ def _shell_join(cmd: list[str]) -> str:
 
 
 def _wait_for_dns(hosts_expr: str) -> list[str]:
-    """Shell lines that wait, bounded, until every host resolves. Readiness and the EndpointSlice
-    come first, but a resolver cache or a slow DNS server can still lag: never let that crash
-    the gang."""
+    """Shell lines that wait, bounded, until every host resolves: the workers from the launcher's
+    hostAliases at once; the launcher's own name (runLauncherAsWorker) and any host a pod
+    template's command adds through cluster DNS, which can lag: never let that crash the gang."""
     return [
         f"deadline=$(($(date +%s) + {DNS_WAIT_SECONDS}))",
         f"for host in {hosts_expr}; do",
@@ -786,11 +786,13 @@ def render_worker(job: Job, index: int, attempt: int, claim_name: str | None = N
 
 
 def render_launcher(job: Job, attempt: int, resume: Resume | None = None,
-                    claim_name: str | None = None) -> dict:
+                    claim_name: str | None = None, addresses: dict[str, str] | None = None) -> dict:
     """The mpirun launcher as a batch/v1 Job. backoffLimit 0: a failure restarts the whole gang
     (runPolicy.backoffLimit, counted by the operator), never the launcher alone. With
     runLauncherAsWorker it also runs ranks: a worker's resources and volumes, and a DNS name
-    (its own headless Service) for the hostfile."""
+    (its own headless Service) for the hostfile. `addresses` (each worker's hostfile name -> its
+    pod IP, known once the workers are Ready) become the pod's hostAliases: ssh reaches the
+    workers without waiting for cluster DNS to publish them."""
     labels = _labels(job, LAUNCHER, None, attempt)
     volumes, mounts = _ssh_volumes(job)
     ranks: dict = {}
@@ -814,6 +816,8 @@ def render_launcher(job: Job, attempt: int, resume: Resume | None = None,
     pod_spec = {**ranks, "restartPolicy": "Never", **_placement(job, LAUNCHER_POD_SET), **NO_TOKEN,
                 "securityContext": pod_security_context(job), "containers": [container],
                 "volumes": volumes, **_grace(job)}
+    if addresses:
+        pod_spec["hostAliases"] = [{"ip": ip, "hostnames": [name]} for name, ip in addresses.items()]
     annotations: dict[str, str] = {}
     _ship_logs(job, LAUNCHER, None, attempt, pod_spec, labels, annotations)
     fabric.shape_pod(job, pod_spec, LAUNCHER)
