@@ -33,8 +33,10 @@ def _ago(seconds: int) -> str:
 NEW_JOB_BUDGET = {
     "POST networkpolicies": 1, "POST services": 1, "POST configmaps": 1, "POST secrets": 1,
     "POST pods": 2, "POST jobs": 1,
-    "PATCH distributedtrainingjobs/status": 3,  # Queued->Starting, workers Ready, Running
-    "POST events": 5,                           # one per condition transition
+    # Queued->Starting, Running (no WaitingForDNS step since the launcher has the workers' IPs)
+    "PATCH distributedtrainingjobs/status": 2,
+    "POST events": 4,  # one per condition transition: QuotaReserved, ChildrenCreated,
+                       # AllWorkersReady, LauncherCreated
 }
 
 
@@ -58,7 +60,7 @@ def harness():
         yield h
 
 
-def test_a_new_job_costs_its_children_and_three_status_writes_and_no_read(harness):
+def test_a_new_job_costs_its_children_and_two_status_writes_and_no_read(harness):
     run_to_running(harness, "j")
     assert harness.job("j")["status"]["phase"] == "Running"
     got = harness.api.by_kind()
