@@ -567,6 +567,19 @@ class GlobalPlan:
         return epoch, self.epoch_order(epoch)[start:start + self.batch_size]
 
 
+def describe_shard(dataset: DataSet, rank: int, size: int, where: Path, mode: str, elastic=None) -> None:
+    """One stderr line saying what this rank reads: its shard (`DataSet.rank_shard`), or in an
+    elastic run its parts of every global batch."""
+    if elastic is None:
+        dataset.rank_shard(rank, size, where, mode)
+        return
+    parts = elastic.parts(rank)
+    report.write_line(sys.stderr, f"trainop_trainer: rank {rank}/{size} reads parts {parts.start}-{parts.stop - 1} of "
+                                  f"{elastic.max_world} of every global batch of {elastic.global_batch} images "
+                                  f"({len(dataset.samples)} images, {len(dataset.classes)} classes, in {where}; one "
+                                  f"order of the whole set per epoch: elastic), {mode} reads")
+
+
 def make_plan(dataset: DataSet, mode: str, rank: int, size: int, batch_size: int, seed: int, elastic=None):
     """This rank's plan: BatchPlan (its own shard), or GlobalPlan for an elastic run
     (`elastic`: elastic.Elastic)."""

@@ -122,15 +122,18 @@ class SampleLog:
     """--sample-log: every rank appends one JSON line per optimizer step, {"step" (the global
     step it ends: 1 for the first), "epoch" (1-based), "rank", "worldSize", "samples" (the indices
     in the data set's order of the samples this rank trained on in it; absent for synthetic data),
-    "loss" (this rank's share of the step's mean loss: the shares of a step sum to it)}. One
+    "loss" (this rank's share of the step's mean loss: the shares of a step sum to it; absent
+    where the framework does not give it: Keras's model.fit outside an elastic run)}. One
     write() per line on a file opened for appending, so the ranks' lines do not interleave."""
 
     def __init__(self, path, rank: int, world: int):
         self.rank, self.world = rank, world
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def step(self, step: int, epoch: int, samples: list[int] | None, loss: float) -> None:
-        record = {"step": step, "epoch": epoch, "rank": self.rank, "worldSize": self.world, "loss": loss}
+    def step(self, step: int, epoch: int, samples: list[int] | None, loss: float | None) -> None:
+        record = {"step": step, "epoch": epoch, "rank": self.rank, "worldSize": self.world}
+        if loss is not None:
+            record["loss"] = loss
         if samples is not None:
             record["samples"] = samples
         os.write(self.fd, (json.dumps(record) + "\n").encode())

@@ -113,7 +113,7 @@ def _folder_batches(cfg: Config, world: World, device: torch.device, memory_form
 
     dataset = data.scan(cfg.data_dir)
     mode = dataset.read_mode(cfg.read_mode)
-    _describe_shard(dataset, cfg, world, mode)
+    data.describe_shard(dataset, world.rank, world.size, cfg.data_dir, mode, cfg.elastic)
     decode_on = cfg.decode if cfg.decode != "auto" else ("split" if device.type == "cuda" else "cpu")
     workers = cfg.loader_workers if cfg.loader_workers is not None else data.auto_workers(world.local_size, decode_on)
     loader = torch_data.Loader(dataset, world.rank, world.size, cfg.batch_size, cfg.image_size, cfg.seed, workers,
@@ -130,17 +130,6 @@ def _folder_batches(cfg: Config, world: World, device: torch.device, memory_form
     if cfg.elastic:
         return loader, loader.plan.steps_per_epoch
     return loader, dataset.steps_per_epoch(world.size, cfg.batch_size, mode)
-
-
-def _describe_shard(dataset: data.DataSet, cfg: Config, world: World, mode: str) -> None:
-    if cfg.elastic is None:
-        dataset.rank_shard(world.rank, world.size, cfg.data_dir, mode)
-        return
-    e = cfg.elastic
-    report.write_line(sys.stderr, f"trainop_trainer: rank {world.rank}/{world.size} reads parts {e.parts(world.rank).start}-"
-                                  f"{e.parts(world.rank).stop - 1} of {e.max_world} of every global batch of "
-                                  f"{e.global_batch} ({len(dataset.samples)} images in {cfg.data_dir}, one order "
-                                  f"per epoch: elastic), {mode} reads")
 
 
 def _accumulation(cfg: Config) -> int:
