@@ -63,7 +63,7 @@ def train(tmp: Path, name: str, case: tuple, ranks: int, images: Path, *extra: s
     out.mkdir()
     args = ["--framework", framework, "--backend", backend, "--data-dir", str(images), "--image-size", "32",
             "--model", "resnet18", "--batch-size", str(BATCH), "--epochs", str(EPOCHS), "--warmup-epochs", "1",
-            "--base-lr", "0.01", "--precision", "fp64", "--loader-workers", "0", "--report-seconds", "0",
+            "--base-lr", "0.002", "--precision", "fp64", "--loader-workers", "0", "--report-seconds", "0",
             "--output-dir", str(out), "--sample-log", str(out / "samples.jsonl"), *extra]
     env = dict(base_env(), TRAINOP_ELASTIC_MAX_WORLD=str(MAX_WORLD), TF_DETERMINISTIC_OPS="1")
     done = subprocess.run(launch_command(launcher, ranks, args, free_port_block()), env=env, cwd=out,

@@ -11,6 +11,9 @@ Read modes (`BatchPlan`): `random` gives each rank every `size`-th sample and sh
 members, deals blocks to ranks and shuffles blocks, so a batch is a few long sequential reads
 (`read_many` coalesces them) instead of one small random read per image: what an NFS server
 serves fastest. Write shards in shuffled order (as WebDataset does) so a block mixes classes.
+An elastic run (elastic.py) reads with `GlobalPlan` instead: one order of the whole set's blocks
+per epoch, the same at every world size, cut into the global batch's parts, so a run resumed at
+another size continues the epoch where it stopped.
 
 Augmentation contract (`draw_crop`, `decode_uint8`, `normalise`): a random-resized crop (area
 8-100%, aspect 3/4-4/3, torchvision's algorithm; eval: the centred square of the short side),

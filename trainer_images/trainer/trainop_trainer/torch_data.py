@@ -38,6 +38,7 @@ threads were not the cause.
 Resuming: the batch order is `data.BatchPlan`, a pure function of (set, rank, seed); the loader's
 whole state is the number of batches the training loop has taken (`state_dict()`), and
 `load_state_dict()` before the first batch continues from there without reading what was skipped.
+An elastic run's plan is `data.GlobalPlan` (its batches are micro-batches, `accumulation` a step).
 """
 
 from __future__ import annotations
