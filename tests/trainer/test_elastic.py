@@ -45,7 +45,9 @@ CASES = [pytest.param(("pytorch", "torchrun", "native"), id="pytorch-ddp"),
 # Loss of a step: the ranks' shares summed, against the uninterrupted run's. Parameters: see
 # test_parameters_equal_an_uninterrupted_run.
 LOSS_TOLERANCE = 1e-9  # relative
-PARAMETER_TOLERANCE = 1e-10  # absolute, on parameters of magnitude up to ~1
+# Absolute. Measured here: PyTorch DDP (gloo) 7e-11; PyTorch, TensorFlow and Keras with Horovod 0
+# (bitwise equal). See the test's docstring.
+PARAMETER_TOLERANCE = 1e-8
 
 
 @dataclass
@@ -198,10 +200,15 @@ def test_parameters_equal_an_uninterrupted_run(chained, request):
     TF_DETERMINISTIC_OPS); scaling by 1/2 and 1/4 is exact in binary. What differs is only the
     order of the additions: at 4 ranks the all-reduce adds 4 gradients, at 2 ranks each rank adds
     its 2 first, then the all-reduce adds 2 sums. Floating-point addition is not associative, so
-    the steps at 2 ranks differ by a rounding (~1e-16 relative in float64), which the following
-    steps carry on. PARAMETER_TOLERANCE is far above that and far below what a wrong step makes:
-    one sample more or less, or a gradient not divided by the accumulation, moves a parameter
-    by more than 1e-4 here (the control below: training from step 5 to 8 moves them by more)."""
+    the steps at 2 ranks may differ by a rounding (~1e-16 relative in float64), which later steps
+    carry on and amplify: ResNet-18's last stage sees 1x1 feature maps at 32 px, so its batch
+    norm normalises 2 values per channel, a badly conditioned division. Measured: up to 7e-11
+    with DDP (gloo adds in ring order), 0 with Horovod for PyTorch, TensorFlow and Keras (bitwise
+    equal: its all-reduce of 4 adds in pairs, as the 2-rank run does). PARAMETER_TOLERANCE
+    leaves room for other CPUs' kernels and stays far below what a wrong step makes: one sample
+    more or less, or a gradient not divided by the accumulation, changes the step's update,
+    and the updates of steps 6-8 move the median parameter tensor by ~1 (the control below, on
+    PyTorch's checkpoint; TensorFlow's names its variables otherwise)."""
     framework = request.node.callspec.params["chained"][0]
     ours = trainable_parameters(chained.third, framework)
     ref = trainable_parameters(chained.uninterrupted, framework)
@@ -212,8 +219,8 @@ def test_parameters_equal_an_uninterrupted_run(chained, request):
     # control: the tolerance is small against what the steps at 2 ranks change
     at_first = checkpoint_parameters(chained, framework)
     if at_first is not None:
-        moved = max(float(np.max(np.abs(ref[k] - at_first[k]))) for k in at_first)
-        assert moved > 1e-4, moved
+        moved = np.median([float(np.max(np.abs(ref[k] - at_first[k]))) for k in at_first])
+        assert moved > 1e4 * PARAMETER_TOLERANCE, moved
 
 
 def checkpoint_parameters(chained: Chained, framework: str) -> dict[str, np.ndarray] | None:

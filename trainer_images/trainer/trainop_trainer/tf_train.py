@@ -287,9 +287,7 @@ def train(cfg: Config, world: World) -> None:
     def batches(first: int):
         return backend.distribute(make_dataset(first))
 
-    saver = _Saver(cfg, world, backend, state, bad_samples)
-    saver.plan = plan
-    saver.sample_log = elastic.SampleLog(cfg.sample_log, world.rank, world.size) if cfg.sample_log else None
+    saver = _Saver(cfg, world, backend, state, bad_samples, plan)
     run = _fit if cfg.framework == "keras" else _custom_loop
     loss = run(tf, keras, cfg, world, backend, model, optimizer, batches, start, steps, reporter, saver)
     reporter.final(cfg.epochs, cfg.epochs * steps, loss)
@@ -341,10 +339,14 @@ class _Saver(checkpoint.Saver):
     """Rank 0 writes `state` (checkpoint.tf_save). Horovod keeps the ranks' variables equal, so
     rank 0's are the gang's; the data position is the step."""
 
-    def __init__(self, cfg: Config, world: World, backend: _Backend, state, bad_samples: data.BadSamples | None):
+    def __init__(self, cfg: Config, world: World, backend: _Backend, state, bad_samples: data.BadSamples | None,
+                 plan=None):
         super().__init__(cfg, world)
         self.backend, self.state = backend, state
         self.bad_samples = bad_samples  # checked after every step (_after_step), summed per epoch (_end_epoch)
+        # --sample-log (_log_step): the data plan the dataset reads (None: synthetic) and the log
+        self.plan = plan
+        self.sample_log = elastic.SampleLog(cfg.sample_log, world.rank, world.size) if cfg.sample_log else None
 
     def sum(self, values: list[float]) -> list[float]:
         return self.backend.sum(values)
