@@ -46,6 +46,11 @@ class Config:
     elastic: Elastic | None = None  # $TRAINOP_ELASTIC_MAX_WORLD (elastic.py); None: not elastic
     sample_log: Path | None = None  # every rank appends a JSON line per step: its samples and loss share
 
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches each rank trains on per optimizer step: 1 unless elastic below its maximum."""
+        return self.elastic.accumulation if self.elastic else 1
+
     def scale(self, world_size: int) -> int:
         """The global batch over --batch-size: what the peak learning rate scales base_lr by. An
         elastic run's is its maximum world at every size (the schedule does not move on a resize)."""

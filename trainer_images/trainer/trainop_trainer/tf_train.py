@@ -52,7 +52,7 @@ def _resnet18(keras, image_size: int, classes: int):
     return keras.Model(inputs, x, name="resnet18")
 
 
-def _model(keras, cfg: Config):
+def _model(keras, cfg: Config, horovod: bool = False):
     if cfg.model == "resnet50":
         base = keras.applications.ResNet50(weights=None, input_shape=(cfg.image_size, cfg.image_size, 3),
                                            classes=cfg.num_classes, classifier_activation=None)
@@ -61,17 +61,21 @@ def _model(keras, cfg: Config):
     # Logits in float32 under bf16, so the loss is computed in full precision.
     logits = keras.layers.Activation("linear", dtype="float64" if cfg.precision == "fp64" else "float32")(base.output)
     if cfg.elastic:
-        return _accumulating_model(keras, cfg.elastic.accumulation)(base.input, logits)
+        return _accumulating_model(keras, cfg.accumulation, horovod)(base.input, logits)
     return keras.Model(base.input, logits)
 
 
-def _accumulating_model(keras, accumulation: int):
+def _accumulating_model(keras, accumulation: int, horovod: bool):
     """A functional model whose `fit` step (an elastic run's) takes `accumulation` stacked
     micro-batches, x (accumulation, batch, ...): their gradients, each of its micro-batch's mean
     loss, are averaged, all-reduced once under Horovod (the mean over the ranks) and applied. The
     optimizer (Horovod's wrapper, built by _compile) all-reduces only in compute_gradients, which
     this step does not call. Returns the class; "stepLoss": the step's mean loss on this rank."""
     import tensorflow as tf
+
+    hvd = None
+    if horovod:
+        import horovod.tensorflow as hvd  # horovod.tensorflow.keras has no grouped_allreduce
 
     class Accumulating(keras.Model):
         def train_step(self, data):
@@ -84,23 +88,14 @@ def _accumulating_model(keras, accumulation: int):
                 grads = tape.gradient(loss, self.trainable_variables)
                 summed = grads if summed is None else [s + g for s, g in zip(summed, grads)]
                 losses.append(loss)
-            grads = _all_reduce([g / accumulation for g in summed] if accumulation > 1 else summed)
+            grads = [g / accumulation for g in summed] if accumulation > 1 else summed
+            if hvd is not None:
+                grads = hvd.grouped_allreduce(grads, op=hvd.Average)
             self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
             metrics = self.compute_metrics(x[-1], y[-1], y_pred, None)
             return {**metrics, "stepLoss": tf.add_n(losses) / accumulation}
 
     return Accumulating
-
-
-def _all_reduce(grads):
-    """The ranks' mean of `grads` under Horovod (initialised: _Backend), else `grads`."""
-    try:
-        import horovod.tensorflow as hvd
-    except ImportError:
-        return grads
-    if not hvd.is_initialized() or hvd.size() == 1:
-        return grads
-    return hvd.grouped_allreduce(grads, op=hvd.Average)
 
 
 def _synthetic_part(tf, cfg: Config, part: int):
@@ -267,7 +262,7 @@ def train(cfg: Config, world: World) -> None:
     make_dataset, default_steps, bad_samples, plan = _dataset(tf, cfg, world)
     steps = cfg.steps_per_epoch or default_steps
     with backend.strategy.scope():
-        model = _model(keras, cfg)
+        model = _model(keras, cfg, horovod=backend.hvd is not None)
         optimizer = keras.optimizers.SGD(learning_rate=cfg.base_lr, momentum=cfg.momentum,
                                          weight_decay=cfg.weight_decay)
     if backend.hvd:
@@ -387,7 +382,7 @@ def _after_step(saver: _Saver, step: int, epoch: int) -> bool:
 
 def _end_epoch(cfg, world, backend, model, reporter, epoch, global_step, ran, seconds, local_loss,
                bad_samples: data.BadSamples | None) -> float:
-    own_rate = ran * cfg.batch_size * (cfg.elastic.accumulation if cfg.elastic else 1) / seconds
+    own_rate = ran * cfg.batch_size * cfg.accumulation / seconds
     # Before the collective, so the other ranks wait for the chief there, outside their timed epoch.
     backend.save(world, cfg.output_dir / f"checkpoint-epoch{epoch}.weights.h5", model.save_weights)
     bad_own = float(bad_samples.count if bad_samples is not None else 0)
@@ -422,7 +417,7 @@ def _custom_loop(tf, keras, cfg, world, backend, model, optimizer, batches, star
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    accumulation = cfg.elastic.accumulation if cfg.elastic else 1
+    accumulation = cfg.accumulation
 
     def accumulating_step(x, y):
         """An elastic run's step: x stacks `accumulation` micro-batches; their gradients are

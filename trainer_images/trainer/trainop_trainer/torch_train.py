@@ -120,7 +120,7 @@ def _folder_batches(cfg: Config, world: World, device: torch.device, memory_form
                                decode_on, mode, device, memory_format, cfg.max_bad_samples, appetite=appetite,
                                elastic=cfg.elastic)
     if start:  # the loader counts micro-batches: `accumulation` a step in an elastic run
-        loader.load_state_dict({**loader.state_dict(), "batches": start * _accumulation(cfg)})
+        loader.load_state_dict({**loader.state_dict(), "batches": start * cfg.accumulation})
     print(f"trainop_trainer: rank {world.rank} decodes {loader.cpu_count} of every {cfg.batch_size} images on the "
           f"CPU ({workers} loader workers), the rest on the {device.type.upper()} ({decode_on}"
           + (f", {loader.decoder.name}" if loader.decoder is not None else "")
@@ -130,10 +130,6 @@ def _folder_batches(cfg: Config, world: World, device: torch.device, memory_form
     if cfg.elastic:
         return loader, loader.plan.steps_per_epoch
     return loader, dataset.steps_per_epoch(world.size, cfg.batch_size, mode)
-
-
-def _accumulation(cfg: Config) -> int:
-    return cfg.elastic.accumulation if cfg.elastic else 1
 
 
 def _appetite(cfg: Config, net: nn.Module, device: torch.device, memory_format) -> float:
@@ -178,7 +174,7 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
     net = getattr(torchvision.models, cfg.model)(num_classes=cfg.num_classes).to(device, dtype)
     appetite = _appetite(cfg, net, device, memory_format)  # before any wrap (below): see _appetite
     optimizer = torch.optim.SGD(net.parameters(), lr=cfg.base_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    accumulation = _accumulation(cfg)  # micro-batches per step (elastic.py): 1 unless elastic below its maximum
+    accumulation = cfg.accumulation  # micro-batches per step (elastic.py)
     if comm.hvd:
         # Broadcast while the tensors are still in the default layout (Horovod checks contiguity).
         comm.hvd.broadcast_parameters(net.state_dict(), root_rank=0)
