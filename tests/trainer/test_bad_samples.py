@@ -251,7 +251,7 @@ def test_tf_data_skips_replaces_and_keeps_cmyk_grey_and_png(odd_kinds, bad_set, 
     the same batches bit for bit."""
     tf, tf_train, cfg, single = _tf_setup(odd_kinds)
     ds = data.scan(odd_kinds)
-    make, steps, tracker = tf_train._dataset(tf, cfg, single)
+    make, steps, tracker, _ = tf_train._dataset(tf, cfg, single)
     assert steps == len(ds.samples) // BATCH == 2  # one epoch: every sample once
     batches = [(x.numpy(), y.numpy()) for x, y in make(0).take(steps)]
     assert all(x.shape == (BATCH, SIZE, SIZE, 3) and y.shape == (BATCH,) for x, y in batches)
@@ -262,7 +262,7 @@ def test_tf_data_skips_replaces_and_keeps_cmyk_grey_and_png(odd_kinds, bad_set, 
     assert len(decoded) == 3 and all(float(x.std()) > 0.1 for x in decoded)  # pictures, not blanks
 
     tf, tf_train, cfg, single = _tf_setup(bad_set[0])
-    make, steps, tracker = tf_train._dataset(tf, cfg, single)
+    make, steps, tracker, _ = tf_train._dataset(tf, cfg, single)
     batches = [(x.numpy(), y.numpy()) for x, y in make(0).take(2 * steps)]
     assert len(batches) == 2 * steps == 20
     assert all(x.shape == (BATCH, SIZE, SIZE, 3) and np.isfinite(x).all() for x, _ in batches)

@@ -11,7 +11,12 @@ Layout (the operator's contract, docs/long-runs.md):
                                            TensorFlow/Keras: a tf.train.Checkpoint of the model,
                                            optimizer, step (the data position) and RNG
     <root>/attempt-<n>/step-<k>/COMPLETE   JSON {"step", "epoch", "time", "worldSize", "files",
-                                           "saveSeconds"}
+                                           "saveSeconds"}, and for an elastic run (elastic.py)
+                                           "elastic": {"maxWorld", "globalBatch", "batchSize"} and
+                                           "samples" (the global data position: step x globalBatch)
+
+A checkpoint is resumed at the world size that saved it; an elastic run's (TRAINOP_ELASTIC_MAX_WORLD)
+at any size that divides its maximum (elastic.check_resume says what else is accepted and why).
 
 `saveSeconds` is how long the state files took to serialise, write and fsync: the log shipper
 reports it, and the operator sizes the pods' terminationGracePeriodSeconds from the slowest save
@@ -236,18 +241,30 @@ def set_torch_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _meta(step: int, epoch: int, world_size: int, elastic) -> dict:
+    meta = {"epoch": epoch, "worldSize": world_size}
+    if elastic is not None:
+        meta.update(elastic=elastic.meta(), samples=step * elastic.global_batch)
+    return meta
+
+
 def torch_save(directory: Path, step: int, epoch: int, world_size: int, model, optimizer,
-               rng_states: list[dict]) -> Path:
+               rng_states: list[dict], elastic=None) -> Path:
+    """`elastic`: the run's elastic.Elastic (None: not elastic), recorded in state.pt and COMPLETE."""
     import torch
 
-    state = {"step": step, "epoch": epoch, "worldSize": world_size, "model": model.state_dict(),
-             "optimizer": optimizer.state_dict(), "rng": rng_states}
-    return write_atomic(directory, step, {STATE: state}, {"epoch": epoch, "worldSize": world_size},
-                        save=torch.save)
+    meta = _meta(step, epoch, world_size, elastic)
+    state = {"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_states,
+             **meta}
+    return write_atomic(directory, step, {STATE: state}, meta, save=torch.save)
 
 
-def torch_load(path: Path, world_size: int) -> dict:
+def torch_load(path: Path, world_size: int, elastic=None) -> dict:
+    """The state saved in `path`, if a run of `world_size` ranks (`elastic`: its elastic.Elastic)
+    may continue from it (elastic.check_resume); "warning": a line to write, or None."""
     import torch
+
+    from trainop_trainer.elastic import check_resume
 
     if not (path / STATE).is_file():
         raise CheckpointError(f"{path}: no {STATE} (saved by TensorFlow/Keras?); resume with the framework "
@@ -261,9 +278,7 @@ def torch_load(path: Path, world_size: int) -> dict:
         why = str(exc).splitlines()[-1][:300] if str(exc) else type(exc).__name__
         raise CheckpointError(f"{path / STATE}: refused, it holds more than tensors and plain data ({why}); "
                               f"not a checkpoint this trainer wrote: start without it") from None
-    if state["worldSize"] != world_size:
-        raise CheckpointError(f"{path}: saved by {state['worldSize']} ranks, this run has {world_size}; "
-                              f"resume with the same workers x slotsPerWorker, or start without it")
+    state["warning"] = check_resume(path, state["worldSize"], state.get("elastic"), world_size, elastic)
     return state
 
 
@@ -271,23 +286,27 @@ def torch_load(path: Path, world_size: int) -> dict:
 TF_STATE = "state"  # the tf.train.Checkpoint prefix: state.index, state.data-00000-of-00001
 
 
-def tf_save(directory: Path, step: int, epoch: int, world_size: int, state) -> Path:
-    """`state`: a tf.train.Checkpoint (model, optimizer, step, RNG), written by rank 0."""
-    return write_atomic(directory, step, {TF_STATE: state}, {"epoch": epoch, "worldSize": world_size},
+def tf_save(directory: Path, step: int, epoch: int, world_size: int, state, elastic=None) -> Path:
+    """`state`: a tf.train.Checkpoint (model, optimizer, step, RNG), written by rank 0; `elastic`:
+    the run's elastic.Elastic (None: not elastic), recorded in COMPLETE."""
+    return write_atomic(directory, step, {TF_STATE: state}, _meta(step, epoch, world_size, elastic),
                         save=lambda ckpt, path: ckpt.write(str(path)))
 
 
-def tf_load(path: Path, world_size: int, state) -> None:
+def tf_load(path: Path, world_size: int, state, elastic=None) -> tuple[int, str | None]:
     """Restore `state` (a tf.train.Checkpoint of the same objects) from the folder `path`;
-    every object of `state` must be found there (a model of another shape is refused)."""
-    saved = json.loads((path / MARKER).read_text()).get("worldSize")
-    if saved != world_size:
-        raise CheckpointError(f"{path}: saved by {saved} ranks, this run has {world_size}; "
-                              f"resume with the same workers x slotsPerWorker, or start without it")
+    every object of `state` must be found there (a model of another shape is refused). Returns
+    (the world size that saved it, a WARNING line to write or None): elastic.check_resume."""
+    from trainop_trainer.elastic import check_resume
+
+    marker = json.loads((path / MARKER).read_text())
+    saved = marker.get("worldSize")
+    warning = check_resume(path, saved, marker.get("elastic"), world_size, elastic)
     if not (path / f"{TF_STATE}.index").is_file():
         raise CheckpointError(f"{path}: no {TF_STATE}.index (saved by PyTorch?); resume with the framework "
                               f"that saved it, or start without it")
     state.read(str(path / TF_STATE)).assert_existing_objects_matched()
+    return saved, warning
 
 
 STOP_CHECK_STEPS = 10

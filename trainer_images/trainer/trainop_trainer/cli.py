@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from trainop_trainer import checkpoint, data, report
+from trainop_trainer import checkpoint, data, elastic, report
 from trainop_trainer import world as world_mod
 from trainop_trainer.config import Config
 
@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--synthetic", action="store_true", help="random images generated on the device")
     src.add_argument("--data-dir", type=Path, help="ImageNet-style folder (class sub-folders) or .tar shards")
     batch = p.add_mutually_exclusive_group(required=True)
-    batch.add_argument("--batch-size", type=int, help="images per worker per step")
+    batch.add_argument("--batch-size", type=int, help="images per worker per step (elastic: per micro-batch; the "
+                       "global batch is this x $TRAINOP_ELASTIC_MAX_WORLD at every world size)")
     batch.add_argument("--global-batch-size", type=int, help="images per step over all workers")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--steps-per-epoch", type=int, help="default: the shard's length (data) or 100 (synthetic)")
@@ -46,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=MODELS, default="resnet50")
     p.add_argument("--num-classes", type=int, default=1000, help="synthetic data only; folders count theirs")
     p.add_argument("--synthetic-batches", type=int, default=4, help="distinct synthetic batches, reused")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp64"), default="fp32",
+                   help="fp64: float64 parameters and arithmetic (slow; for checking numerics, such as an "
+                        "elastic resume against an uninterrupted run)")
     p.add_argument("--channels-last", action="store_true", help="PyTorch memory format (TF is always NHWC)")
     p.add_argument("--compile", action="store_true", help="torch.compile; XLA jit_compile for TensorFlow/Keras")
     p.add_argument("--output-dir", type=Path, required=True)
@@ -87,7 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="save every N steps (default: $TRAINOP_CHECKPOINT_EVERY; 0: only on SIGTERM)")
     p.add_argument("--resume-from", default=env.get("TRAINOP_RESUME_FROM") or None,
                    help="a step-<k> checkpoint folder, or `latest` (the newest complete one under the "
-                        "checkpoint root) (default: $TRAINOP_RESUME_FROM)")
+                        "checkpoint root) (default: $TRAINOP_RESUME_FROM); an elastic job "
+                        "($TRAINOP_ELASTIC_MAX_WORLD) may resume one saved at another world size")
+    p.add_argument("--sample-log", type=Path, default=env.get("TRAINOP_SAMPLE_LOG") or None,
+                   help="every rank appends one JSON line per optimizer step to this file: the step, its "
+                        "epoch, the rank, the samples it trained on (their indices in the data set's order) "
+                        "and its share of the step's loss; audits the data order (default: "
+                        "$TRAINOP_SAMPLE_LOG; unset: none)")
     return p
 
 
@@ -133,14 +142,20 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
             checkpoint.resolve(args.resume_from, args.checkpoint_dir)
         except checkpoint.CheckpointError as e:
             raise ConfigError(str(e)) from None
+    max_world = _max_world(world)
     if args.global_batch_size is not None:
-        if args.global_batch_size % world.size:
+        if args.global_batch_size % max_world:
             raise ConfigError(
-                f"--global-batch-size {args.global_batch_size} is not divisible by the world size {world.size}; "
-                f"use a multiple of {world.size} or --batch-size per worker")
-        batch_size = args.global_batch_size // world.size
+                f"--global-batch-size {args.global_batch_size} is not divisible by the world size {max_world}"
+                + (f" ({elastic.ENV})" if max_world != world.size else "")
+                + f"; use a multiple of {max_world} or --batch-size per worker")
+        batch_size = args.global_batch_size // max_world
     else:
         batch_size = args.batch_size
+    try:
+        elastic_cfg = elastic.from_env(os.environ, world.size, batch_size)
+    except elastic.ElasticError as e:
+        raise ConfigError(str(e)) from None
     if args.image_size < 32:
         raise ConfigError(f"--image-size must be at least 32 (ResNet downsamples 32x), got {args.image_size}")
     workers = _loader_workers(args.loader_workers)
@@ -149,7 +164,12 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
         dataset = data.scan(args.data_dir)  # raises DataError naming the path
         num_classes = len(dataset.classes)
         mode = dataset.read_mode(args.read_mode)  # raises DataError naming the option
-        if dataset.steps_per_epoch(world.size, batch_size, mode) == 0:
+        if elastic_cfg is not None and len(dataset.samples) < elastic_cfg.global_batch:
+            raise ConfigError(
+                f"the global batch of {elastic_cfg.global_batch} (--batch-size {batch_size} x {elastic.ENV} "
+                f"{elastic_cfg.max_world}) is more than the {len(dataset.samples)} images in {args.data_dir}; "
+                f"use a smaller batch")
+        if elastic_cfg is None and dataset.steps_per_epoch(world.size, batch_size, mode) == 0:
             raise ConfigError(
                 f"--batch-size {batch_size} is more than each of the {world.size} ranks' share of the "
                 f"{len(dataset.samples)} images in {args.data_dir}; use a smaller batch")
@@ -161,6 +181,10 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
         # MultiWorkerMirroredStrategy saves with collectives on every worker: not implemented.
         raise ConfigError(f"--checkpoint-dir/--resume-from with --framework {args.framework} on "
                           f"{world.size} ranks needs --backend horovod (mpirun); drop them or use Horovod")
+    if elastic_cfg is not None and args.framework != "pytorch" and backend == "native" and world.size > 1:
+        raise ConfigError(f"elastic training ({elastic.ENV}) with --framework {args.framework} on {world.size} "
+                          f"ranks needs --backend horovod (mpirun): it resumes from checkpoints, which "
+                          f"MultiWorkerMirroredStrategy does not save here")
     if args.compile and backend == "horovod" and args.framework == "keras":
         raise ConfigError("--compile with Keras and Horovod: model.fit would XLA-compile Horovod's all-reduce, "
                           "which has no XLA kernel; drop --compile or use --backend native")
@@ -195,7 +219,16 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
         stall_seconds=max(0.0, args.stall_seconds),
         resume_from=args.resume_from,
         max_bad_samples=args.max_bad_samples,
+        elastic=elastic_cfg,
+        sample_log=args.sample_log,
     )
+
+
+def _max_world(world: world_mod.World) -> int:
+    """The ranks a global batch is shared by: the elastic maximum when set and valid (from_env
+    judges it later, naming the problem), else this run's."""
+    raw = (os.environ.get(elastic.ENV) or "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else world.size
 
 
 def main(argv: list[str] | None = None) -> int:

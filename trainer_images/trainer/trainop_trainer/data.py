@@ -11,6 +11,9 @@ Read modes (`BatchPlan`): `random` gives each rank every `size`-th sample and sh
 members, deals blocks to ranks and shuffles blocks, so a batch is a few long sequential reads
 (`read_many` coalesces them) instead of one small random read per image: what an NFS server
 serves fastest. Write shards in shuffled order (as WebDataset does) so a block mixes classes.
+An elastic run (elastic.py) reads with `GlobalPlan` instead: one order of the whole set's blocks
+per epoch, the same at every world size, cut into the global batch's parts, so a run resumed at
+another size continues the epoch where it stopped.
 
 Augmentation contract (`draw_crop`, `decode_uint8`, `normalise`): a random-resized crop (area
 8-100%, aspect 3/4-4/3, torchvision's algorithm; eval: the centred square of the short side),
@@ -504,6 +507,89 @@ class BatchPlan:
         """(data epoch, sample indices) of batch n."""
         epoch, k = divmod(n, self.batches_per_epoch)
         return epoch, self.epoch_order(epoch)[k * self.batch_size:(k + 1) * self.batch_size]
+
+    @property
+    def stream(self) -> int:
+        """The `rank` of the augmentation and replacement draws (sample_rng, candidate)."""
+        return self.rank
+
+
+@dataclass(frozen=True)
+class GlobalPlan:
+    """An elastic run's batches (elastic.py): one order of the whole set per data epoch, the same
+    at every world size (`blocks` shuffled with (seed, epoch)); optimizer step k of an epoch takes
+    samples [k x G, (k + 1) x G) of it, G = `batch_size` x `parts`, cut into `parts` micro-batches
+    of `batch_size`; this rank trains on `accumulation` consecutive ones from part
+    `rank` x `accumulation`. Batch n of this rank is micro-batch n % accumulation of step
+    n // accumulation: as BatchPlan, `n` is the whole state. The last len(set) % G samples of an
+    epoch's order are left out (at every size alike; the next epoch's shuffle differs). The
+    augmentation and replacement draws use stream 0 on every rank: a sample's crop is a function
+    of (seed, epoch, sample), whichever rank decodes it."""
+    blocks: tuple[tuple[int, ...], ...]  # every block of the set: DataSet.blocks(0, 1, mode)
+    batch_size: int
+    parts: int
+    accumulation: int
+    rank: int
+    seed: int
+    shuffle: bool = True
+    stream = 0
+
+    @property
+    def pool(self) -> np.ndarray:
+        """Every sample: where a bad one's replacement comes from."""
+        return np.sort(np.fromiter((i for b in self.blocks for i in b), dtype=np.int64))
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.parts
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return sum(map(len, self.blocks)) // self.global_batch
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.steps_per_epoch * self.accumulation
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        cached = self.__dict__.get("_cached_order")
+        if cached is not None and cached[0] == epoch:
+            return cached[1]
+        order = np.arange(len(self.blocks))
+        if self.shuffle:
+            np.random.default_rng((self.seed, epoch)).shuffle(order)
+        indices = np.fromiter((i for b in order for i in self.blocks[b]), dtype=np.int64)
+        object.__setattr__(self, "_cached_order", (epoch, indices))  # a cache on a frozen value, not state
+        return indices
+
+    def batch(self, n: int) -> tuple[int, np.ndarray]:
+        """(data epoch, sample indices) of this rank's micro-batch n."""
+        step, a = divmod(n, self.accumulation)
+        epoch, k = divmod(step, self.steps_per_epoch)
+        start = k * self.global_batch + (self.rank * self.accumulation + a) * self.batch_size
+        return epoch, self.epoch_order(epoch)[start:start + self.batch_size]
+
+
+def describe_shard(dataset: DataSet, rank: int, size: int, where: Path, mode: str, elastic=None) -> None:
+    """One stderr line saying what this rank reads: its shard (`DataSet.rank_shard`), or in an
+    elastic run its parts of every global batch."""
+    if elastic is None:
+        dataset.rank_shard(rank, size, where, mode)
+        return
+    parts = elastic.parts(rank)
+    report.write_line(sys.stderr, f"trainop_trainer: rank {rank}/{size} reads parts {parts.start}-{parts.stop - 1} of "
+                                  f"{elastic.max_world} of every global batch of {elastic.global_batch} images "
+                                  f"({len(dataset.samples)} images, {len(dataset.classes)} classes, in {where}; one "
+                                  f"order of the whole set per epoch: elastic), {mode} reads")
+
+
+def make_plan(dataset: DataSet, mode: str, rank: int, size: int, batch_size: int, seed: int, elastic=None):
+    """This rank's plan: BatchPlan (its own shard), or GlobalPlan for an elastic run
+    (`elastic`: elastic.Elastic)."""
+    if elastic is None:
+        return BatchPlan(tuple(dataset.blocks(rank, size, mode)), batch_size, seed, rank)
+    return GlobalPlan(tuple(dataset.blocks(0, 1, mode)), batch_size, elastic.max_world, elastic.accumulation,
+                      rank, seed)
 
 
 def cpu_budget(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

@@ -20,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from trainop_trainer import checkpoint, data, events, report  # noqa: E402
+from trainop_trainer import checkpoint, data, elastic, events, report  # noqa: E402
 from trainop_trainer.config import Config  # noqa: E402
 from trainop_trainer.world import World  # noqa: E402
 
@@ -52,39 +52,90 @@ def _resnet18(keras, image_size: int, classes: int):
     return keras.Model(inputs, x, name="resnet18")
 
 
-def _model(keras, cfg: Config):
+def _model(keras, cfg: Config, horovod: bool = False):
     if cfg.model == "resnet50":
         base = keras.applications.ResNet50(weights=None, input_shape=(cfg.image_size, cfg.image_size, 3),
                                            classes=cfg.num_classes, classifier_activation=None)
     else:
         base = _resnet18(keras, cfg.image_size, cfg.num_classes)
     # Logits in float32 under bf16, so the loss is computed in full precision.
-    logits = keras.layers.Activation("linear", dtype="float32")(base.output)
+    logits = keras.layers.Activation("linear", dtype="float64" if cfg.precision == "fp64" else "float32")(base.output)
+    if cfg.elastic:
+        return _accumulating_model(keras, cfg.accumulation, horovod)(base.input, logits)
     return keras.Model(base.input, logits)
 
 
+def _accumulating_model(keras, accumulation: int, horovod: bool):
+    """A functional model whose `fit` step (an elastic run's) takes `accumulation` stacked
+    micro-batches, x (accumulation, batch, ...): their gradients, each of its micro-batch's mean
+    loss, are averaged, all-reduced once under Horovod (the mean over the ranks) and applied. The
+    optimizer (Horovod's wrapper, built by _compile) all-reduces only in compute_gradients, which
+    this step does not call. Returns the class; "stepLoss": the step's mean loss on this rank."""
+    import tensorflow as tf
+
+    hvd = None
+    if horovod:
+        import horovod.tensorflow as hvd  # horovod.tensorflow.keras has no grouped_allreduce
+
+    class Accumulating(keras.Model):
+        def train_step(self, data):
+            x, y = data
+            summed, losses = None, []
+            for a in range(accumulation):  # unrolled into the step's graph
+                with tf.GradientTape() as tape:
+                    y_pred = self(x[a], training=True)
+                    loss = self.compute_loss(x[a], y[a], y_pred)
+                grads = tape.gradient(loss, self.trainable_variables)
+                summed = grads if summed is None else [s + g for s, g in zip(summed, grads)]
+                losses.append(loss)
+            grads = [g / accumulation for g in summed] if accumulation > 1 else summed
+            if hvd is not None:
+                grads = hvd.grouped_allreduce(grads, op=hvd.Average)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+            metrics = self.compute_metrics(x[-1], y[-1], y_pred, None)
+            return {**metrics, "stepLoss": tf.add_n(losses) / accumulation}
+
+    return Accumulating
+
+
+def _synthetic_part(tf, cfg: Config, part: int):
+    """The synthetic batches of one stream: a rank's (`part` = its rank), or in an elastic run one
+    part of the global batch, whichever rank trains on it (at the maximum world, part = rank)."""
+    patterns, labels = data.synthetic_task(cfg.num_classes, cfg.synthetic_batches, cfg.batch_size, part, cfg.seed)
+    reps = -(-cfg.image_size // data.PATTERN)
+    shape = (cfg.synthetic_batches, cfg.batch_size, cfg.image_size, cfg.image_size, 3)
+    noise = tf.random.stateless_normal(shape, seed=[cfg.seed + 1 + part, 0])
+    tiled = tf.tile(tf.gather(patterns, labels), [1, 1, reps, reps, 1])[:, :, : cfg.image_size, : cfg.image_size]
+    return noise + tiled, labels
+
+
 def _dataset(tf, cfg: Config, world: World):
-    """`make(start)`: this rank's batched dataset from its batch `start` (the batches a resumed
-    run consumed before); its steps per epoch; and its data.BadSamples (None: synthetic data)."""
+    """`make(start)`: this rank's batched dataset from global step `start` (the steps a resumed
+    run trained before); its steps per epoch; its data.BadSamples and its plan (None: synthetic
+    data). An elastic run's elements stack the step's micro-batches: x (accumulation, batch, ...)."""
     if cfg.synthetic:
-        patterns, labels = data.synthetic_task(cfg.num_classes, cfg.synthetic_batches, cfg.batch_size,
-                                               world.rank, cfg.seed)
-        reps = -(-cfg.image_size // data.PATTERN)
-        shape = (cfg.synthetic_batches, cfg.batch_size, cfg.image_size, cfg.image_size, 3)
-        noise = tf.random.stateless_normal(shape, seed=[cfg.seed + 1 + world.rank, 0])
-        tiled = tf.tile(tf.gather(patterns, labels), [1, 1, reps, reps, 1])[:, :, : cfg.image_size, : cfg.image_size]
+        if cfg.elastic:
+            streams = [_synthetic_part(tf, cfg, part) for part in cfg.elastic.parts(world.rank)]
+            images, labels = tf.stack([s[0] for s in streams], 1), tf.stack([s[1] for s in streams], 1)
+        else:
+            images, labels = _synthetic_part(tf, cfg, world.rank)
         # Step k trains on batch k mod len: a resumed run continues the cycle where it stopped.
-        ds = tf.data.Dataset.from_tensor_slices((noise + tiled, labels)).repeat()
-        return (lambda start: ds.skip(start % cfg.synthetic_batches)), 100, None
+        ds = tf.data.Dataset.from_tensor_slices((images, labels)).repeat()
+        return (lambda start: ds.skip(start % cfg.synthetic_batches)), 100, None, None
     dataset = data.scan(cfg.data_dir)
     mode = dataset.read_mode(cfg.read_mode)
-    dataset.rank_shard(world.rank, world.size, cfg.data_dir, mode)
+    data.describe_shard(dataset, world.rank, world.size, cfg.data_dir, mode, cfg.elastic)
     bad_samples = data.BadSamples(dataset.samples, cfg.max_bad_samples)
-    return (lambda start: _image_dataset(tf, dataset, mode, cfg, world, start, bad_samples),
-            dataset.steps_per_epoch(world.size, cfg.batch_size, mode), bad_samples)
+    plan = data.make_plan(dataset, mode, world.rank, world.size, cfg.batch_size, cfg.seed, cfg.elastic)
+    if cfg.elastic:
+        accumulation = cfg.elastic.accumulation
+        return (lambda start: _image_dataset(tf, dataset, plan, cfg, start * accumulation, bad_samples)
+                .batch(accumulation, drop_remainder=True), plan.steps_per_epoch, bad_samples, plan)
+    return (lambda start: _image_dataset(tf, dataset, plan, cfg, start, bad_samples),
+            dataset.steps_per_epoch(world.size, cfg.batch_size, mode), bad_samples, plan)
 
 
-def _image_dataset(tf, dataset: data.DataSet, mode: str, cfg: Config, world: World, start: int = 0,
+def _image_dataset(tf, dataset: data.DataSet, plan, cfg: Config, start: int = 0,
                    bad_samples: data.BadSamples | None = None):
     """tf.data over the same `BatchPlan` and augmentation contract as the PyTorch loader.
 
@@ -96,7 +147,6 @@ def _image_dataset(tf, dataset: data.DataSet, mode: str, cfg: Config, world: Wor
     Batch n is a pure function of the plan: a resumed run starts the generator at batch `start`.
     The read goes through data.read_batch, as PyTorch's does: a bad sample is replaced in its slot
     before TensorFlow's decoder sees it, and noted in `bad_samples` (which the training loop checks)."""
-    plan = data.BatchPlan(tuple(dataset.blocks(world.rank, world.size, mode)), cfg.batch_size, cfg.seed, world.rank)
     pool = plan.pool
     if bad_samples is None:
         bad_samples = data.BadSamples(dataset.samples, cfg.max_bad_samples)
@@ -110,7 +160,7 @@ def _image_dataset(tf, dataset: data.DataSet, mode: str, cfg: Config, world: Wor
             n += 1
 
     def read(epoch, indices):
-        picks, bad = data.read_batch(dataset.samples, pool, int(epoch), indices, cfg.seed, world.rank)
+        picks, bad = data.read_batch(dataset.samples, pool, int(epoch), indices, cfg.seed, plan.stream)
         bad_samples.note(bad)  # never raises here (a tf.data thread): the training loop checks
         boxes = np.array([(p.crop.y, p.crop.x, p.crop.h, p.crop.w) for p in picks], dtype=np.int32)
         flips = np.array([p.crop.flip for p in picks], dtype=bool)
@@ -205,14 +255,14 @@ def train(cfg: Config, world: World) -> None:
     if not keras.__name__.startswith("tf_keras"):
         raise RuntimeError(f"tf.keras is {keras.__name__}, not tf_keras; run trainer_images/install.sh")
     backend = _Backend(tf, cfg, world)
-    if cfg.precision == "bf16":
-        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    if cfg.precision in ("bf16", "fp64"):
+        keras.mixed_precision.set_global_policy("mixed_bfloat16" if cfg.precision == "bf16" else "float64")
     tf.keras.utils.set_random_seed(cfg.seed)  # same initial weights everywhere; Horovod broadcasts anyway
 
-    make_dataset, default_steps, bad_samples = _dataset(tf, cfg, world)
+    make_dataset, default_steps, bad_samples, plan = _dataset(tf, cfg, world)
     steps = cfg.steps_per_epoch or default_steps
     with backend.strategy.scope():
-        model = _model(keras, cfg)
+        model = _model(keras, cfg, horovod=backend.hvd is not None)
         optimizer = keras.optimizers.SGD(learning_rate=cfg.base_lr, momentum=cfg.momentum,
                                          weight_decay=cfg.weight_decay)
     if backend.hvd:
@@ -222,8 +272,8 @@ def train(cfg: Config, world: World) -> None:
     if cfg.framework == "keras":
         optimizer = _compile(keras, cfg, model, optimizer)
     state = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(0, dtype=tf.int64))
-    start = _resume(tf, cfg, world, backend, model, optimizer, state)
-    reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief,
+    start = _resume(tf, cfg, world, backend, model, optimizer, state, steps)
+    reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * cfg.scale(world.size), world.is_chief,
                                total_steps=cfg.epochs * steps, report_seconds=cfg.report_seconds,
                                stall_seconds=cfg.stall_seconds,
                                events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None,
@@ -232,7 +282,7 @@ def train(cfg: Config, world: World) -> None:
     def batches(first: int):
         return backend.distribute(make_dataset(first))
 
-    saver = _Saver(cfg, world, backend, state, bad_samples)
+    saver = _Saver(cfg, world, backend, state, bad_samples, plan)
     run = _fit if cfg.framework == "keras" else _custom_loop
     loss = run(tf, keras, cfg, world, backend, model, optimizer, batches, start, steps, reporter, saver)
     reporter.final(cfg.epochs, cfg.epochs * steps, loss)
@@ -246,7 +296,7 @@ def _compile(keras, cfg: Config, model, optimizer):
     return model.optimizer
 
 
-def _resume(tf, cfg: Config, world: World, backend: _Backend, model, optimizer, state) -> int:
+def _resume(tf, cfg: Config, world: World, backend: _Backend, model, optimizer, state, steps: int) -> int:
     """The global step to start at. Rank 0 restores `state` (model, optimizer slots, step) from
     the checkpoint to resume from; Horovod then broadcasts rank 0's variables and step to every
     rank, which also starts a fresh run alike everywhere (the same seed gives the same weights,
@@ -260,9 +310,13 @@ def _resume(tf, cfg: Config, world: World, backend: _Backend, model, optimizer, 
     if world.is_chief:
         path = checkpoint.resolve(cfg.resume_from, cfg.checkpoint_dir)
         if path is not None:
-            checkpoint.tf_load(path, world.size, state)
+            saved_world, warning = checkpoint.tf_load(path, world.size, state, cfg.elastic)
             start = int(state.step.numpy())
             print(f"trainop_trainer: resuming from {path} at step {start}", file=sys.stderr, flush=True)
+            if warning:
+                report.write_line(sys.stderr, warning)
+            if cfg.elastic and saved_world != world.size:
+                report.write_line(sys.stderr, elastic.resume_line(saved_world, cfg.elastic, start, steps))
         elif cfg.resume_from:
             print(f"trainop_trainer: no complete checkpoint under {cfg.checkpoint_dir.parent}; starting at step 0",
                   file=sys.stderr, flush=True)
@@ -280,10 +334,14 @@ class _Saver(checkpoint.Saver):
     """Rank 0 writes `state` (checkpoint.tf_save). Horovod keeps the ranks' variables equal, so
     rank 0's are the gang's; the data position is the step."""
 
-    def __init__(self, cfg: Config, world: World, backend: _Backend, state, bad_samples: data.BadSamples | None):
+    def __init__(self, cfg: Config, world: World, backend: _Backend, state, bad_samples: data.BadSamples | None,
+                 plan=None):
         super().__init__(cfg, world)
         self.backend, self.state = backend, state
         self.bad_samples = bad_samples  # checked after every step (_after_step), summed per epoch (_end_epoch)
+        # --sample-log (_log_step): the data plan the dataset reads (None: synthetic) and the log
+        self.plan = plan
+        self.sample_log = elastic.SampleLog(cfg.sample_log, world.rank, world.size) if cfg.sample_log else None
 
     def sum(self, values: list[float]) -> list[float]:
         return self.backend.sum(values)
@@ -292,12 +350,26 @@ class _Saver(checkpoint.Saver):
         if not self.world.is_chief:
             return None
         self.state.step.assign(step)
-        return checkpoint.tf_save(self.cfg.checkpoint_dir, step, epoch, self.world.size, self.state)
+        return checkpoint.tf_save(self.cfg.checkpoint_dir, step, epoch, self.world.size, self.state, self.cfg.elastic)
 
 
 def _set_lr(optimizer, cfg: Config, world: World, step: int, steps: int) -> None:
     # The schedule is a function of the global step: a resumed run continues it.
-    optimizer.learning_rate.assign(report.learning_rate(step, steps, cfg.base_lr, world.size, cfg.warmup_epochs))
+    # An elastic run's peak is scaled by its maximum world, so a resize does not move it.
+    optimizer.learning_rate.assign(report.learning_rate(step, steps, cfg.base_lr, cfg.scale(world.size),
+                                                        cfg.warmup_epochs))
+
+
+def _log_step(saver: _Saver, world: World, step: int, epoch: int, step_loss) -> None:
+    """--sample-log's line of global step `step` (elastic.SampleLog): the samples the plan gave this
+    rank for it (the dataset reads the same plan) and its share of the step's loss."""
+    if saver.sample_log is None:
+        return
+    samples = None
+    if saver.plan is not None:
+        per_step = getattr(saver.plan, "accumulation", 1)
+        samples = [int(i) for n in range((step - 1) * per_step, step * per_step) for i in saver.plan.batch(n)[1]]
+    saver.sample_log.step(step, epoch, samples, None if step_loss is None else float(step_loss) / world.size)
 
 
 def _after_step(saver: _Saver, step: int, epoch: int) -> bool:
@@ -310,7 +382,7 @@ def _after_step(saver: _Saver, step: int, epoch: int) -> bool:
 
 def _end_epoch(cfg, world, backend, model, reporter, epoch, global_step, ran, seconds, local_loss,
                bad_samples: data.BadSamples | None) -> float:
-    own_rate = ran * cfg.batch_size / seconds
+    own_rate = ran * cfg.batch_size * cfg.accumulation / seconds
     # Before the collective, so the other ranks wait for the chief there, outside their timed epoch.
     backend.save(world, cfg.output_dir / f"checkpoint-epoch{epoch}.weights.h5", model.save_weights)
     bad_own = float(bad_samples.count if bad_samples is not None else 0)
@@ -345,10 +417,26 @@ def _custom_loop(tf, keras, cfg, world, backend, model, optimizer, batches, star
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
+    accumulation = cfg.accumulation
+
+    def accumulating_step(x, y):
+        """An elastic run's step: x stacks `accumulation` micro-batches; their gradients are
+        averaged, then all-reduced once (Horovod) and applied. Returns the mean loss."""
+        summed, total = None, 0.0
+        for a in range(accumulation):  # unrolled into the step's graph
+            loss, grads = local_gradients(x[a], y[a])
+            summed = grads if summed is None else [s + g for s, g in zip(summed, grads)]
+            total += loss
+        grads = [g / accumulation for g in summed] if accumulation > 1 else summed
+        if hvd:
+            grads = hvd.grouped_allreduce(grads, op=hvd.Average)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return total / accumulation
+
     @tf.function
     def train_step(iterator):
         x, y = next(iterator)
-        per_replica = strategy.run(replica_step, args=(x, y))
+        per_replica = strategy.run(accumulating_step if cfg.elastic else replica_step, args=(x, y))
         return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
     iterator = iter(batches(start))
@@ -356,14 +444,16 @@ def _custom_loop(tf, keras, cfg, world, backend, model, optimizer, batches, star
     first_epoch, offset = divmod(start, steps)
     for epoch in range(first_epoch + 1, cfg.epochs + 1):
         began = time.perf_counter()
-        loss_sum = tf.constant(0.0)
+        loss_sum = tf.constant(0.0, tf.float64 if cfg.precision == "fp64" else tf.float32)
         ran = steps - offset
         first = global_step
         reporter.start_epoch(first)
         for _ in range(ran):
             _set_lr(optimizer, cfg, world, global_step, steps)
-            loss_sum += train_step(iterator)
+            step_loss = train_step(iterator)
+            loss_sum += step_loss
             global_step += 1
+            _log_step(saver, world, global_step, epoch, step_loss)
             reporter.alive()
             if reporter.due():
                 reporter.between(epoch, global_step, float(loss_sum.numpy()) / (global_step - first))  # waits for the device
@@ -402,6 +492,9 @@ def _fit(tf, keras, cfg, world, backend, model, optimizer, batches, start, steps
             reporter.alive()
             if reporter.due():  # Keras's loss in `logs`: the epoch's mean so far
                 reporter.between(self.epoch + 1, self.step(batch) + 1, float(logs["loss"]))
+            # an elastic run's step (_accumulating_model) reports its own loss; without, fit gives
+            # only the epoch's running mean: the line has no loss
+            _log_step(saver, world, self.step(batch) + 1, self.epoch + 1, logs.get("stepLoss"))
             if _after_step(saver, self.step(batch) + 1, self.epoch + 1):
                 raise SystemExit(143)  # stopped by SIGTERM, state saved
 

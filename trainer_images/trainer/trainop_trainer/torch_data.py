@@ -38,6 +38,7 @@ threads were not the cause.
 Resuming: the batch order is `data.BatchPlan`, a pure function of (set, rank, seed); the loader's
 whole state is the number of batches the training loop has taken (`state_dict()`), and
 `load_state_dict()` before the first batch continues from there without reading what was skipped.
+An elastic run's plan is `data.GlobalPlan` (its batches are micro-batches, `accumulation` a step).
 """
 
 from __future__ import annotations
@@ -383,9 +384,10 @@ class Loader:
     def __init__(self, dataset: data.DataSet, rank: int, size: int, batch_size: int, image_size: int,
                  seed: int, workers: int, decode_on: str, read_mode: str, device: torch.device,
                  memory_format=torch.contiguous_format, max_bad_samples: float = data.MAX_BAD_SAMPLES,
-                 rates: tuple[float, float] | None = None, appetite: float = 0.0):
-        self.plan = data.BatchPlan(tuple(dataset.blocks(rank, size, read_mode)), batch_size, seed, rank)
-        self.reader = BatchReader(dataset.samples, image_size, seed, rank, pool=self.plan.pool)
+                 rates: tuple[float, float] | None = None, appetite: float = 0.0, elastic=None):
+        # `elastic` (elastic.Elastic): the global order of an elastic run (data.GlobalPlan)
+        self.plan = data.make_plan(dataset, read_mode, rank, size, batch_size, seed, elastic)
+        self.reader = BatchReader(dataset.samples, image_size, seed, self.plan.stream, pool=self.plan.pool)
         self.bad_samples = data.BadSamples(dataset.samples, max_bad_samples)
         self.decoder = DeviceDecoder(device) if decode_on != "cpu" else None
         # `split`: this host's rates, (one worker's images/s, the model's images/s), size the CPU's
@@ -493,3 +495,7 @@ class Loader:
         self.bad_samples.check()  # this rank's alone above the limit: the gang's is too
         self.consumed += 1
         return x, y
+
+    def samples_of(self, n: int) -> list[int]:
+        """The samples the plan puts in batch `n` (the slots' own: --sample-log)."""
+        return [int(i) for i in self.plan.batch(n)[1]]

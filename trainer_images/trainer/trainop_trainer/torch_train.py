@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import time
@@ -11,7 +12,7 @@ import torch.distributed as dist
 import torchvision
 from torch import nn
 
-from trainop_trainer import checkpoint, data, events, nccl, report
+from trainop_trainer import checkpoint, data, elastic, events, nccl, report
 from trainop_trainer.config import Config
 from trainop_trainer.world import World
 
@@ -79,18 +80,28 @@ def _device_of_backend() -> torch.device:
     return torch.device("cuda") if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def _synthetic_batches(cfg: Config, world: World, device: torch.device, memory_format, start: int = 0):
-    patterns, labels = data.synthetic_task(cfg.num_classes, cfg.synthetic_batches, cfg.batch_size, world.rank, cfg.seed)
+def _synthetic_part(cfg: Config, part: int, device: torch.device, memory_format) -> list:
+    """The synthetic batches of one stream: a rank's (`part` = its rank), or in an elastic run one
+    part of the global batch, whichever rank trains on it (at the maximum world, part = rank)."""
+    patterns, labels = data.synthetic_task(cfg.num_classes, cfg.synthetic_batches, cfg.batch_size, part, cfg.seed)
     patterns = torch.from_numpy(patterns).permute(0, 3, 1, 2).to(device)  # NCHW
     reps = -(-cfg.image_size // data.PATTERN)
-    gen = torch.Generator(device=device).manual_seed(cfg.seed + 1 + world.rank)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed + 1 + part)
     batches = []
     for y in torch.from_numpy(labels).to(device):
         x = torch.randn(cfg.batch_size, 3, cfg.image_size, cfg.image_size, generator=gen, device=device)
         x += patterns[y].repeat(1, 1, reps, reps)[:, :, : cfg.image_size, : cfg.image_size]
         batches.append((x.contiguous(memory_format=memory_format), y))
-    # Step k trains on batch k mod len: a resumed run continues the cycle where it stopped.
-    return itertools.cycle(batches[start % len(batches):] + batches[:start % len(batches)]), 100
+    return batches
+
+
+def _synthetic_batches(cfg: Config, world: World, device: torch.device, memory_format, start: int = 0):
+    parts = cfg.elastic.parts(world.rank) if cfg.elastic else [world.rank]
+    streams = [_synthetic_part(cfg, part, device, memory_format) for part in parts]
+    # Step k trains on batch k mod len of each of its parts: a resumed run continues the cycle where it stopped.
+    k = start % cfg.synthetic_batches
+    order = [s[c] for c in [*range(k, cfg.synthetic_batches), *range(k)] for s in streams]
+    return itertools.cycle(order), 100
 
 
 def _folder_batches(cfg: Config, world: World, device: torch.device, memory_format, start: int = 0,
@@ -102,19 +113,22 @@ def _folder_batches(cfg: Config, world: World, device: torch.device, memory_form
 
     dataset = data.scan(cfg.data_dir)
     mode = dataset.read_mode(cfg.read_mode)
-    dataset.rank_shard(world.rank, world.size, cfg.data_dir, mode)
+    data.describe_shard(dataset, world.rank, world.size, cfg.data_dir, mode, cfg.elastic)
     decode_on = cfg.decode if cfg.decode != "auto" else ("split" if device.type == "cuda" else "cpu")
     workers = cfg.loader_workers if cfg.loader_workers is not None else data.auto_workers(world.local_size, decode_on)
     loader = torch_data.Loader(dataset, world.rank, world.size, cfg.batch_size, cfg.image_size, cfg.seed, workers,
-                               decode_on, mode, device, memory_format, cfg.max_bad_samples, appetite=appetite)
-    if start:
-        loader.load_state_dict({**loader.state_dict(), "batches": start})
+                               decode_on, mode, device, memory_format, cfg.max_bad_samples, appetite=appetite,
+                               elastic=cfg.elastic)
+    if start:  # the loader counts micro-batches: `accumulation` a step in an elastic run
+        loader.load_state_dict({**loader.state_dict(), "batches": start * cfg.accumulation})
     print(f"trainop_trainer: rank {world.rank} decodes {loader.cpu_count} of every {cfg.batch_size} images on the "
           f"CPU ({workers} loader workers), the rest on the {device.type.upper()} ({decode_on}"
           + (f", {loader.decoder.name}" if loader.decoder is not None else "")
           + (f"; measured: {loader.rates[0]:.0f} images/s per worker, the model trains at {loader.rates[1]:.0f}"
              if loader.rates else "") + ")",
           file=sys.stderr, flush=True)
+    if cfg.elastic:
+        return loader, loader.plan.steps_per_epoch
     return loader, dataset.steps_per_epoch(world.size, cfg.batch_size, mode)
 
 
@@ -156,14 +170,18 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
     torch.manual_seed(cfg.seed)
     memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
 
-    net = getattr(torchvision.models, cfg.model)(num_classes=cfg.num_classes).to(device)
+    dtype = torch.float64 if cfg.precision == "fp64" else torch.float32
+    net = getattr(torchvision.models, cfg.model)(num_classes=cfg.num_classes).to(device, dtype)
     appetite = _appetite(cfg, net, device, memory_format)  # before any wrap (below): see _appetite
     optimizer = torch.optim.SGD(net.parameters(), lr=cfg.base_lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    accumulation = cfg.accumulation  # micro-batches per step (elastic.py)
     if comm.hvd:
         # Broadcast while the tensors are still in the default layout (Horovod checks contiguity).
         comm.hvd.broadcast_parameters(net.state_dict(), root_rank=0)
         comm.hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        optimizer = comm.hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters())
+        # backward_passes_per_step: the hooks add `accumulation` backward passes up, then all-reduce once
+        optimizer = comm.hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters(),
+                                                  backward_passes_per_step=accumulation)
     # After the wrap: Horovod's DistributedOptimizer is a new optimizer over the same param groups,
     # without the wrapped one's state (momentum buffers).
     resumed = _resume(cfg, world, comm, net, optimizer)
@@ -178,20 +196,34 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
                                   **({} if cfg.synthetic else {"appetite": appetite}))
     bad_samples = getattr(batches, "bad_samples", None)  # a data set's Loader (data.BadSamples); None: synthetic
     steps = cfg.steps_per_epoch or default_steps
+    if resumed and resumed["warning"] and world.is_chief:
+        report.write_line(sys.stderr, resumed["warning"])
+    if resumed and cfg.elastic and resumed["worldSize"] != world.size and world.is_chief:
+        report.write_line(sys.stderr, elastic.resume_line(resumed["worldSize"], cfg.elastic, start_step, steps))
     loss_fn = nn.CrossEntropyLoss()
-    reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * world.size, world.is_chief,
+    sample_log = elastic.SampleLog(cfg.sample_log, world.rank, world.size) if cfg.sample_log else None
+    reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * cfg.scale(world.size), world.is_chief,
                                total_steps=cfg.epochs * steps, report_seconds=cfg.report_seconds,
                                stall_seconds=cfg.stall_seconds,
                                events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None,
                                bad_samples=0 if bad_samples is not None else None)
 
-    def step_fn(x, y):
+    def step_fn():
+        """One optimizer step over `accumulation` micro-batches: each one's loss divided by their
+        number, so the gradients add up to their mean; DDP all-reduces on the last backward only
+        (no_sync before it), Horovod's hooks after `accumulation` passes. Returns the mean loss."""
         optimizer.zero_grad()
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
-            loss = loss_fn(step_model(x), y)
-        loss.backward()
+        total = torch.zeros((), device=device, dtype=dtype)
+        for a in range(accumulation):
+            x, y = next(batches)
+            last = a == accumulation - 1
+            with contextlib.nullcontext() if last or not comm.dist else model.no_sync():
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "bf16"):
+                    loss = loss_fn(step_model(x.to(dtype)), y)
+                (loss / accumulation if accumulation > 1 else loss).backward()
+            total += loss.detach()
         optimizer.step()
-        return loss.detach()
+        return total / accumulation
 
     saver = _Saver(cfg, world, comm, net, optimizer)
     global_step, loss = start_step, 0.0
@@ -205,11 +237,18 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
         reporter.start_epoch(first)
         for _ in range(ran):
             # The schedule is a function of the global step: a resumed run continues it.
-            lr = report.learning_rate(global_step, steps, cfg.base_lr, world.size, cfg.warmup_epochs)
+            # An elastic run's peak is scaled by its maximum world, so a resize does not move it.
+            lr = report.learning_rate(global_step, steps, cfg.base_lr, cfg.scale(world.size), cfg.warmup_epochs)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            loss_sum += step_fn(*next(batches))
+            step_loss = step_fn()
+            loss_sum += step_loss
             global_step += 1
+            if sample_log:
+                taken = batches.consumed if hasattr(batches, "consumed") else None
+                samples = None if taken is None else [
+                    i for n in range(taken - accumulation, taken) for i in batches.samples_of(n)]
+                sample_log.step(global_step, epoch, samples, step_loss.item() / world.size)
             reporter.alive()
             if reporter.due():
                 reporter.between(epoch, global_step, loss_sum.item() / (global_step - first))  # waits for the device
@@ -218,7 +257,7 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
                 raise SystemExit(143)  # stopped by SIGTERM, state saved
         offset = 0
         local_loss = loss_sum.item() / ran  # waits for the device: the epoch's time is complete
-        own_rate = ran * cfg.batch_size / (time.perf_counter() - start)
+        own_rate = ran * cfg.batch_size * accumulation / (time.perf_counter() - start)
         if world.is_chief:
             # Before the collective, so the other ranks wait for it there, outside their timed epoch.
             torch.save({"epoch": epoch, "model": net.state_dict(), "optimizer": optimizer.state_dict()},
@@ -251,7 +290,7 @@ def _resume(cfg: Config, world: World, comm: _Collective, net, optimizer) -> dic
     if world.is_chief:
         path = checkpoint.resolve(cfg.resume_from, cfg.checkpoint_dir)
         if path is not None:
-            state = checkpoint.torch_load(path, world.size)
+            state = checkpoint.torch_load(path, world.size, cfg.elastic)
             print(f"trainop_trainer: resuming from {path} at step {state['step']}", file=sys.stderr, flush=True)
         elif cfg.resume_from:
             print(f"trainop_trainer: no complete checkpoint under {cfg.checkpoint_dir.parent}; starting at step 0",
@@ -262,8 +301,13 @@ def _resume(cfg: Config, world: World, comm: _Collective, net, optimizer) -> dic
         return None
     net.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    checkpoint.set_torch_rng_state(state["rng"][world.rank])
-    return {"step": state["step"], "epoch": state["epoch"]}
+    # At another world size (an elastic resume) every rank takes rank 0's RNG state: every rank
+    # seeded alike at the start, so a fresh run would hold the same; the draws differ from the
+    # uninterrupted run's (docs/elastic.md: dropout and other random ops are not continued).
+    same = state["worldSize"] == world.size
+    checkpoint.set_torch_rng_state(state["rng"][world.rank if same else 0])
+    return {"step": state["step"], "epoch": state["epoch"], "worldSize": state["worldSize"],
+            "warning": state["warning"]}
 
 
 
@@ -282,4 +326,4 @@ class _Saver(checkpoint.Saver):
         if not self.world.is_chief:
             return None
         return checkpoint.torch_save(self.cfg.checkpoint_dir, step, epoch, self.world.size,
-                                     self.net, self.optimizer, rng)
+                                     self.net, self.optimizer, rng, self.cfg.elastic)
