@@ -165,11 +165,15 @@ class Controller:
             self.wake_gate(namespace)
 
     def wake_waiting_for_nodes(self) -> None:
+        """A node came or went: the jobs waiting for a matching node, and the elastic ones below
+        their largest size (their grow compares the pool's nodes: jobsync/elastic.py)."""
         for (namespace, name), store in self.ix["dtj_bodies"].items():
             for body in store:
-                cond = conditions.get_condition((body.get("status") or {}).get("conditions"),
-                                                "Created")
-                if cond and cond.get("reason") == "NoMatchingNodes":
+                status = body.get("status") or {}
+                cond = conditions.get_condition(status.get("conditions"), "Created")
+                shrunk = (status.get("elastic") or {}).get("workers", 0) < \
+                    ((body.get("spec") or {}).get("workers") or 0)
+                if cond and cond.get("reason") == "NoMatchingNodes" or shrunk:
                     self.enqueue_job(namespace, name)
 
     def wake_jobs_on_node(self, node: str) -> None:
@@ -365,7 +369,8 @@ class Controller:
             progress=progress, network_policy=self._one("dtj_netpols", ck),
             ssh_secret=self.applier.has_ssh_secret(uid),
             endpoint_slices=self._all("dtj_endpointslices", ck),
-            nodes=[] if created else self.nodes(),
+            # an elastic gang's size follows its pool's nodes (jobsync/elastic.py)
+            nodes=[] if created and not (body.get("spec") or {}).get("elastic") else self.nodes(),
             tainted_nodes=tuple(self._all("nodes", (NODE_TAINTED,))),
             lost_nodes={n["name"]: n for n in self._all("nodes", (NODE_LOST,))},
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,

@@ -23,6 +23,7 @@ import datetime as dt
 from trainop import conditions, podgroup, priority
 from trainop.actions import Outcome, SetFinalizers
 from trainop.config import Config
+from trainop.jobsync import elastic
 from trainop.jobsync.data import _data_claim, _show_metrics, _take_checkpoint, _with_save
 from trainop.jobsync.failures import _compact, _fallen_back, attempt, restart_counts
 from trainop.jobsync.gang import _capacity, _child_problem, _children, _run_gang
@@ -125,7 +126,7 @@ def _parse(plan: _Plan, st: _Status) -> tuple[Job, priority.Priority] | Outcome:
         if st.data.get("phase") not in TERMINAL:
             _finish(st, "Failed", "InvalidSpec", str(exc), plan.now)
         return plan.out
-    job = _fallen_back(job, st)
+    job = elastic.current(_fallen_back(job, st), st)
     return podgroup.bind(job, plan.snap.gang_scheduler, cfg, plan.snap.memo), prio
 
 

@@ -27,6 +27,10 @@ WARN_TRUE = {"Failed", "Restarting", "Evicted"}
 
 WARN_FALSE = {"Created", "DataReady", "Transport", "CheckpointAccepted"}
 
+# Reasons that are news, not trouble, whatever their condition: an elastic gang's resize
+# (jobsync/elastic.py; the disruption that caused a shrink had its own Warning).
+NORMAL_REASONS = {"Resized"}
+
 
 @dataclass
 class JobSnapshot:
@@ -166,8 +170,9 @@ def _events(old: list[dict] | None, new: list[dict] | None) -> list[tuple[str, s
             continue
         if before is None and cond["status"] == "False" and cond["type"] not in WARN_FALSE:
             continue  # a gate that was never open closing says nothing new
-        warn = (cond["status"] == "True" and cond["type"] in WARN_TRUE) or \
-            (cond["status"] == "False" and cond["type"] in WARN_FALSE)
+        warn = ((cond["status"] == "True" and cond["type"] in WARN_TRUE) or
+                (cond["status"] == "False" and cond["type"] in WARN_FALSE)) and \
+            cond.get("reason") not in NORMAL_REASONS
         out.append(("Warning" if warn else "Normal", cond.get("reason") or cond["type"],
                     cond.get("message") or ""))
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 from trainop import admission, conditions, kueue, priority
 from trainop.actions import Create, Outcome, PatchStatus, Ref
 from trainop.admission import Decision
+from trainop.jobsync import elastic
 from trainop.jobsync.model import TERMINAL, _delete_pods, _finish, _Plan, _pod_ready, _Status, _ts
 from trainop.render import common
 from trainop.render import dtj as render
@@ -33,7 +34,7 @@ def _admit(plan: _Plan, job: Job, prio: priority.Priority, st: _Status) -> Outco
     if not decision.admitted:
         st.phase("Queued")
         return plan.wait(decision.message)
-    st.data["admittedShape"] = admission.shape_digest(job, plan.snap.memo)
+    st.data["admittedShape"] = admission.shape_digest(elastic.largest(job), plan.snap.memo)
     st.data["admittedGeneration"] = plan.body["metadata"].get("generation")
     return None
 
@@ -51,7 +52,7 @@ def _shape_kept(plan: _Plan, job: Job, st: _Status) -> Outcome | None:
     with the old values; only pods made later get the new ones), and the digest follows, so a
     later edit is judged against it. (Found by the helm-upgrade e2e test: a new launcherResources
     stopped and requeued every running job.)"""
-    digest = admission.shape_digest(job, plan.snap.memo)
+    digest = admission.shape_digest(elastic.largest(job), plan.snap.memo)
     known = st.data.setdefault("admittedShape", digest)  # (jobs admitted before it existed)
     generation = plan.body["metadata"].get("generation")
     # Jobs admitted before admittedGeneration existed: the generation the last reconcile saw,
