@@ -352,7 +352,8 @@ class Controller:
         progress = config_maps.get(render_logship.progress_name(named))
         if progress is not None and not _controlled(progress, uid):
             progress = None
-        workload = next((w for w in self._all("dtj_workloads", ck) if _controlled(w, uid)), None)
+        workload, workload_slice, replaced = kueue.pick(
+            [w for w in self._all("dtj_workloads", ck) if _controlled(w, uid)])
         pod_group = next((g for ix in ("dtj_podgroups_plugins", "dtj_podgroups_volcano")
                           for g in self._all(ix, ck) if _controlled(g, uid)), None)
         flavors = {n: f for n in kueue.flavor_names(workload)
@@ -375,7 +376,8 @@ class Controller:
             lost_nodes={n["name"]: n for n in self._all("nodes", (NODE_LOST,))},
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
             classes=self.priority_classes(),
-            workload=workload, flavors=flavors, pod_group=pod_group,
+            workload=workload, workload_slice=workload_slice, replaced_workloads=replaced,
+            flavors=flavors, pod_group=pod_group,
             problem=self.problems.pop(key, None), memo=self.memo,
             departed=[p for p in self.departed.get(ck, {}).values()
                       if any(_controlled(p, owner) for owner in owners if owner)])

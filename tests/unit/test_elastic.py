@@ -12,7 +12,8 @@ import pytest
 from tests.unit.test_jobsync_decide import NOW, T0, launcher, reasons, shared, snap, summary, workers
 from tests.unit.test_jobsync_decide import body as plain_body
 from tests.unit.test_jobsync_failures import CFG, CREATED, RUNNING, on_node, unschedulable
-from trainop import conditions, config
+from trainop import conditions, config, kueue
+from trainop.actions import Create, Delete, Patch
 from trainop.jobsync import decide
 from trainop.jobsync.elastic import pool_capacity, size_for
 from trainop.render import dtj as render
@@ -260,3 +261,144 @@ def test_a_job_without_elastic_never_resizes():
                        pods=three_placed(), nodes=spot_nodes(3), **shared()))
     assert out.status["attempt"] == 1 and "elastic" not in out.status
     assert reasons(out.status)["WaitingForNodes"][0] == "True"
+
+
+# ---- Kueue follows the size --------------------------------------------------------------------
+
+SLICES = config.from_dict({**CFG.raw, "kueue": {"workloadSlices": True}})
+ADMITTED = (("QuotaReserved", True, "QuotaReserved"), ("Admitted", True, "Admitted"))
+
+
+def elastic_workload(count: int, *conds, name: str = "dtj-j", replaces: str | None = None,
+                     created: str = T0) -> dict:
+    job = parse(body(), CFG)
+    wl = kueue.render_workload(job.__class__(**{**job.__dict__, "workers": count}), "team",
+                               slices=True)
+    status: dict = {"conditions": []}
+    for type_, value, reason in conds:
+        status["conditions"] = conditions.set_condition(status["conditions"], type_, value,
+                                                        reason, "m", timestamp=T0)
+    if any(c[0] == "Admitted" for c in conds):
+        status["admission"] = {"clusterQueue": "cq", "podSetAssignments": [
+            {"name": "workers", "flavors": {}}, {"name": "launcher", "flavors": {}}]}
+    wl["metadata"].update(name=name, uid=f"uid-{name}", resourceVersion="42", creationTimestamp=created,
+                          ownerReferences=[{"controller": True, "uid": "uid-1"}],
+                          finalizers=[kueue.FINALIZER])
+    if replaces:
+        wl["metadata"]["annotations"][kueue.REPLACES_ANNOTATION] = f"ns/{replaces}"
+    wl["status"] = status
+    return wl
+
+
+def kueue_body(status=None, **elastic) -> dict:
+    b = body(status, **elastic)
+    b["spec"]["queue"] = "team"
+    return b
+
+
+def test_pick_tells_the_running_workload_from_a_waiting_slice_and_a_replaced_one():
+    old = elastic_workload(3, *ADMITTED)
+    new = elastic_workload(4, name="dtj-j-a3", replaces="dtj-j", created="2026-05-01T11:30:00Z")
+    assert kueue.pick([new, old]) == (old, new, [])
+    admitted = elastic_workload(4, *ADMITTED, name="dtj-j-a3", replaces="dtj-j",
+                                created="2026-05-01T11:30:00Z")
+    assert kueue.pick([old, admitted]) == (admitted, None, [])  # before Kueue finishes the old
+    replaced = elastic_workload(3, *ADMITTED, ("Finished", True, kueue.SLICE_REPLACED))
+    assert kueue.pick([replaced, admitted]) == (admitted, None, [replaced])
+    ended = elastic_workload(4, *ADMITTED, ("Finished", True, "Succeeded"))
+    assert kueue.pick([ended]) == (ended, None, [])  # the finished job still drops its finalizer
+    assert kueue.pick([]) == (None, None, [])
+
+
+def test_an_elastic_workload_is_marked_and_a_slice_names_what_it_replaces():
+    job = parse(body(), CFG)
+    plain = kueue.render_workload(job, "team")
+    assert "annotations" not in plain["metadata"]
+    old = elastic_workload(3, *ADMITTED)
+    wl = kueue.render_workload(job, "team", slices=True, replaces=old, attempt=3)
+    assert wl["metadata"]["name"] == "dtj-j-a3"
+    assert wl["metadata"]["annotations"] == {kueue.ELASTIC_ANNOTATION: "true",
+                                             kueue.REPLACES_ANNOTATION: "ns/dtj-j"}
+    assert kueue.worker_count(wl) == 4
+
+
+def test_scale_down_is_a_guarded_json_patch_of_one_count():
+    patch = kueue.scale_down(elastic_workload(4, *ADMITTED), 3)
+    assert patch.patch == [{"op": "test", "path": "/spec/podSets/0/name", "value": "workers"},
+                           {"op": "test", "path": "/spec/podSets/0/count", "value": 4},
+                           {"op": "replace", "path": "/spec/podSets/0/count", "value": 3}]
+
+
+def shrunk_on_kueue(**more) -> dict:
+    st = shrunk_running(**more)
+    st["conditions"] = conditions.set_condition(st["conditions"], "Admitted", True, "KueueAdmitted",
+                                                "m", timestamp=T0)
+    return st
+
+
+def kueue_snap(st, wl, pods, cfg_slices=True, **kw):
+    return snap(kueue_body(st), pods=pods, launcher=launcher(2), nodes=spot_nodes(kw.pop("nodes", 3)),
+                kueue=True, workload=wl, **shared(), **kw)
+
+
+def test_with_slices_a_shrunk_gangs_workload_count_goes_down_in_place_once_its_pods_are_gone():
+    wl = elastic_workload(4, *ADMITTED)
+    out = decide(kueue_snap(shrunk_on_kueue(), wl, running_pods()), SLICES, NOW)
+    patches = [a for a in out.actions if isinstance(a, Patch)]
+    assert [p.patch[-1] for p in patches] == [{"op": "replace", "path": "/spec/podSets/0/count", "value": 3}]
+    assert not [a for a in summary(out.actions) if a.startswith("delete")]  # never replaced
+    # a fourth worker of the old attempt still terminating holds its GPUs: not yet
+    old = workers(4, attempt=1, deleting=True)[3]
+    held = decide(kueue_snap(shrunk_on_kueue(), wl, running_pods() + [old]), SLICES, NOW)
+    assert not [a for a in held.actions if isinstance(a, Patch)]
+    # without slices, the Workload of another count is replaced once no pod is left
+    fresh = copy.deepcopy(shrunk_on_kueue())
+    gone = decide(snap(kueue_body(fresh), nodes=spot_nodes(3), kueue=True, workload=wl, **shared()), CFG, NOW)
+    assert "delete Workload dtj-j" in summary(gone.actions)
+    assert reasons(gone.status)["Admitted"] == ("False", "WorkloadMismatch")
+
+
+def test_with_slices_a_grow_waits_for_kueue_to_admit_a_bigger_slice():
+    wl = elastic_workload(3, *ADMITTED)
+    first = decide(kueue_snap(shrunk_on_kueue(), wl, running_pods(), nodes=4), SLICES, NOW)
+    made = [a.obj for a in first.actions if isinstance(a, Create)]
+    assert [(w["kind"], w["metadata"]["name"], kueue.worker_count(w)) for w in made] == \
+        [("Workload", "dtj-j-a3", 4)]
+    assert made[0]["metadata"]["annotations"][kueue.REPLACES_ANNOTATION] == "ns/dtj-j"
+    assert first.status["attempt"] == 2 and first.status["elastic"]["growTo"] == 4
+    assert "waiting for Kueue to admit Workload slice dtj-j-a3 for 4 workers" in first.status["elastic"]["message"]
+    pending = elastic_workload(4, name="dtj-j-a3", replaces="dtj-j", created="2026-05-01T11:30:00Z")
+    still = decide(kueue_snap(copy.deepcopy(first.status), wl, running_pods(), nodes=4,
+                              workload_slice=pending), SLICES, NOW)
+    assert not [a for a in still.actions if isinstance(a, (Create, Delete))]
+    assert still.status["attempt"] == 2
+    # admitted (Kueue finished the old one): the gang grows at the next checkpoint
+    admitted = elastic_workload(4, *ADMITTED, name="dtj-j-a3", replaces="dtj-j")
+    replaced = elastic_workload(3, *ADMITTED, ("Finished", True, kueue.SLICE_REPLACED))
+    saved = copy.deepcopy(still.status)
+    saved["checkpoint"]["step"] = 200
+    grown = decide(kueue_snap(saved, admitted, running_pods(), nodes=4, replaced_workloads=[replaced]),
+                   SLICES, NOW)
+    assert (grown.status["attempt"], grown.status["elastic"]["workers"]) == (3, 4)
+    assert "delete Workload dtj-j" in summary(grown.actions)  # the replaced slice goes
+    assert not [a for a in grown.actions if isinstance(a, Patch)]
+
+
+def test_a_slice_no_grow_waits_for_goes():
+    wl = elastic_workload(3, *ADMITTED)
+    pending = elastic_workload(4, name="dtj-j-a3", replaces="dtj-j")
+    out = decide(kueue_snap(shrunk_on_kueue(), wl, running_pods(), nodes=3, workload_slice=pending),
+                 SLICES, NOW)
+    assert "delete Workload dtj-j-a3" in summary(out.actions)
+
+
+def test_without_slices_a_grow_restarts_and_the_new_size_queues_for_admission():
+    wl = elastic_workload(3, *ADMITTED)
+    out = decide(kueue_snap(shrunk_on_kueue(), wl, running_pods(), nodes=4, workload_slice=None),
+                 config.from_dict({**CFG.raw}), NOW)
+    assert out.status["elastic"].get("growTo") == 4 and out.status["attempt"] == 2
+    saved = copy.deepcopy(out.status)
+    saved["checkpoint"]["step"] = 200
+    grown = decide(kueue_snap(saved, wl, running_pods(), nodes=4), CFG, NOW)
+    assert grown.status["attempt"] == 3
+    assert not [a for a in grown.actions if isinstance(a, Create)]  # no slice: the stale Workload goes later

@@ -32,6 +32,7 @@ from trainop.jobsync.queueing import (
     _admit,
     _kueue_evicted,
     _kueue_finish,
+    _kueue_follow_size,
     _kueue_placement,
     _kueue_workload_stale,
     _suspension,
@@ -73,6 +74,7 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
     if isinstance(parsed, Outcome):
         return parsed
     job, prio = parsed
+    plan.prio = prio
     plan.pod_grace = render.delete_grace_seconds(_with_save(job, st))
     if st.data.get("phase") in TERMINAL:
         return _terminal(plan, job.run_policy, st)
@@ -94,6 +96,7 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
         if not isinstance(placed, Job):
             return placed
         job = placed
+        _kueue_follow_size(plan, job, st)
     blocked = _child_problem(plan, st)
     if blocked:
         return blocked

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from trainop import kueue
+from trainop.actions import Create
 from trainop.jobsync.failures import HISTORY, _compact, attempt, restart_counts
 from trainop.jobsync.model import _Plan, _Status, _ts
 from trainop.spec import Elastic, Job, allocatable, node_matches
@@ -117,19 +119,51 @@ def grow(plan: _Plan, job: Job, st: _Status) -> object | None:
             state["message"] = f"the pool's new room went again: running on at {job.workers}"
         return None
     why = f"the pool holds {have - was} more worker(s) than when the gang shrank"
+    queued = _kueue_admits(plan, job, st, target)
+    if queued:  # the gang runs on at its size meanwhile
+        state.update(growTo=target, message=f"{why}: {queued}")
+        state.setdefault("growAfterStep", _step(st))
+        return None
     if not el.grow_at_checkpoint:
         return resize(plan, job, st, target, GROW, f"{why} (growAtCheckpoint false: the ranks "
                       f"save on SIGTERM)")
-    step = (st.data.get("checkpoint") or {}).get("step")
-    step = step if isinstance(step, int) else -1
-    if "growTo" not in state:
-        state.update(growTo=target, growAfterStep=step,
-                     message=f"{why}: growing to {target} workers at the next checkpoint")
-        return None
-    if step <= state["growAfterStep"]:
-        state["growTo"] = target
+    step = _step(st)
+    after = state.setdefault("growAfterStep", step)
+    if step <= after:
+        state.update(growTo=target, message=f"{why}: growing to {target} workers at the next "
+                                            f"checkpoint (after step {after})")
         return None
     return resize(plan, job, st, target, GROW, f"{why}; checkpoint step {step} saved")
+
+
+def _step(st: _Status) -> int:
+    """The step of the checkpoint the next attempt would resume from (-1: none yet)."""
+    step = (st.data.get("checkpoint") or {}).get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else -1
+
+
+def _kueue_admits(plan: _Plan, job: Job, st: _Status, target: int) -> str | None:
+    """None when the gang may grow to `target` as far as Kueue is concerned; else what it waits
+    for. With workload slices (config kueue.workloadSlices) a count beyond the admitted one goes
+    through Kueue's admission first: a Workload slice of `target` workers that names the one
+    it replaces (created here once); Kueue admits it counting the old one's quota as its own
+    and finishes the old one. Without slices the resize itself replaces the Workload
+    (queueing._kueue_workload_stale), which queues for admission at the new size."""
+    wl = plan.snap.workload
+    if not (plan.snap.kueue and plan.cfg.kueue_workload_slices) or \
+            (kueue.admitted(wl) and (kueue.worker_count(wl) or 0) >= target):
+        return None
+    pending = plan.snap.workload_slice
+    name = kueue.slice_name(job.name, attempt(st.data) + 1)
+    if pending is None and wl is not None:
+        queue = (plan.body.get("spec") or {}).get("queue")
+        bigger = dataclasses.replace(job, workers=target, flavors=())  # as the first was rendered
+        plan.out.actions.append(Create(kueue.render_workload(
+            bigger, queue, plan.prio, plan.snap.memo, slices=True, replaces=wl,
+            attempt=attempt(st.data) + 1), plan.body))
+    elif pending is not None:
+        name = pending["metadata"]["name"]
+    return f"waiting for Kueue to admit Workload slice {name} for {target} workers"
 
 
 def resize(plan: _Plan, job: Job, st: _Status, to: int, cause: str, why: str) -> object:

@@ -57,6 +57,10 @@ class JobSnapshot:
     classes: priority.Classes = field(default_factory=priority.Classes)  # cluster-scoped
     kueue: bool = False        # Kueue admits this job (spec.queue and Kueue is installed)
     workload: dict | None = None  # its Kueue Workload (the watch cache's, controlled by the job)
+    # an elastic job's bigger Workload slice waiting for admission, and the slices Kueue
+    # replaced (finished) since (kueue.pick)
+    workload_slice: dict | None = None
+    replaced_workloads: list[dict] = field(default_factory=list)
     flavors: dict[str, dict] = field(default_factory=dict)  # the admitted ResourceFlavors by name
     gang_scheduler: str | None = None  # served gang scheduler of the configuration (podgroup.py)
     pod_group: dict | None = None  # its PodGroup, where that scheduler's API is served
@@ -98,6 +102,7 @@ class _Plan:
         # gracePeriodSeconds of the job's pods' deletions (render/dtj.py delete_grace_seconds),
         # set once the job is parsed; None: each pod's own
         self.pod_grace: int | None = None
+        self.prio = priority.NONE  # the job's priority, once judged (a Workload slice's)
 
     def delete(self, obj: dict) -> int:
         self.out.actions.append(delete(obj, self.pod_grace if obj.get("kind") == "Pod" else None))
