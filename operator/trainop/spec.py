@@ -898,6 +898,10 @@ def _elastic(spec: dict) -> Elastic | None:
     if not _checkpoint_enabled(spec):
         raise SpecError("spec.elastic", "a resize restarts the gang from its last checkpoint: "
                         "set spec.checkpoint (a volume claim) or spec.output")
+    if raw["growAtCheckpoint"] and not spec.get("output"):
+        raise SpecError("spec.elastic.growAtCheckpoint", "the operator learns of a new checkpoint "
+                        "from worker 0's log shipper, which runs with spec.output only: set "
+                        "spec.output, or growAtCheckpoint: false (the ranks save on SIGTERM)")
     return Elastic(min_workers=low, max_workers=high,
                    shrink_after_seconds=raw["shrinkAfterSeconds"],
                    grow_at_checkpoint=raw["growAtCheckpoint"])

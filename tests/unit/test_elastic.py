@@ -20,6 +20,7 @@ from trainop.render import dtj as render
 from trainop.spec import Elastic, SpecError, parse
 
 CKPT = {"volume": {"claimName": "ck"}}
+OUT = {"pvc": {"claimName": "out"}}  # worker 0's shipper reports each new checkpoint
 
 
 def spot_nodes(n: int, gpus: int = 4) -> list[dict]:
@@ -29,7 +30,7 @@ def spot_nodes(n: int, gpus: int = 4) -> list[dict]:
 
 def body(status=None, **elastic) -> dict:
     elastic.setdefault("minWorkers", 2)
-    return plain_body(status, workers=4, nodePool={"name": "spot"}, checkpoint=CKPT,
+    return plain_body(status, workers=4, nodePool={"name": "spot"}, checkpoint=CKPT, output=OUT,
                       elastic=elastic)
 
 
@@ -55,7 +56,9 @@ def test_the_largest_size_that_fits_and_no_fewer_than_min_workers(fits, low, hig
     ({"elastic": {"minWorkers": 5}}, "spec.elastic.minWorkers", "more than maxWorkers (4): use at most 4"),
     ({"elastic": {"minWorkers": 2}, "mpirun": {"runLauncherAsWorker": True}, "output": {"pvc": {"claimName": "o"}}},
      "spec.elastic", "remove spec.mpirun.runLauncherAsWorker"),
-    ({"elastic": {"minWorkers": 2}, "checkpoint": None}, "spec.elastic", "set spec.checkpoint"),
+    ({"elastic": {"minWorkers": 2, "growAtCheckpoint": False}, "checkpoint": None}, "spec.elastic",
+     "set spec.checkpoint"),
+    ({"elastic": {"minWorkers": 2}}, "spec.elastic.growAtCheckpoint", "set spec.output, or growAtCheckpoint: false"),
 ])
 def test_bad_elastic_specs_name_the_field_and_the_fix(spec, field, words):
     raw = {"workers": 4, "nodePool": {"name": "spot"}, "checkpoint": CKPT, **spec}
@@ -85,7 +88,8 @@ def _env(container: dict) -> dict:
 
 
 def test_every_rank_gets_the_largest_world_at_every_size():
-    job = parse(plain_body(workers=4, slotsPerWorker=2, checkpoint=CKPT, elastic={"minWorkers": 2}), CFG)
+    job = parse(plain_body(workers=4, slotsPerWorker=2, checkpoint=CKPT,
+                           elastic={"minWorkers": 2, "growAtCheckpoint": False}), CFG)
     small = job.__class__(**{**job.__dict__, "workers": 3})
     for j in (job, small):
         worker = render.render_worker(j, 0, 0)["spec"]["containers"][0]
@@ -102,7 +106,7 @@ def test_every_rank_gets_the_largest_world_at_every_size():
 
 def test_torchrun_ranks_get_it_and_nnodes_follows_the_size():
     job = parse(plain_body(workers=4, launcher="torchrun", checkpoint=CKPT,
-                           elastic={"minWorkers": 1}), CFG)
+                           elastic={"minWorkers": 1, "growAtCheckpoint": False}), CFG)
     small = job.__class__(**{**job.__dict__, "workers": 2})
     worker = render.render_worker(small, 0, 0)["spec"]["containers"][0]
     assert _env(worker)["TRAINOP_ELASTIC_MAX_WORLD"] == "16"  # 4 workers x 4 GPUs
@@ -173,10 +177,11 @@ def test_the_shrunk_attempt_replaces_the_old_pods_with_fewer_workers():
     assert [a for a in summary(gone.actions) if a.startswith("delete")] == \
         [f"delete Pod j-worker-{i}" for i in range(4)]
     fresh = decide_(snap(body(copy.deepcopy(shrunk)), nodes=spot_nodes(3), **shared()))
-    created = [a.obj for a in fresh.actions if type(a).__name__ == "Create"]
+    created = [a.obj for a in fresh.actions if type(a).__name__ == "Create" and a.obj["kind"] == "Pod"]
     assert [p["metadata"]["name"] for p in created] == [f"j-worker-{i}" for i in range(3)]
     assert all(p["metadata"]["labels"]["trainop.io/attempt"] == "2" for p in created)
-    hostfile = [a.obj for a in fresh.actions if a.obj.get("kind") == "ConfigMap"][0]["data"]["hostfile"]
+    hostfile = [a.obj for a in fresh.actions
+                if a.obj.get("metadata", {}).get("name") == "j-mpi"][0]["data"]["hostfile"]
     assert hostfile.count("slots=") == 3
     assert fresh.status["workers"]["total"] == 3
 
@@ -361,7 +366,7 @@ def test_with_slices_a_shrunk_gangs_workload_count_goes_down_in_place_once_its_p
 def test_with_slices_a_grow_waits_for_kueue_to_admit_a_bigger_slice():
     wl = elastic_workload(3, *ADMITTED)
     first = decide(kueue_snap(shrunk_on_kueue(), wl, running_pods(), nodes=4), SLICES, NOW)
-    made = [a.obj for a in first.actions if isinstance(a, Create)]
+    made = [a.obj for a in first.actions if isinstance(a, Create) and a.obj["kind"] == "Workload"]
     assert [(w["kind"], w["metadata"]["name"], kueue.worker_count(w)) for w in made] == \
         [("Workload", "dtj-j-a3", 4)]
     assert made[0]["metadata"]["annotations"][kueue.REPLACES_ANNOTATION] == "ns/dtj-j"
@@ -370,7 +375,8 @@ def test_with_slices_a_grow_waits_for_kueue_to_admit_a_bigger_slice():
     pending = elastic_workload(4, name="dtj-j-a3", replaces="dtj-j", created="2026-05-01T11:30:00Z")
     still = decide(kueue_snap(copy.deepcopy(first.status), wl, running_pods(), nodes=4,
                               workload_slice=pending), SLICES, NOW)
-    assert not [a for a in still.actions if isinstance(a, (Create, Delete))]
+    assert not [a for a in still.actions if isinstance(a, Delete)
+                or isinstance(a, Create) and a.obj["kind"] == "Workload"]
     assert still.status["attempt"] == 2
     # admitted (Kueue finished the old one): the gang grows at the next checkpoint
     admitted = elastic_workload(4, *ADMITTED, name="dtj-j-a3", replaces="dtj-j")
@@ -401,4 +407,4 @@ def test_without_slices_a_grow_restarts_and_the_new_size_queues_for_admission():
     saved["checkpoint"]["step"] = 200
     grown = decide(kueue_snap(saved, wl, running_pods(), nodes=4), CFG, NOW)
     assert grown.status["attempt"] == 3
-    assert not [a for a in grown.actions if isinstance(a, Create)]  # no slice: the stale Workload goes later
+    assert not [a for a in grown.actions if isinstance(a, Create) and a.obj["kind"] == "Workload"]
