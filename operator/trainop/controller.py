@@ -96,6 +96,7 @@ class Controller:
         self.failures: dict[tuple, int] = {}   # key -> consecutive failed reconciles
         self.said: dict[tuple, tuple] = {}     # key -> (phase, waiting) last logged
         self.departed: dict[tuple, dict] = {}  # (ns, job) -> pod name -> last state (deleted)
+        self.lost_seen: set[str] = set()  # nodes judged lost, until they report again (node_back)
         self.tasks: list[asyncio.Task] = []
         self.memo = Memos()  # what decide() may remember between reconciles (memo.py)
         self.gate = gate.Gate(self.memo)  # the native admission queue, asked before decide
@@ -176,9 +177,18 @@ class Controller:
                 if cond and cond.get("reason") == "NoMatchingNodes" or shrunk:
                     self.enqueue_job(namespace, name)
 
+    def node_back(self, node: str) -> None:
+        """A node judged lost is no more (its kubelet reports again): the pool has its room
+        back, which a shrunk elastic gang grows into (only nodes seen lost: a cheap check on
+        every other node update)."""
+        if node in self.lost_seen:
+            self.lost_seen.discard(node)
+            self.wake_waiting_for_nodes()
+
     def wake_jobs_on_node(self, node: str) -> None:
         """A node was judged lost: the jobs with a pod bound to it (a scan of the pod cache,
         only on such an event: a lost node's object changes a few times, not every heartbeat)."""
+        self.lost_seen.add(node)
         for (namespace, name), store in self.ix["dtj_pods"].items():
             if any((p.get("spec") or {}).get("nodeName") == node for p in store):
                 self.enqueue_job(namespace, name)

@@ -408,3 +408,11 @@ def test_without_slices_a_grow_restarts_and_the_new_size_queues_for_admission():
     grown = decide(kueue_snap(saved, wl, running_pods(), nodes=4), CFG, NOW)
     assert grown.status["attempt"] == 3
     assert not [a for a in grown.actions if isinstance(a, Create) and a.obj["kind"] == "Workload"]
+
+
+def test_the_first_workload_of_an_elastic_job_is_marked_only_with_slices():
+    def made(cfg):
+        out = decide(snap(kueue_body(), nodes=spot_nodes(4), kueue=True, workload=None), cfg, NOW)
+        return next(a.obj for a in out.actions if isinstance(a, Create) and a.obj["kind"] == "Workload")
+    assert made(SLICES)["metadata"]["annotations"] == {kueue.ELASTIC_ANNOTATION: "true"}
+    assert "annotations" not in made(CFG)["metadata"]

@@ -498,6 +498,8 @@ async def route_node(type, body, memo: kopf.Memo, **_) -> None:  # noqa: A002
         memo.controller.wake_waiting_for_nodes()
     if type == "MODIFIED" and node_lost(body):  # the gangs with a pod there restart now
         memo.controller.wake_jobs_on_node(body["metadata"]["name"])
+    elif type == "MODIFIED":  # a lost node back: room for a shrunk elastic gang
+        memo.controller.node_back(body["metadata"]["name"])
 
 
 @kopf.on.event(GROUP, VERSION, "datastages")

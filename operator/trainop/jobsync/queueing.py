@@ -92,8 +92,8 @@ def _admission(plan: _Plan, job: Job, prio: priority.Priority) -> Decision | Non
         return plan.snap.admission
     if plan.snap.workload is None:
         queue = (plan.body.get("spec") or {}).get("queue")
-        plan.out.actions.append(Create(kueue.render_workload(job, queue, prio, plan.snap.memo),
-                                       plan.body))
+        plan.out.actions.append(Create(kueue.render_workload(job, queue, prio, plan.snap.memo,
+                                                             slices=_slices(plan, job)), plan.body))
     return kueue.decide(job, plan.body, plan.snap.workload)
 
 
