@@ -9,7 +9,9 @@ mpirun (launcher pod, ssh to the workers) that says its rank, the world size and
 TRAINOP_ELASTIC_MAX_WORLD, then waits: what is proved here is the operator's half (the size,
 the pods, mpirun's -np and hostfile, the env, the status and the Event). Resuming the model at
 another world size is the trainer's half (another branch of this issue), so growAtCheckpoint is
-false and no checkpoint is written (spec.output is Blob, for the checkpoint requirement)."""
+false and no checkpoint is written (spec.output is Blob, for the checkpoint requirement).
+The system node gets the trainer image first (real nodes of a CPU pool do not hold it:
+nodes.node_images), which the next `devcluster up` prunes again."""
 
 from __future__ import annotations
 
@@ -17,11 +19,19 @@ import pytest
 
 from tests.e2e.test_real_pods import RUN_TIMEOUT, reduced, with_blob_output
 from tests.fixtures.waiting import wait_until
+from trainop.devcluster import images
 
 pytestmark = [pytest.mark.real, pytest.mark.azurite]
 
 RANK = ('echo "elastic rank $OMPI_COMM_WORLD_RANK of $OMPI_COMM_WORLD_SIZE, '
         'max world $TRAINOP_ELASTIC_MAX_WORLD"; exec sleep 100000')
+
+
+@pytest.fixture(scope="module")
+def trainer_everywhere(real_cluster):
+    for node in real_cluster.dev.real_nodes:
+        if not node.pool.gpus:
+            images.load(str(node.containerd_socket), ["trainer-pytorch"])
 
 
 def elastic_manifest(name: str) -> dict:
@@ -38,8 +48,8 @@ def elastic_manifest(name: str) -> dict:
     return manifest
 
 
-def test_a_node_taken_away_shrinks_the_running_gang_and_its_return_grows_it(real_cluster, real_namespace,
-                                                                          real_operator, pod_azurite):
+def test_a_node_taken_away_shrinks_the_running_gang_and_its_return_grows_it(real_cluster, trainer_everywhere,
+                                                                          real_namespace, real_operator, pod_azurite):
     ns, name, cluster = real_namespace, "elastic", real_cluster
     manifest = elastic_manifest(name)
     with_blob_output(manifest, cluster, ns, pod_azurite)
