@@ -416,3 +416,18 @@ def test_the_first_workload_of_an_elastic_job_is_marked_only_with_slices():
         return next(a.obj for a in out.actions if isinstance(a, Create) and a.obj["kind"] == "Workload")
     assert made(SLICES)["metadata"]["annotations"] == {kueue.ELASTIC_ANNOTATION: "true"}
     assert "annotations" not in made(CFG)["metadata"]
+
+
+def test_on_the_fallback_pool_the_grow_counts_that_pools_nodes():
+    """Shrunk on the spot pool (5 workers' room counted there, taken by others), then moved to
+    the on-demand pool by nodePool.fallback: its 4 nodes are room for 4, whatever the spot pool
+    held (compared with the spot pool's 5, the gang would never grow)."""
+    st = shrunk_running(pool="spot", capacity=5)
+    st["restarts"]["spotEvictions"] = 1
+    b = body(st)
+    b["spec"]["nodePool"] = {"name": "spot", "fallback": {"name": "ondemand", "afterSpotEvictions": 1}}
+    ondemand = [{"metadata": {"name": f"od-{i}", "labels": {config.POOL_LABEL: "ondemand"}},
+                 "status": {"allocatable": {"nvidia.com/gpu": "4"}}} for i in range(4)]
+    pods = [on_node(p, f"od-{i}") for i, p in enumerate(workers(3, attempt=2))]
+    out = decide_(snap(b, pods=pods, launcher=launcher(2), nodes=ondemand + spot_nodes(3), **shared()))
+    assert out.status["elastic"]["pool"] == "ondemand" and out.status["elastic"]["growTo"] == 4

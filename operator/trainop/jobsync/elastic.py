@@ -111,6 +111,9 @@ def grow(plan: _Plan, job: Job, st: _Status) -> object | None:
     if el is None or job.workers >= el.max_workers:
         return None
     have = _capacity(plan, job)
+    if state.get("pool", job.placement.pool) != job.placement.pool:
+        # moved to another pool since the shrink (nodePool.fallback): judged by its own nodes
+        state.update(capacity=job.workers, pool=job.placement.pool)
     was = state.setdefault("capacity", have)  # (a status from before it was kept)
     target = size_for(job.workers + max(have - was, 0), el)
     if target is None or target <= job.workers:
@@ -182,6 +185,8 @@ def resize(plan: _Plan, job: Job, st: _Status, to: int, cause: str, why: str) ->
     state = {"workers": to, "message": message}
     if to < job.elastic.max_workers:  # what a later grow compares the pool with
         state["capacity"] = _capacity(plan, job)
+        if job.placement.pool:
+            state["pool"] = job.placement.pool
     st.data["elastic"] = state
     st.cond("Restarting", True, RESIZED, message)
     # The other conditions' transitions say Resizing: the one Resized Event is Restarting's.
