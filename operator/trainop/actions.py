@@ -135,8 +135,10 @@ class SetFinalizers:
 
 @dataclass(frozen=True)
 class Patch:
+    """A merge patch (a dict), or a JSON patch (a list of RFC 6902 operations: for one item of
+    a list, which a merge patch would replace whole; its `test` operations guard it)."""
     ref: Ref
-    patch: dict
+    patch: dict | list
 
 
 @dataclass(frozen=True)

@@ -324,6 +324,14 @@ def _set_finalizers(ref: Ref, finalizers: list[str], resource_version: str) -> N
 
 def _patch(action: Patch) -> None:
     ref = action.ref  # (metadata.uid in the patch: only that incarnation)
+    if isinstance(action.patch, list):
+        try:
+            kube.json_patch(ref.api_version, ref.kind, ref.name, ref.namespace,
+                            [{"op": "test", "path": "/metadata/uid", "value": ref.uid}, *action.patch])
+        except ApiException as exc:
+            if exc.status not in (404, 409, 422):  # gone, or changed since (a `test` failed)
+                raise
+        return
     patch = {**action.patch, "metadata": {**action.patch.get("metadata", {}), "uid": ref.uid}}
     try:
         kube.patch(ref.api_version, ref.kind, ref.name, ref.namespace, patch)

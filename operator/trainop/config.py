@@ -76,6 +76,12 @@ Format (every key optional; camelCase like Helm values):
                                      # grants `patch` on nodes, limited to that taint)
       maxTaintedNodes: 2             # never more nodes of the cluster with the taint at once
                                      # (counted from the nodes; an admin removes it)
+    kueue:
+      workloadSlices: false          # true once Kueue runs with its ElasticJobsViaWorkloadSlices
+                                     # feature gate (alpha in v0.17): an elastic job's Workload
+                                     # shrinks in place and grows through a replacement slice,
+                                     # keeping its reservation (docs/elastic.md); false: a new
+                                     # Workload per size, queued again
     blob:
       # Endpoints an accountURL (DataStage source, job output) may name besides https:// on Azure
       # Storage's own host suffixes (blob.AZURE_BLOB_SUFFIXES). scheme://host[:port][/path]: the
@@ -314,6 +320,7 @@ class Config:
     gang_scheduler_name: str | None = None   # gangScheduling.schedulerName
     allowed_queues: tuple[str, ...] = ()     # gangScheduling.allowedQueues (Volcano)
     fabric: Fabric = field(default_factory=Fabric)   # infiniband.*, preflight.*
+    kueue_workload_slices: bool = False      # kueue.workloadSlices
 
     def section(self, name: str) -> dict:
         return copy.deepcopy(self.raw.get(name) or {})
@@ -437,7 +444,8 @@ def from_dict(data: dict | None) -> Config:
                   empty_dir_size_limit=None if empty_dir is None else str(empty_dir),
                   max_checkpoint_grace_seconds=grace_cap,
                   pod_template_allow=_pod_template_allow(raw),
-                  fabric=_fabric(raw), **_gang_scheduling(raw))
+                  fabric=_fabric(raw), kueue_workload_slices=_switch(raw, "kueue", "workloadSlices"),
+                  **_gang_scheduling(raw))
 
 
 GANG_SCHEDULERS = ("scheduler-plugins", "volcano")

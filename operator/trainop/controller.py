@@ -96,6 +96,7 @@ class Controller:
         self.failures: dict[tuple, int] = {}   # key -> consecutive failed reconciles
         self.said: dict[tuple, tuple] = {}     # key -> (phase, waiting) last logged
         self.departed: dict[tuple, dict] = {}  # (ns, job) -> pod name -> last state (deleted)
+        self.lost_seen: set[str] = set()  # nodes judged lost, until they report again (node_back)
         self.tasks: list[asyncio.Task] = []
         self.memo = Memos()  # what decide() may remember between reconciles (memo.py)
         self.gate = gate.Gate(self.memo)  # the native admission queue, asked before decide
@@ -165,16 +166,29 @@ class Controller:
             self.wake_gate(namespace)
 
     def wake_waiting_for_nodes(self) -> None:
+        """A node came or went: the jobs waiting for a matching node, and the elastic ones below
+        their largest size (their grow compares the pool's nodes: jobsync/elastic.py)."""
         for (namespace, name), store in self.ix["dtj_bodies"].items():
             for body in store:
-                cond = conditions.get_condition((body.get("status") or {}).get("conditions"),
-                                                "Created")
-                if cond and cond.get("reason") == "NoMatchingNodes":
+                status = body.get("status") or {}
+                cond = conditions.get_condition(status.get("conditions"), "Created")
+                shrunk = (status.get("elastic") or {}).get("workers", 0) < \
+                    ((body.get("spec") or {}).get("workers") or 0)
+                if cond and cond.get("reason") == "NoMatchingNodes" or shrunk:
                     self.enqueue_job(namespace, name)
+
+    def node_back(self, node: str) -> None:
+        """A node judged lost is no more (its kubelet reports again): the pool has its room
+        back, which a shrunk elastic gang grows into (only nodes seen lost: a cheap check on
+        every other node update)."""
+        if node in self.lost_seen:
+            self.lost_seen.discard(node)
+            self.wake_waiting_for_nodes()
 
     def wake_jobs_on_node(self, node: str) -> None:
         """A node was judged lost: the jobs with a pod bound to it (a scan of the pod cache,
         only on such an event: a lost node's object changes a few times, not every heartbeat)."""
+        self.lost_seen.add(node)
         for (namespace, name), store in self.ix["dtj_pods"].items():
             if any((p.get("spec") or {}).get("nodeName") == node for p in store):
                 self.enqueue_job(namespace, name)
@@ -348,7 +362,8 @@ class Controller:
         progress = config_maps.get(render_logship.progress_name(named))
         if progress is not None and not _controlled(progress, uid):
             progress = None
-        workload = next((w for w in self._all("dtj_workloads", ck) if _controlled(w, uid)), None)
+        workload, workload_slice, replaced = kueue.pick(
+            [w for w in self._all("dtj_workloads", ck) if _controlled(w, uid)])
         pod_group = next((g for ix in ("dtj_podgroups_plugins", "dtj_podgroups_volcano")
                           for g in self._all(ix, ck) if _controlled(g, uid)), None)
         flavors = {n: f for n in kueue.flavor_names(workload)
@@ -364,12 +379,14 @@ class Controller:
             config_map=config_maps.get(render_dtj.config_map_name(named)),
             progress=progress, network_policy=self._one("dtj_netpols", ck),
             ssh_secret=self.applier.has_ssh_secret(uid),
-            nodes=[] if created else self.nodes(),
+            # an elastic gang's size follows its pool's nodes (jobsync/elastic.py)
+            nodes=[] if created and not (body.get("spec") or {}).get("elastic") else self.nodes(),
             tainted_nodes=tuple(self._all("nodes", (NODE_TAINTED,))),
             lost_nodes={n["name"]: n for n in self._all("nodes", (NODE_LOST,))},
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
             classes=self.priority_classes(),
-            workload=workload, flavors=flavors, pod_group=pod_group,
+            workload=workload, workload_slice=workload_slice, replaced_workloads=replaced,
+            flavors=flavors, pod_group=pod_group,
             problem=self.problems.pop(key, None), memo=self.memo,
             departed=[p for p in self.departed.get(ck, {}).values()
                       if any(_controlled(p, owner) for owner in owners if owner)])

@@ -247,6 +247,13 @@ def patch(api_version: str, kind: str, name: str, namespace: str | None, body: d
                    content_type="application/merge-patch+json")
 
 
+def json_patch(api_version: str, kind: str, name: str, namespace: str | None,
+               operations: list[dict]) -> dict:
+    """JSON patch (RFC 6902): the operations in order, none applied if a `test` fails (422)."""
+    return request("PATCH", path(api_version, kind, namespace, name), body=operations,
+                   content_type="application/json-patch+json")
+
+
 def owner_reference(owner: dict) -> dict:
     return {"apiVersion": owner["apiVersion"], "kind": owner["kind"],
             "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],

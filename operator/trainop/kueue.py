@@ -42,10 +42,11 @@ import dataclasses
 
 from trainop import conditions, kube
 from trainop import priority as priorities
-from trainop.actions import Delete, PatchStatus, Ref, SetFinalizers
+from trainop.actions import Delete, Patch, PatchStatus, Ref, SetFinalizers
 from trainop.admission import ADMITTED, QUEUED, Decision, pod_sets, shape
 from trainop.memo import Memos
 from trainop.render import common
+from trainop.render import dtj as render
 from trainop.spec import FlavorPlacement, Job, SpecError
 
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
@@ -64,18 +65,80 @@ def workload_name(job_name: str) -> str:
     return f"dtj-{job_name}"
 
 
+# Kueue's workload slices (pkg/workloadslicing, feature gate ElasticJobsViaWorkloadSlices, alpha
+# since v0.13): a Workload marked elastic may lower its pod sets' counts while admitted (the
+# webhook's validateImmutablePodSet lets a count go down, the workload controller updates the
+# usage in its cache); a bigger size is a new Workload naming the one it replaces, which the
+# scheduler admits counting the old one's usage as its own, then finishes the old one
+# (Finished, reason WorkloadSliceReplaced).
+ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
+REPLACES_ANNOTATION = "kueue.x-k8s.io/workload-slice-replacement-for"
+SLICE_REPLACED = "WorkloadSliceReplaced"
+
+
+def slice_name(job_name: str, attempt: int) -> str:
+    """The replacement slice for the attempt that will run at the bigger size."""
+    return f"dtj-{job_name}-a{attempt}"
+
+
 def render_workload(job: Job, queue: str, prio: priorities.Priority = priorities.NONE,
-                    memo: Memos | None = None) -> dict:
+                    memo: Memos | None = None, slices: bool = False,
+                    replaces: dict | None = None, attempt: int = 0) -> dict:
     """One podSet for the workers (count = workers) and one for the MPI launcher; `job` is
-    bound to `prio` (priority.bind), so a PriorityClass is also on the pod templates."""
+    bound to `prio` (priority.bind), so a PriorityClass is also on the pod templates.
+    `slices`: an elastic job's Workload is marked elastic (kueue.workloadSlices); `replaces`:
+    the admitted Workload a bigger slice replaces (named for `attempt`)."""
     spec: dict = {"queueName": queue, "podSets": pod_sets(job, memo)}
     if prio.ref is not None:
         spec["priorityClassRef"] = prio.ref
     spec["priority"] = prio.value
-    return {"apiVersion": API_VERSION, "kind": "Workload",
-            "metadata": common.metadata(workload_name(job.name), job.namespace,
-                                        common.labels(job.name)),
-            "spec": spec}
+    name = slice_name(job.name, attempt) if replaces else workload_name(job.name)
+    meta = common.metadata(name, job.namespace, common.labels(job.name))
+    if slices and job.elastic is not None:
+        meta["annotations"] = {ELASTIC_ANNOTATION: "true"}
+        if replaces:
+            meta["annotations"][REPLACES_ANNOTATION] = \
+                f"{replaces['metadata']['namespace']}/{replaces['metadata']['name']}"
+    return {"apiVersion": API_VERSION, "kind": "Workload", "metadata": meta, "spec": spec}
+
+
+def pick(workloads: list[dict]) -> tuple[dict | None, dict | None, list[dict]]:
+    """The job's Workloads (controlled by it) as (the one it runs on, a bigger slice waiting
+    for admission, slices Kueue replaced). The newest admitted slice wins: Kueue admits a
+    replacement before it finishes the old one."""
+    done = [w for w in workloads if conditions.is_true(_conds(w), "Finished")]
+    replaced = [w for w in done if (conditions.get_condition(_conds(w), "Finished") or {})
+                .get("reason") == SLICE_REPLACED]
+    live = sorted((w for w in workloads if w not in done),
+                  key=lambda w: (w["metadata"].get("creationTimestamp") or "", w["metadata"]["name"]))
+    slices = [w for w in live if REPLACES_ANNOTATION in (w["metadata"].get("annotations") or {})]
+    admitted_slices = [w for w in slices if admitted(w)]
+    if admitted_slices:
+        return admitted_slices[-1], None, replaced
+    base = [w for w in live if w not in slices]
+    if base:
+        return base[0], (slices[-1] if slices else None), replaced
+    return (slices[-1] if slices else (done[-1] if len(done) > len(replaced) else None)), None, replaced
+
+
+def worker_count(wl: dict | None) -> int | None:
+    """The workers' pod set count of a Workload."""
+    for ps in ((wl or {}).get("spec") or {}).get("podSets") or []:
+        if ps.get("name") == render.WORKER_POD_SET:
+            return ps.get("count")
+    return None
+
+
+def scale_down(wl: dict, workers: int) -> Patch:
+    """An elastic Workload's workers' count lowered in place (workload slices): that one item
+    (a merge patch would replace the pod sets' whole list, and the cache holds them slimmed),
+    only if the pod set is still where and what the cache saw."""
+    i, ps = next((i, ps) for i, ps in enumerate(wl["spec"]["podSets"])
+                 if ps.get("name") == render.WORKER_POD_SET)
+    at = f"/spec/podSets/{i}"
+    return Patch(Ref.of(wl), [{"op": "test", "path": f"{at}/name", "value": ps["name"]},
+                              {"op": "test", "path": f"{at}/count", "value": ps["count"]},
+                              {"op": "replace", "path": f"{at}/count", "value": workers}])
 
 
 def _conds(wl: dict | None) -> list[dict]:

@@ -98,6 +98,17 @@ class RunPolicy:
     stall_timeout_seconds: int | None = None  # runPolicy.stallTimeoutSeconds (None: off)
 
 
+@dataclass(frozen=True)
+class Elastic:
+    """`spec.elastic` (docs/elastic.md): the gang's size may go down to `min_workers` when the
+    pool does not give lost workers back within `shrink_after_seconds`, and back up to
+    `max_workers` (always spec.workers) when capacity returns."""
+    min_workers: int
+    max_workers: int
+    shrink_after_seconds: int
+    grow_at_checkpoint: bool
+
+
 # runPolicy.managedBy: the MPI Operator's convention (its own name or absent: it reconciles;
 # anything else, such as MultiKueue's, belongs to another controller and is left alone).
 MANAGED_BY = "trainop.io/operator"
@@ -281,6 +292,7 @@ class Job:
     # Kueue's admitted flavors per pod set ("workers", "launcher"), set by kueue.place once the
     # Workload is admitted; render/dtj.py adds them to the pods' placement.
     flavors: tuple[tuple[str, FlavorPlacement], ...] = ()
+    elastic: Elastic | None = None  # spec.elastic; `workers` is the current size (jobsync/elastic.py)
 
     def flavor(self, pod_set: str) -> FlavorPlacement | None:
         return dict(self.flavors).get(pod_set)
@@ -787,6 +799,7 @@ def parse(body: dict, cfg: Config) -> Job:
         termination_grace_period_seconds=spec.get("terminationGracePeriodSeconds"),
         max_checkpoint_grace_seconds=cfg.max_checkpoint_grace_seconds,
         launcher_as_worker=_launcher_as_worker(spec),
+        elastic=_elastic(spec),
     )
     if job.pod_template:
         # The operator's own fields win: the merge refuses an override that contradicts what
@@ -861,6 +874,51 @@ def _launcher_as_worker(spec: dict) -> bool:
                         "the log shipper uploads worker 0's output folder: use spec.output.pvc "
                         "(shared by every pod) or add a worker instead")
     return True
+
+
+def _elastic(spec: dict) -> Elastic | None:
+    """spec.elastic, checked. spec.workers is the largest size: it is what quota and Kueue
+    admit and what the CRD freezes once admitted, so maxWorkers may only repeat it."""
+    raw = spec.get("elastic")
+    if raw is None:
+        return None
+    workers, low = spec["workers"], raw["minWorkers"]
+    high = raw.get("maxWorkers", workers)
+    if high != workers:
+        raise SpecError("spec.elastic.maxWorkers", f"{high} differs from spec.workers ({workers}), "
+                        f"the largest size the gang is admitted with: set spec.workers: {high} "
+                        f"and leave maxWorkers out (it defaults to spec.workers)")
+    if low > high:
+        raise SpecError("spec.elastic.minWorkers", f"{low} is more than maxWorkers ({high}): "
+                        f"use at most {high}")
+    smaller = [size for size in range(1, high) if high % size == 0]
+    if low < high and not any(size >= low for size in smaller):
+        raise SpecError("spec.elastic.minWorkers", f"no size from {low} to {high - 1} divides "
+                        f"maxWorkers ({high}), so the gang could never shrink: the trainer "
+                        f"shares each global batch evenly among the ranks, in {high} parts per "
+                        f"rank of a full gang; use minWorkers: {smaller[-1]} (the sizes: "
+                        f"{', '.join(map(str, smaller + [high]))})")
+    if (spec.get("mpirun") or {}).get("runLauncherAsWorker"):
+        raise SpecError("spec.elastic", "a launcher that runs ranks is one rank host the gang can "
+                        "never shed: remove spec.mpirun.runLauncherAsWorker (add a worker instead) "
+                        "or spec.elastic")
+    if not _checkpoint_enabled(spec):
+        raise SpecError("spec.elastic", "a resize restarts the gang from its last checkpoint: "
+                        "set spec.checkpoint (a volume claim) or spec.output")
+    if raw["growAtCheckpoint"] and not spec.get("output"):
+        raise SpecError("spec.elastic.growAtCheckpoint", "the operator learns of a new checkpoint "
+                        "from worker 0's log shipper, which runs with spec.output only: set "
+                        "spec.output, or growAtCheckpoint: false (the ranks save on SIGTERM)")
+    return Elastic(min_workers=low, max_workers=high,
+                   shrink_after_seconds=raw["shrinkAfterSeconds"],
+                   grow_at_checkpoint=raw["growAtCheckpoint"])
+
+
+def _checkpoint_enabled(spec: dict) -> bool:
+    ck = spec.get("checkpoint") or {}
+    enabled = ck.get("enabled")
+    return bool((ck.get("volume") or {}).get("claimName") or spec.get("output")) \
+        if enabled is None else bool(enabled)
 
 
 def _launcher_resources(spec: dict, cfg: Config) -> dict:
@@ -943,7 +1001,7 @@ def parse_cached(body: dict, cfg: Config, memo: Memos | None = None) -> Job:
     return memo.parsed.get(cfg, key, lambda: parse(body, cfg))
 
 
-def _node_matches(node: dict, selector: dict[str, str]) -> bool:
+def node_matches(node: dict, selector: dict[str, str]) -> bool:
     labels = node["metadata"].get("labels") or {}
     return all(labels.get(k) == v for k, v in selector.items())
 
@@ -955,7 +1013,7 @@ def capacity_error(job: Job, nodes: list[dict]) -> SpecError | None:
     pool = job.placement
     where = f"node pool {pool.pool!r}" if pool.pool else f"nodeSelector {pool.node_selector}"
     field = "spec.nodePool.name" if pool.pool else "spec.nodePool.nodeSelector"
-    matching = [n for n in nodes if _node_matches(n, pool.node_selector)]
+    matching = [n for n in nodes if node_matches(n, pool.node_selector)]
     if not matching and not pool.autoscale:
         return NoMatchingNodes(field, f"no node matches {where}; check the selector or add "
                                       f"nodes to the pool")
@@ -965,7 +1023,7 @@ def capacity_error(job: Job, nodes: list[dict]) -> SpecError | None:
                          f"worker, but the largest node of {where} has {gpus}; use at most "
                          f"{gpus} and more workers")
     if job.infiniband and matching and \
-            max(_allocatable(n, pool.rdma_resource) for n in matching) < 1:
+            max(allocatable(n, pool.rdma_resource) for n in matching) < 1:
         return SpecError("spec.infiniband", f"no node of {where} has {pool.rdma_resource}; "
                                             f"choose an InfiniBand pool or set infiniband: false")
     if pool.autoscale and gpus and job.gpus_per_worker:
@@ -977,7 +1035,7 @@ def capacity_error(job: Job, nodes: list[dict]) -> SpecError | None:
     return None
 
 
-def _allocatable(node: dict, resource: str) -> int:
+def allocatable(node: dict, resource: str) -> int:
     return int((node.get("status", {}).get("allocatable") or {}).get(resource, 0) or 0)
 
 
@@ -988,7 +1046,7 @@ def node_gpus(pool: Placement, matching: list[dict]) -> int | None:
         return pool.gpus_per_node
     if not matching:
         return None
-    return max(_allocatable(n, pool.gpu_resource) for n in matching)
+    return max(allocatable(n, pool.gpu_resource) for n in matching)
 
 
 def nodes_needed(job: Job, gpus_per_node: int) -> int:

@@ -61,6 +61,7 @@ from trainop import GROUP, VERSION, metrics, phases
 from trainop.config import POOL_LABEL
 from trainop.jobsync.failures import node_lost
 from trainop.jobsync.starting import NOT_STARTING
+from trainop.kueue import ELASTIC_ANNOTATION, REPLACES_ANNOTATION
 from trainop.kueue import GROUP as KUEUE_GROUP
 from trainop.kueue import VERSION as KUEUE_VERSION
 from trainop.render import common
@@ -279,7 +280,13 @@ def slim_workload(body) -> dict:
                 for c in ((ps.get("template") or {}).get("spec") or {}).get(group) or []]
         for group in ("initContainers", "containers")}}}
         for ps in (body.get("spec") or {}).get("podSets") or []]
-    return _obj(body, spec={"podSets": pod_sets}, status=status)
+    out = _obj(body, spec={"podSets": pod_sets}, status=status)
+    # Kueue's workload-slice marks (kueue.pick): which Workload replaces which
+    notes = {k: v for k, v in (body["metadata"].get("annotations") or {}).items()
+             if k in (ELASTIC_ANNOTATION, REPLACES_ANNOTATION)}
+    if notes:
+        out["metadata"]["annotations"] = notes
+    return out
 
 
 @kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=_HAS_JOB)
@@ -484,6 +491,8 @@ async def route_node(type, body, memo: kopf.Memo, **_) -> None:  # noqa: A002
         memo.controller.wake_waiting_for_nodes()
     if type == "MODIFIED" and node_lost(body):  # the gangs with a pod there restart now
         memo.controller.wake_jobs_on_node(body["metadata"]["name"])
+    elif type == "MODIFIED":  # a lost node back: room for a shrunk elastic gang
+        memo.controller.node_back(body["metadata"]["name"])
 
 
 @kopf.on.event(GROUP, VERSION, "datastages")

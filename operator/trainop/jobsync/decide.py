@@ -23,6 +23,7 @@ import datetime as dt
 from trainop import conditions, podgroup, priority
 from trainop.actions import Outcome, SetFinalizers
 from trainop.config import Config
+from trainop.jobsync import elastic
 from trainop.jobsync.data import _data_claim, _show_metrics, _take_checkpoint, _with_save
 from trainop.jobsync.failures import _compact, _fallen_back, attempt, restart_counts
 from trainop.jobsync.gang import _capacity, _child_problem, _children, _run_gang
@@ -31,6 +32,7 @@ from trainop.jobsync.queueing import (
     _admit,
     _kueue_evicted,
     _kueue_finish,
+    _kueue_follow_size,
     _kueue_placement,
     _kueue_workload_stale,
     _suspension,
@@ -72,6 +74,7 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
     if isinstance(parsed, Outcome):
         return parsed
     job, prio = parsed
+    plan.prio = prio
     plan.pod_grace = render.delete_grace_seconds(_with_save(job, st))
     if st.data.get("phase") in TERMINAL:
         return _terminal(plan, job.run_policy, st)
@@ -93,6 +96,7 @@ def _decide(plan: _Plan, st: _Status) -> Outcome:
         if not isinstance(placed, Job):
             return placed
         job = placed
+        _kueue_follow_size(plan, job, st)
     blocked = _child_problem(plan, st)
     if blocked:
         return blocked
@@ -125,7 +129,7 @@ def _parse(plan: _Plan, st: _Status) -> tuple[Job, priority.Priority] | Outcome:
         if st.data.get("phase") not in TERMINAL:
             _finish(st, "Failed", "InvalidSpec", str(exc), plan.now)
         return plan.out
-    job = _fallen_back(job, st)
+    job = elastic.current(_fallen_back(job, st), st)
     return podgroup.bind(job, plan.snap.gang_scheduler, cfg, plan.snap.memo), prio
 
 

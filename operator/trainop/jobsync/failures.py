@@ -62,17 +62,18 @@ def attempt(status: dict | None) -> int:
 
 
 def restart_counts(status: dict | None) -> dict:
-    """status.restarts as {failures, disruptions, spotEvictions, unhealthyNodes, history}; an old int (every
-    restart counted then) becomes that many failures."""
+    """status.restarts as {failures, disruptions, spotEvictions, unhealthyNodes, resizes, history};
+    an old int (every restart counted then) becomes that many failures."""
     old = (status or {}).get("restarts")
     if isinstance(old, dict):
         return {"failures": int(old.get("failures") or 0),
                 "disruptions": int(old.get("disruptions") or 0),
                 "spotEvictions": int(old.get("spotEvictions") or 0),
                 "unhealthyNodes": int(old.get("unhealthyNodes") or 0),
+                "resizes": int(old.get("resizes") or 0),
                 "history": list(old.get("history") or [])}
     return {"failures": int(old or 0), "disruptions": 0, "spotEvictions": 0, "unhealthyNodes": 0,
-            "history": []}
+            "resizes": 0, "history": []}
 
 
 @dataclasses.dataclass

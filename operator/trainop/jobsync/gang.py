@@ -9,7 +9,7 @@ import datetime as dt
 
 from trainop import conditions, podgroup, resume
 from trainop.actions import Apply, Create, CreateSSHSecret, Outcome, force_delete
-from trainop.jobsync import stall, starting
+from trainop.jobsync import elastic, stall, starting
 from trainop.jobsync.data import _with_save
 from trainop.jobsync.fabric import _fabric, _training_transport
 from trainop.jobsync.failures import _gang_failed, _gang_failures, attempt
@@ -147,7 +147,8 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
         (job.launcher == "torchrun" and st.is_true("Running"))
     ended = _judged(plan, job, st, workers, launched, attempt_) or \
         _succeeded(plan, job, st, workers) or \
-        (launched and (_launched(plan, job, st, workers) or stall.judge(plan, job, st, attempt_)))
+        (launched and (_launched(plan, job, st, workers) or stall.judge(plan, job, st, attempt_)
+                       or (job.elastic and elastic.grow(plan, job, st))))
     if ended:
         return ended
     resume_from = resume.plan(job, st.data.get("checkpoint"))
@@ -158,6 +159,12 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
         for_nodes, timed_out = _nodes_waiting(plan, job, st, workers)
         if timed_out:
             return plan.out
+        if for_nodes and job.elastic:
+            pending = [p for p in workers.values() if _unschedulable(p)]
+            shrunk = pending and elastic.shrink(plan, job, st, workers,
+                                                _waiting_since(st, pending, True) or plan.now)
+            if shrunk:
+                return shrunk
         waiting = _gang_waiting(job, st, ready)
         if waiting:
             return plan.wait(for_nodes or waiting)

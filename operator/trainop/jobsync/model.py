@@ -27,6 +27,10 @@ WARN_TRUE = {"Failed", "Restarting", "Evicted"}
 
 WARN_FALSE = {"Created", "DataReady", "Transport", "CheckpointAccepted"}
 
+# Reasons that are news, not trouble, whatever their condition: an elastic gang's resize
+# (jobsync/elastic.py; the disruption that caused a shrink had its own Warning).
+NORMAL_REASONS = {"Resized"}
+
 
 @dataclass
 class JobSnapshot:
@@ -52,6 +56,10 @@ class JobSnapshot:
     classes: priority.Classes = field(default_factory=priority.Classes)  # cluster-scoped
     kueue: bool = False        # Kueue admits this job (spec.queue and Kueue is installed)
     workload: dict | None = None  # its Kueue Workload (the watch cache's, controlled by the job)
+    # an elastic job's bigger Workload slice waiting for admission, and the slices Kueue
+    # replaced (finished) since (kueue.pick)
+    workload_slice: dict | None = None
+    replaced_workloads: list[dict] = field(default_factory=list)
     flavors: dict[str, dict] = field(default_factory=dict)  # the admitted ResourceFlavors by name
     gang_scheduler: str | None = None  # served gang scheduler of the configuration (podgroup.py)
     pod_group: dict | None = None  # its PodGroup, where that scheduler's API is served
@@ -93,6 +101,7 @@ class _Plan:
         # gracePeriodSeconds of the job's pods' deletions (render/dtj.py delete_grace_seconds),
         # set once the job is parsed; None: each pod's own
         self.pod_grace: int | None = None
+        self.prio = priority.NONE  # the job's priority, once judged (a Workload slice's)
 
     def delete(self, obj: dict) -> int:
         self.out.actions.append(delete(obj, self.pod_grace if obj.get("kind") == "Pod" else None))
@@ -165,8 +174,9 @@ def _events(old: list[dict] | None, new: list[dict] | None) -> list[tuple[str, s
             continue
         if before is None and cond["status"] == "False" and cond["type"] not in WARN_FALSE:
             continue  # a gate that was never open closing says nothing new
-        warn = (cond["status"] == "True" and cond["type"] in WARN_TRUE) or \
-            (cond["status"] == "False" and cond["type"] in WARN_FALSE)
+        warn = ((cond["status"] == "True" and cond["type"] in WARN_TRUE) or
+                (cond["status"] == "False" and cond["type"] in WARN_FALSE)) and \
+            cond.get("reason") not in NORMAL_REASONS
         out.append(("Warning" if warn else "Normal", cond.get("reason") or cond["type"],
                     cond.get("message") or ""))
     return out

@@ -146,6 +146,10 @@ def checkpoint_env(job: Job, attempt: int, resume: Resume | None) -> dict[str, s
 def container_env(job: Job, attempt: int = 0, resume: Resume | None = None) -> list[dict]:
     base = {"PYTHONUNBUFFERED": "1", "TRAINOP_JOB_NAME": job.name} | network_env(job) | \
         checkpoint_env(job, attempt, resume)
+    if job.elastic is not None:
+        # The trainer keeps the global batch at this world's at every size (gradient
+        # accumulation), so a resized gang trains the same run (docs/elastic.md).
+        base["TRAINOP_ELASTIC_MAX_WORLD"] = str(elastic_max_world(job))
     if job.run_policy.stall_timeout_seconds:  # each rank's watchdog (trainop_trainer/stall.py)
         base["TRAINOP_STALL_SECONDS"] = str(job.run_policy.stall_timeout_seconds)
     if job.launcher == "mpi" and job.mpi_implementation == "OpenMPI":
@@ -310,6 +314,11 @@ ranks() {
   done
 }
 """
+
+
+def elastic_max_world(job: Job) -> int:
+    """Ranks of the elastic gang at its largest size: maxWorkers x ranks per worker."""
+    return job.elastic.max_workers * job.slots_per_worker
 
 
 def stop_ranks(deadline: int, then: str) -> str:
