@@ -170,10 +170,10 @@ class Controller:
         their largest size (their grow compares the pool's nodes: jobsync/elastic.py)."""
         for (namespace, name), store in self.ix["dtj_bodies"].items():
             for body in store:
-                status = body.get("status") or {}
+                status, spec = body.get("status") or {}, body.get("spec") or {}
                 cond = conditions.get_condition(status.get("conditions"), "Created")
-                shrunk = (status.get("elastic") or {}).get("workers", 0) < \
-                    ((body.get("spec") or {}).get("workers") or 0)
+                shrunk = bool(spec.get("elastic")) and \
+                    (status.get("elastic") or {}).get("workers", 0) < (spec.get("workers") or 0)
                 if cond and cond.get("reason") == "NoMatchingNodes" or shrunk:
                     self.enqueue_job(namespace, name)
 

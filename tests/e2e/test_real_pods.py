@@ -7,6 +7,7 @@ images, batch 8, 2 workers x 1 rank, a few steps.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import subprocess
 import sys
@@ -68,8 +69,8 @@ def with_blob_output(manifest: dict, cluster, namespace: str, azurite) -> None:
 
 def test_horovod_over_ssh_on_real_pods(real_cluster, real_namespace, real_operator, pod_azurite, tmp_path):
     """(a) The PyTorch + Horovod example: workers run sshd, the launcher's mpirun reaches them over
-    ssh by their DNS names, every rank ends with identical parameters, the job Succeeds, the log
-    sidecar ships the log, status.metrics is filled, and `trainop logs` works after the pods go."""
+    ssh by their hostfile names (the launcher's hostAliases: their pod IPs, no cluster DNS), every
+    rank ends with identical parameters, the job Succeeds, the log sidecar ships the log, status.metrics is filled, and `trainop logs` works after the pods go."""
     ns = real_namespace
     manifest = reduced("pytorch-horovod-synthetic.yaml", "hvd")
     with_blob_output(manifest, real_cluster, ns, pod_azurite)
@@ -80,6 +81,10 @@ def test_horovod_over_ssh_on_real_pods(real_cluster, real_namespace, real_operat
     launcher_log = real_cluster.logs(ns, "job/hvd-launcher", "-c", "launcher")
     ranks = digests(launcher_log)
     assert sorted(ranks) == [0, 1] and len(set(ranks.values())) == 1, launcher_log[-3000:]
+    aliases = real_cluster.get("job", "hvd-launcher", "-n", ns)["spec"]["template"]["spec"]["hostAliases"]
+    hostfile = real_cluster.get("configmap", "hvd-mpi", "-n", ns)["data"]["hostfile"]
+    assert [a["hostnames"] for a in aliases] == [[line.split()[0]] for line in hostfile.splitlines()]
+    assert len({ipaddress.ip_address(a["ip"]) for a in aliases}) == 2  # (the ranks met over them)
     metrics = wait_until(lambda: (real_cluster.get("dtj", "hvd", "-n", ns)["status"].get("metrics") or {})
                          .get("final") and real_cluster.get("dtj", "hvd", "-n", ns)["status"]["metrics"],
                          timeout=120, what="final metrics in the status")

@@ -648,3 +648,13 @@ def test_the_crds_are_parsed_once_when_eight_reconciles_ask_at_once(monkeypatch)
     assert len(parsed) == len(list(CRDS_DIR.glob("*.yaml")))  # each file once
     if yaml.__with_libyaml__:
         assert crds._LOADER is yaml.CSafeLoader
+
+
+def test_a_new_node_wakes_no_running_job_that_is_not_elastic(harness):
+    """route_node -> wake_waiting_for_nodes: only jobs waiting for a matching node, and elastic
+    ones below their size (which grow into it), are reconciled; a running fixed-size gang is not."""
+    run_to_running(harness, "j")
+    harness.reconciles.clear()
+    harness.api.store("nodes", node("gpu-new"))
+    harness.settle()
+    assert [k for k in harness.reconciles if k[2] == "j"] == []
