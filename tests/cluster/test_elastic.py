@@ -225,7 +225,9 @@ def test_kueue_workload_follows_the_size_and_a_grow_waits_for_admission(cluster,
         left = wait_until(lambda: (w := workloads(api, "ek")) and "dtj-ek" not in w and w, timeout=30,
                           what="the replaced Workload released")
         assert list(left) == [pending["metadata"]["name"]] and _conds(left[pending["metadata"]["name"]])["Admitted"] == "True"
-        assert reserved_gpus(api, cq) == 16
+        # (the ClusterQueue's status follows the released Workload and the admitted slice a
+        # moment later)
+        wait_until(lambda: reserved_gpus(api, cq) == 16, timeout=30, what="16 GPUs reserved by the grown gang")
         assert resized(api, "ek", "CapacityReturned")["toWorkers"] == 4
     finally:
         next(queue, None)  # the ClusterQueue and flavor deleted
