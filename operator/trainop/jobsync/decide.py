@@ -1,7 +1,7 @@
 """The decisions of a DistributedTrainingJob's reconcile, in mpi-operator's order: defaults and
 parse -> terminal jobs (cleanup, TTL) -> deadline -> suspend -> data -> placement -> Service,
 hostfile, SSH Secret (generated once) -> workers -> failures (gang restart or Failed) -> launcher
-only when every worker is Ready and published in DNS -> status.
+only when every worker is Ready (their pod IPs its hostAliases) -> status.
 
     outcome = jobsync.decide(JobSnapshot(body, pods=..., launcher=...), cfg, now)
     outcome.actions, outcome.status, outcome.events, outcome.requeue_after
