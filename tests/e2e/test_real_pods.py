@@ -29,14 +29,14 @@ MPI_PI_IMAGE = "trainop/mpi-pi:0.1.0"  # built by devcluster/images.py from test
 RUN_TIMEOUT = 600  # seconds for a reduced job on a loaded 2-core machine, cold page cache
 
 
-def reduced(example: str, name: str, steps: int = 5, **spec_changes) -> dict:
+def reduced(example: str, name: str, steps: int = 5, image_size: int = 64, **spec_changes) -> dict:
     """The example with 2 workers x 1 GPU and a small model, as `trainop run --local` reduces it."""
     manifest = yaml.safe_load((EXAMPLES / example).read_text())
     manifest["metadata"] = {"name": name}
     body = manifest["spec"]
     body |= {"workers": 2, "gpusPerWorker": 1}
     body["training"] = dict(body.get("training", {}), batchSize=8, epochs=1, stepsPerEpoch=steps,
-                            imageSize=64, channelsLast=False)
+                            imageSize=image_size, channelsLast=False)
     body["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
     body.update(spec_changes)
     for key in [k for k, v in spec_changes.items() if v is None]:
