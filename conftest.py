@@ -26,6 +26,22 @@ pytest_plugins = [
 GROUPS = ("real-nodes", "kwok")
 
 
+def pytest_configure(config):
+    """xdist 3.8 tells its scheduler a test's group by renaming the test (`<id>@<group>`), which
+    pytest 9.2's node ids no longer take (pytest-dev/pytest-xdist#1386): the groups would be lost
+    without a word, and both workers would start a real-node cluster on one machine."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    if Version(version("pytest")) >= Version("9.2") and Version(version("pytest-xdist")) <= Version("3.8"):
+        raise pytest.UsageError(f"--dist loadgroup groups nothing with pytest {version('pytest')} and pytest-xdist "
+                                f"{version('pytest-xdist')} (pytest-dev/pytest-xdist#1386): install the pytest that "
+                                f"pyproject.toml's extra `test` pins")
+
+
 def _group(item: pytest.Item) -> str | None:
     fixtures = set(getattr(item, "fixturenames", ()))
     if "real_cluster" in fixtures:
@@ -35,8 +51,10 @@ def _group(item: pytest.Item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
 def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist") or config.getoption("dist", "no") != "loadgroup":
+    # Workers collect; xdist gives them `dist` "no" and this flag instead (xdist/remote.py).
+    if not getattr(config.option, "loadgroup", False):
         return
     groups = {item.nodeid: _group(item) for item in items}
     for item in items:

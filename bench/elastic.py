@@ -30,8 +30,8 @@ A return: a new Node of the pool (the autoscaler's).
 
 Simulated ranks (`Ranks`), one per job, read the job as the operator leaves it: while the
 attempt's launcher pod is Running, work accrues at size / maxWorkers per trace second (linear
-scaling: the trainer keeps the global batch with gradient accumulation, so a step at 3 workers
-takes 4/3 as long; real scaling is sub-linear, which favours the smaller size a little more
+scaling: the trainer keeps the global batch with gradient accumulation, so a step at 2 workers
+takes twice as long; real scaling is sub-linear, which favours the smaller size a little more
 than this). Every 10 trace-minutes of full-size work it writes a checkpoint report into the
 job's progress ConfigMap, as worker 0's log shipper does (status.checkpoint, what
 growAtCheckpoint waits for). A new attempt rolls the work back to the last checkpoint: the
