@@ -9,9 +9,9 @@ demo:  ## set up PyTorch + Horovod only, then run the main example locally, redu
 	scripts/bootstrap.sh demo
 	.venv/bin/trainop run examples/pytorch-horovod-synthetic.yaml --local
 
-test:  ## set up everything (adds to what demo installed), then run the whole test suite (what CI runs) on two workers, one per dev cluster
+test:  ## set up everything (adds to what demo installed), then run the whole test suite (what CI runs)
 	scripts/bootstrap.sh test
-	$(PYTEST) -n 2 --dist loadgroup -ra --durations=20; rc=$$?; \
+	$(PYTEST) -ra --durations=20; rc=$$?; \
 	  if [ $$rc = 5 ]; then echo "make test: no tests ran; that is a failure" >&2; exit 1; fi; exit $$rc
 
 unit:  ## only the tests that need no cluster, Azurite or training
