@@ -20,7 +20,9 @@
 #   bash bench/data_pipeline.sh
 # Environment: OUT (output folder, /tmp/data-bench), DATA (/tmp/jpegs; generated when missing),
 # IMAGES (25600), GPUS (all), RUNS (kind:GPUs[:cores per GPU]; kind synthetic or <decode>-<layout>,
-# decode auto | gpu | cpu, layout tar | folder; a kind ending in +compile adds --compile), CORES_PER_GPU (12: the default RUNS' reduced-core
+# decode auto | gpu | cpu, layout tar | folder; a kind ending in +compile adds --compile, one with
+# +perimage crops the device half's images one launch each, TRAINOP_DEVICE_CROP=per-image, the
+# path before issue 27's batched crop: gpu-tar+perimage:2), CORES_PER_GPU (12: the default RUNS' reduced-core
 # cases), REPEAT (3 rounds), DEADLINE (seconds after the start after which no new run starts; none),
 # BATCH (256 per GPU), STEPS (50 per epoch), EPOCHS (3; the first is not timed), PROBE (1), PROBES
 # (the loader_probe variants), TRACE (0; 1: train through bench/spread_trace.py and summarise each
@@ -52,7 +54,8 @@ if [[ ! -d $DATA/tar ]]; then
   echo "generated in $(( $(date +%s) - start )) s"
 fi
 
-# The GPU path's decoders alone (bench/gpu_decode_probe.py): every GPU at once, then one.
+# The GPU path's device half alone (bench/gpu_decode_probe.py: the decoders, then the per-image
+# and the batched crop side by side): every GPU at once, then one.
 if [[ ${DECODE_PROBE:-1} == 1 ]]; then
   for n in "$GPUS" 1; do
     torchrun --standalone --nproc-per-node "$n" bench/gpu_decode_probe.py "$DATA/tar" >"$OUT/decode-probe-$n.log" 2>&1
@@ -70,7 +73,8 @@ for round in $(seq 1 "$REPEAT"); do
 for run in $RUNS; do
   if [[ -n $DEADLINE ]] && (( $(date +%s) - T0 > DEADLINE )); then echo "deadline: no more runs"; break 2; fi
   IFS=: read -r kind n cores <<<"$run"
-  more=() case=$kind
+  more=() case=$kind envs=()
+  if [[ $kind == *+perimage* ]]; then kind=${kind/+perimage/}; envs=(TRAINOP_DEVICE_CROP=per-image); fi
   if [[ $kind == *+compile ]]; then kind=${kind%+compile}; more=(--compile); fi
   case $kind in
     synthetic) src=(--synthetic --num-classes 100) ;;
@@ -88,13 +92,13 @@ for run in $RUNS; do
     "$PY" bench/spread_trace.py --sys "$trace/sys.jsonl" & sys_pid=$!
     nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,utilization.gpu,clocks_throttle_reasons.active \
       --format=csv,noheader -lms 500 >"$trace/gpu.csv" 2>/dev/null & smi_pid=$!
-    TRACE_DIR="$trace" "${pin[@]}" torchrun --standalone --nproc-per-node "$n" bench/spread_trace.py --framework pytorch \
+    env TRACE_DIR="$trace" "${envs[@]}" "${pin[@]}" torchrun --standalone --nproc-per-node "$n" bench/spread_trace.py --framework pytorch \
       --backend native "${src[@]}" --precision bf16 --channels-last --batch-size "$BATCH" --epochs "$EPOCHS" \
       --steps-per-epoch "$STEPS" --output-dir "/tmp/data-bench-$kind-$n" "${more[@]}" ${EXTRA:-} >"$log" 2>&1
     kill "$sys_pid" "$smi_pid"; wait "$sys_pid" "$smi_pid" 2>/dev/null
     BATCH="$BATCH" "$PY" bench/spread_trace.py --summary "$trace" >>"$OUT/trace-summary.jsonl"
   else
-    "${pin[@]}" torchrun --standalone --nproc-per-node "$n" -m trainop_trainer --framework pytorch --backend native "${src[@]}" \
+    env "${envs[@]}" "${pin[@]}" torchrun --standalone --nproc-per-node "$n" -m trainop_trainer --framework pytorch --backend native "${src[@]}" \
       --precision bf16 --channels-last --batch-size "$BATCH" --epochs "$EPOCHS" --steps-per-epoch "$STEPS" \
       --output-dir "/tmp/data-bench-$kind-$n" "${more[@]}" ${EXTRA:-} >"$log" 2>&1
   fi

@@ -66,6 +66,34 @@ def test_nvjpeg_on_the_gpu_follows_the_contract(image_folder):
     _assert_agree(cpu, gpu, labels, labels2, dataset)  # labels stay on the CPU (the reader makes them)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch_data._device_crop() is None,
+                    reason="CUDA-only part: the batched crop (Triton) on a GPU (none here)")
+@pytest.mark.parametrize("size", [SIZE, 224])
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
+def test_the_batched_crop_is_the_per_image_resize(monkeypatch, size, memory_format):
+    """device_crop (one launch per batch) against the per-image ATen resize it replaces, on noise
+    (the hardest case for a filter): downscales up to 60x, upscales, whole-image, one-pixel-wide
+    and tiny crops, flipped or not, contiguous (torchvision's) and HWC (nvImageCodec's) images."""
+    device = torch.device("cuda")
+    rng = np.random.default_rng(0)
+    images, boxes = [], []
+    for k in range(24):
+        h, w = (int(v) for v in rng.integers(16, 2000, size=2))
+        image = torch.from_numpy(rng.integers(0, 256, (3, h, w), dtype=np.uint8)).to(device)
+        images.append(image.permute(1, 2, 0).contiguous().permute(2, 0, 1) if k % 3 == 2 else image)
+        cw, ch = [(w, h), (1, h), (min(w, 3), min(h, 5)), (int(rng.integers(1, w + 1)), int(rng.integers(1, h + 1)))][k % 4]
+        boxes.append((int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1)), cw, ch))
+    boxes, flips = torch.tensor(boxes, dtype=torch.int64), torch.from_numpy(rng.random(24) < 0.5)
+    monkeypatch.setenv("TRAINOP_DEVICE_CROP", "per-image")
+    assert torch_data.crop_way(device) == "per-image"
+    reference = torch_data.crop_batch(images, boxes, flips, size, device, memory_format)
+    monkeypatch.delenv("TRAINOP_DEVICE_CROP")
+    assert torch_data.crop_way(device) == "batched"
+    out = torch_data.crop_batch(images, boxes, flips, size, device, memory_format)
+    assert out.shape == reference.shape == (24, 3, size, size) and out.is_contiguous(memory_format=memory_format)
+    assert float((out - reference).abs().max()) < 1e-3  # normalised units: 0.06 of a grey level
+
+
 def test_split_batches_share_the_decode_between_cpu_and_device(image_tars):
     """`split`: the worker decodes the first part of each batch, the device the rest; the batch is
     the same images, in plan order, as the all-CPU path gives (to a grey level or so)."""

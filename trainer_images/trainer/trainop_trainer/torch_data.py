@@ -9,8 +9,10 @@ Decode paths, one augmentation contract (data.py):
 - `gpu` (`--decode gpu`): a worker reads a batch's bytes (files, or tar members coalesced into
   sequential reads), parses the JPEG headers and draws each crop and flip; it returns ONE flat
   uint8 tensor of the encoded images plus small tensors of offsets, boxes, flips and labels. A
-  thread of the rank's process decodes them (`DeviceDecoder`, batched), crops, resizes, flips and
-  normalises on the device, on a side stream, a couple of batches ahead of the training step.
+  thread of the rank's process decodes them (`DeviceDecoder`, batched), then crops, resizes, flips
+  and normalises them on the device in one launch per batch (`crop_batch`: device_crop's Triton
+  kernel; per image where there is no Triton), on a side stream, a couple of batches ahead of the
+  training step.
 - `split` (the default when the job has GPUs): the first `cpu_share` of every batch goes the `cpu`
   way, the rest the `gpu` way: the workers take what they keep up with at the rates measured on
   this host at start-up (`cpu_share`: a worker's decode rate under load, the model's training
@@ -43,6 +45,7 @@ An elastic run's plan is `data.GlobalPlan` (its batches are micro-batches, `accu
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import sys
@@ -262,12 +265,25 @@ def _cpu_decode(view: torch.Tensor) -> torch.Tensor:
 def decode_batch(encoded, offsets, boxes, flips, image_size: int, device: torch.device, memory_format,
                  decoder: DeviceDecoder | None = None) -> torch.Tensor:
     """The GPU path's device half: decode (`decoder`; by default the device's, DeviceDecoder), then
-    the contract's crop, bilinear antialiased resize, flip and normalisation on `device`."""
+    the contract's crop, bilinear antialiased resize, flip and normalisation on `device`: on a GPU
+    with Triton, all in one launch per batch (device_crop); elsewhere, or on
+    TRAINOP_DEVICE_CROP=per-image, a resize launch per image."""
     decoder = decoder if decoder is not None else DeviceDecoder(device)
-    bounds = offsets.tolist()
-    views = [encoded[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
-    images = decoder.decode(views)
-    out = torch.empty((len(views), 3, image_size, image_size), dtype=torch.float32, device=device)
+    views = list(encoded.split(torch.diff(offsets).tolist()))  # one call, not a slice per image
+    return crop_batch(decoder.decode(views), boxes, flips, image_size, device, memory_format)
+
+
+def crop_batch(images: list[torch.Tensor], boxes, flips, image_size: int, device: torch.device,
+               memory_format) -> torch.Tensor:
+    """Decoded (3, H, W) uint8 images on `device` -> the contract's crops (`boxes`: x, y, w, h),
+    resized, flipped and normalised: float32 (N, 3, image_size, image_size) in `memory_format`."""
+    batched = _batched_crop(device)
+    if batched is not None:
+        out = torch.empty((len(images), 3, image_size, image_size), dtype=torch.float32, device=device,
+                          memory_format=memory_format)
+        batched.crop_resize(images, boxes, flips, out)
+        return out
+    out = torch.empty((len(images), 3, image_size, image_size), dtype=torch.float32, device=device)
     # One resize per image (the crops differ in size), written in place through the ATen op:
     # F.interpolate's Python checks and a copy per image would hold the GIL the training thread
     # needs. Flip and normalisation run once per batch.
@@ -279,6 +295,29 @@ def decode_batch(encoded, offsets, boxes, flips, image_size: int, device: torch.
         out[flipped] = out[flipped].flip(-1)
     out.sub_(MEAN255.to(device)).div_(STD255.to(device))
     return out.contiguous(memory_format=memory_format)
+
+
+def _batched_crop(device: torch.device):
+    """device_crop (the one-launch crop and resize) where it runs: a CUDA device, Triton
+    installed (it comes with torch's CUDA wheels), and not TRAINOP_DEVICE_CROP=per-image (the
+    per-image path, kept for CPU devices and for comparison: bench/gpu_decode_probe.py)."""
+    if device.type != "cuda" or os.environ.get("TRAINOP_DEVICE_CROP", "batched") == "per-image":
+        return None
+    return _device_crop()
+
+
+def crop_way(device: torch.device) -> str:
+    """How crop_batch crops on `device` (the trainer's start-up line says it)."""
+    return "batched" if _batched_crop(device) is not None else "per-image"
+
+
+@functools.cache
+def _device_crop():
+    try:
+        from trainop_trainer import device_crop  # noqa: PLC0415 (needs Triton: GPU images only)
+    except ImportError:
+        return None
+    return device_crop
 
 
 def cpu_share(decode_on: str, workers: int, worker_rate: float = 0.0, appetite: float = 0.0) -> float:
