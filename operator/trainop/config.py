@@ -133,9 +133,12 @@ Format (every key optional; camelCase like Helm values):
                                      # namespace (docs/datastage.md, docs/security.md M8)
       server: ganesha                # the provisioned server: ganesha (NFS-Ganesha, non-root, one
                                      # capability) or kernel (kernel nfsd: a privileged pod)
-      nfsClientCIDRs: [10.224.0.0/16]  # where kubelets mount a provisioned server from (the
-                                       # node subnets); admitted by its NetworkPolicy and, with
-                                       # ganesha, its export's client list (required there)
+      nfsClientCIDRs: []             # more clients of every provisioned server, beside the ones
+                                     # it always serves: its DataStage's readers (the pods, and
+                                     # the nodes their kubelets mount from); admitted by its
+                                     # NetworkPolicy and its export's client list. Optional: a
+                                     # node subnet here admits every node (and, with Azure CNI,
+                                     # every pod) in it
 """
 
 from __future__ import annotations

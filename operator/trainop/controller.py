@@ -43,7 +43,7 @@ from trainop import (
 )
 from trainop.actions import Problem
 from trainop.config import Config
-from trainop.handlers.indexes import NODE_LOST, NODE_POOL, NODE_TAINTED
+from trainop.handlers.indexes import NODE_ADDRESS, NODE_LOST, NODE_POOL, NODE_TAINTED
 from trainop.memo import Memos
 from trainop.render import dtj as render_dtj
 from trainop.render import logship as render_logship
@@ -426,7 +426,11 @@ class Controller:
             claims={r for r in refs if (ns, r) in self.ix["claims"]},
             service=self._one("stage_services", (ns, name, "Service")),
             statefulset=self._one("stage_statefulsets", (ns, name, "StatefulSet")),
-            copy_jobs=self._all("stage_jobs", (ns, name, "Job")))
+            copy_jobs=self._all("stage_jobs", (ns, name, "Job")),
+            readers=[(r["podIP"], self._one("nodes", (NODE_ADDRESS, r["nodeName"])) or "")
+                     for r in self._all("stage_readers", (ns, name))],
+            server_pod=self._one("stage_pods", (ns, name, "Pod")),
+            clients=self._one("stage_configmaps", (ns, name, "ConfigMap")))
 
     async def _reconcile_stage(self, key: tuple) -> None:
         snap = self.stage_snapshot(key)

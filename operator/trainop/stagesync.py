@@ -73,6 +73,10 @@ class StageSnapshot:
     copy_jobs: list[dict] = field(default_factory=list)  # label trainop.io/datastage=<name>
     volume: dict | None = None  # the PV named render.volume_name(uid), read by name (not watched)
     progress: dict | None = None  # the stager's progress ConfigMap, read by name (not watched)
+    readers: list[tuple[str, str]] = field(default_factory=list)  # (pod IP, its node's InternalIP)
+    #                                  of each running pod labelled as reading it ("" while unknown)
+    server_pod: dict | None = None  # the Ganesha server's pod (its CLIENTS_ANNOTATION)
+    clients: dict | None = None     # its clients ConfigMap
 
 
 class _Status:
@@ -156,7 +160,7 @@ def check_allowed(stage: Stage, cfg: Config) -> None:
     """What only the cluster admin may open up: the account endpoint credentials are sent to, the
     existing NFS exports a namespace may mount (a PV is cluster-wide, and the copy Job mounts the
     export read-write: without this, any namespace could overwrite any export the nodes reach),
-    provisioned servers (a privileged pod in the tenant's namespace), the mount options, and the
+    provisioned servers (an NFS server pod in the tenant's namespace), the mount options, and the
     ServiceAccount the copy pod runs as (with its Role bound to it): like a job's upload account,
     one the admin lists in blob.allowedServiceAccounts, else a user who may create DataStages but
     not pods would run pods as any identity of the namespace."""
@@ -177,11 +181,6 @@ def check_allowed(stage: Stage, cfg: Config) -> None:
                         "in your namespace); use destination.volumeClaim or an allowed "
                         "destination.nfs export, or ask the cluster admin to set "
                         "datastage.allowProvisionedServers")
-    if stage.provisioned and cfg.nfs_server == "ganesha" and not cfg.nfs_client_cidrs:
-        raise SpecError("spec.destination.provision",
-                        "the provisioned NFS server exports only to datastage.nfsClientCIDRs (the "
-                        "node subnets kubelets mount from), which is empty in this cluster: no node "
-                        "could mount it; ask the cluster admin to set datastage.nfsClientCIDRs")
     if stage.nfs_server is None:
         return
     ask = ("ask the cluster admin to add it to datastage.allowedNfsExports in the operator "
@@ -263,7 +262,9 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
     server = stage.nfs_server
     if stage.provisioned:
         # the policy first, so the server never serves unprotected
-        actions.append(Apply(render.network_policy(stage, cfg), body, None))
+        actions.append(Apply(render.network_policy(stage, cfg, snap.readers), body, None))
+        if cfg.nfs_server == "ganesha":
+            actions += _clients(stage, cfg, snap)
         service, statefulset = render.server_objects(stage, cfg, (body.get("status") or {}).get("server"))
         actions += [Apply(service, body, _version(snap.service)),
                     Apply(statefulset, body, _version(snap.statefulset))]
@@ -308,6 +309,20 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
     if out.status["phase"] == "Copying":  # the report is read, not watched: look again
         out.requeue_after = float(render.stage_settings(cfg)["progressIntervalSeconds"])
     return out
+
+
+def _clients(stage: Stage, cfg: Config, snap: StageSnapshot) -> list:
+    """The Ganesha server's client list (render.export_clients) into its ConfigMap; once the
+    cache shows the ConfigMap with it (so the kubelet's watch has it too), the list's digest
+    onto the server's pod, which makes its kubelet update the mounted file now."""
+    config_map = render.clients_config_map(stage, render.export_clients(cfg, snap.readers))
+    if (snap.clients or {}).get("data") != config_map["data"]:
+        return [Apply(config_map, snap.body, _version(snap.clients))]
+    pod, digest = snap.server_pod, render.clients_digest(config_map)
+    if pod is None or pod["metadata"].get("deletionTimestamp") or \
+            pod["metadata"].get("annotations", {}).get(render.CLIENTS_ANNOTATION) == digest:
+        return []
+    return [Patch(Ref.of(pod), {"metadata": {"annotations": {render.CLIENTS_ANNOTATION: digest}}})]
 
 
 def _released(volume: dict | None, uid: str) -> bool:

@@ -168,7 +168,7 @@ def test_provisioned_server_network_policy_admits_exactly_the_stages_job_pods(cl
             admitted = set()
             for peer in rule._from:
                 if peer.ip_block:
-                    continue  # node subnets (datastage.nfsClientCIDRs): none configured here
+                    continue  # the readers' nodes (where kubelets mount from) and datastage.nfsClientCIDRs
                 # no namespaceSelector: the peer is in the policy's own namespace only
                 assert peer.namespace_selector is None
                 admitted |= {p.metadata.name for p in api.core.list_namespaced_pod(

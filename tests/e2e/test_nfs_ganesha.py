@@ -6,13 +6,16 @@ pod here can mount the PV the way a kubelet does (docs/datastage.md says what th
 
 Every security property is an attack carried out against the real server: a write through NFS,
 a read from another namespace past the NetworkPolicy, and the same read once the policy is gone
-(as on a cluster whose CNI enforces none), which the export's own client list must refuse.
+(as on a cluster whose CNI enforces none), which the export's own client list must refuse. That
+list is the DataStage's readers' addresses (no datastage.nfsClientCIDRs here): a pod that becomes
+a reader is served once the running server has reloaded it, and one that stops being a reader is
+refused again, without a restart of the server.
 
 One DataStage serves the whole module (staging it is the slow part). The server's disk is a
 hostPath PersistentVolume pre-bound to the StatefulSet's claim: this dev cluster has no disk
 provisioner (on AKS it is an Azure Disk of the DataStage's storage class).
 
-The throughput bench (test_parallel_readers_throughput) runs only with TRAINOP_NFS_BENCH=1.
+The throughput of the same server is a bench, not a test: bench/nfs_readers.py.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import hashlib
 import io
 import os
 import re
-import time
+import threading
 
 import pytest
 from PIL import Image
@@ -78,7 +81,7 @@ def url(server: str, path: str = "") -> str:
 # Lists the export and prints `path sha256` of every file, all read over NFS.
 READ_ALL = """
 set -e
-nfs-ls -R "nfs://$1/?version=4" > /tmp/listing
+timeout 20 nfs-ls -R "nfs://$1/?version=4" > /tmp/listing
 awk '$1 ~ /^-/ {print $NF}' /tmp/listing | while read -r f; do
     printf '%s %s\\n' "$f" "$(nfs-cat "nfs://$1/$f?version=4" | sha256sum | cut -d' ' -f1)"
 done
@@ -92,18 +95,29 @@ def read_all(cluster, namespace: str, pod: str, server: str) -> tuple[int, str, 
     return rc, out, {k: v for k, v in SHA.findall(out) if not k.startswith(".trainop/")}
 
 
+def server_pod(cluster, ns: str) -> dict:
+    (pod,) = cluster.get("pods", "-n", ns, "-l", "trainop.io/role=nfs-server")["items"]
+    return pod
+
+
+def exported_to(cluster, ns: str) -> str:
+    """The client list of the server's last (re)load, from its log."""
+    log = cluster.logs(ns, server_pod(cluster, ns)["metadata"]["name"])
+    return re.findall(r"^nfs-server: exporting \S+ read-only to: (.*)$", log, re.M)[-1]
+
+
 @pytest.fixture(scope="module")
 def staged(real_cluster, pod_azurite, tmp_path_factory, request):
     """One provisioned DataStage, Ready: its files, their Blob checksums, and the server."""
     cluster = real_cluster
     gen = fresh_namespace(cluster, request)
     ns = next(gen)
-    # The export's clients: the reader pod's address alone (on AKS: the node subnet, where kubelets
-    # mount from). Every other pod, the intruder beside it on the same node included, is outside.
+    # The export's clients: the readers' addresses, the pod's and its node's (where a kubelet
+    # mounts from), and no configured subnet. Every other pod, the intruder beside it on the same
+    # node included, is outside.
     run_pods(cluster, ns, [client_pod("reader", {datastage.LABEL_READS_STAGE: STAGE})])
-    reader_ip = cluster.get("pod", "reader", "-n", ns)["status"]["podIP"]
     operator = OperatorProcess(cluster, [ns], tmp_path_factory.mktemp("ganesha-op") / "operator.log", config={
-        "datastage": {"allowProvisionedServers": True, "nfsClientCIDRs": [f"{reader_ip}/32"]}}).start()
+        "datastage": {"allowProvisionedServers": True}}).start()
 
     container = pod_azurite.new_container()
     blobs: dict[str, bytes] = {}
@@ -157,8 +171,7 @@ def staged(real_cluster, pod_azurite, tmp_path_factory, request):
 def test_reader_lists_and_reads_the_blobs_bytes_through_the_server(staged):
     cluster, ns = staged["cluster"], staged["ns"]
     # The server: NFS-Ganesha, non-root, holding CAP_DAC_READ_SEARCH and nothing else.
-    (server_pod,) = cluster.get("pods", "-n", ns, "-l", "trainop.io/role=nfs-server")["items"]
-    log = cluster.logs(ns, server_pod["metadata"]["name"])
+    log = cluster.logs(ns, server_pod(cluster, ns)["metadata"]["name"])
     assert "NFS SERVER INITIALIZED" in log and "Could not create export" not in log, log[-3000:]
     assert "currently set capabilities are: cap_dac_read_search=ep" in log, log[-3000:]
     rc, out, files = read_all(cluster, ns, "reader", staged["server"])
@@ -221,11 +234,67 @@ def test_another_namespace_is_refused_by_the_network_policy(staged, intruder):
     assert "train" not in out and "NFS4ERR" not in out, out  # no NFS reply at all: TCP never got through
 
 
+def test_the_client_list_follows_the_readers_without_a_restart(staged):
+    """A pod of the namespace that is no reader is refused; labelled as one, it reads once the
+    running server has reloaded its list (ConfigMap, kubelet, SIGHUP); unlabelled, its address
+    leaves the list again (the last test sees Ganesha refuse it)."""
+    cluster, ns = staged["cluster"], staged["ns"]
+    before = server_pod(cluster, ns)
+    run_pods(cluster, ns, [client_pod("late", {})])
+    late_ip = cluster.get("pod", "late", "-n", ns)["status"]["podIP"]
+    assert late_ip not in exported_to(cluster, ns)
+    rc, out = sh(cluster, ns, "late", 'timeout 5 nfs-ls "$1"', url(staged["server"]))
+    assert rc != 0 and "train" not in out, out
+    cluster.kubectl("label", "pod", "late", "-n", ns, f"{datastage.LABEL_READS_STAGE}={STAGE}")
+    wait_until(lambda: read_all(cluster, ns, "late", staged["server"])[2] == staged["expected"],
+               timeout=90, interval=1, what="the new reader reading through the reloaded server")
+    after = server_pod(cluster, ns)
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert late_ip in exported_to(cluster, ns)
+    clients = cluster.get("configmap", f"{STAGE}-nfs-clients", "-n", ns)["data"]["clients"].split()
+    reader = cluster.get("pod", "reader", "-n", ns)
+    node = cluster.get("node", reader["spec"]["nodeName"])
+    node_ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+    assert sorted(clients) == sorted({reader["status"]["podIP"], late_ip, node_ip})
+    cluster.kubectl("label", "pod", "late", "-n", ns, f"{datastage.LABEL_READS_STAGE}-")
+    wait_until(lambda: late_ip not in exported_to(cluster, ns), timeout=90, interval=1,
+               what="the server reloaded without the former reader")
+
+
+def watch_exit_codes(cluster, pod: dict) -> tuple[threading.Thread, list[int]]:
+    """The exit codes the pod's container reports until the pod is gone, from a watch started
+    now (a deleted pod's last status is only ever seen on the watch)."""
+    from kubernetes import client, watch
+
+    core, codes, meta = client.CoreV1Api(cluster.api_client()), [], pod["metadata"]
+    stream = watch.Watch()
+
+    def run():
+        for event in stream.stream(core.list_namespaced_pod, meta["namespace"], timeout_seconds=120,
+                                   field_selector=f"metadata.name={meta['name']}",
+                                   resource_version=meta["resourceVersion"]):
+            obj = event["object"]
+            if obj.metadata.uid != meta["uid"]:
+                continue
+            codes.extend(cs.state.terminated.exit_code for cs in obj.status.container_statuses or []
+                         if cs.state.terminated)
+            if event["type"] == "DELETED":
+                stream.stop()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, codes
+
+
 def test_the_server_pod_deleted_comes_back_with_the_same_data(staged):
     cluster, ns = staged["cluster"], staged["ns"]
-    (old,) = cluster.get("pods", "-n", ns, "-l", "trainop.io/role=nfs-server")["items"]
-    # SIGTERM: Ganesha stops cleanly and the container exits 0 (the pod is gone within the grace).
+    old = server_pod(cluster, ns)
+    # SIGTERM: Ganesha stops cleanly and the container exits 0, well within the grace period.
+    watching, codes = watch_exit_codes(cluster, old)
     cluster.kubectl("delete", "pod", "-n", ns, old["metadata"]["name"], "--timeout=60s")
+    watching.join(timeout=60)
+    assert codes and codes[-1] == 0, codes
 
     def back():
         pods = cluster.get("pods", "-n", ns, "-l", "trainop.io/role=nfs-server")["items"]
@@ -239,54 +308,19 @@ def test_the_server_pod_deleted_comes_back_with_the_same_data(staged):
 
 def test_another_namespace_is_refused_by_the_exports_client_list(staged, intruder):
     """Last: the operator stops, so that the NetworkPolicy stays deleted, as on a cluster whose CNI
-    enforces none. The intruder's NFS requests now reach Ganesha, which refuses its address."""
+    enforces none. The NFS requests of the intruder, and of the pod that was a reader until the
+    list dropped it, now reach Ganesha, which refuses both addresses."""
     cluster, ns = staged["cluster"], staged["ns"]
     staged["operator"].stop()
     cluster.kubectl("delete", "networkpolicy", f"{STAGE}-nfs", "-n", ns)
-    outcome = {}
+    for namespace, pod in ((intruder, "intruder"), (ns, "late")):
+        outcome = {}
 
-    def answered():
-        outcome["rc"], outcome["out"] = sh(cluster, intruder, "intruder", 'timeout 20 nfs-ls "$1"', url(staged["server"]))
-        return "NFS4ERR" in outcome["out"] or outcome["rc"] == 0
-    wait_until(answered, timeout=90, interval=1, what="the intruder's requests reaching the server")
-    assert outcome["rc"] != 0 and "NFS4ERR_ACCESS" in outcome["out"], outcome
-    assert "train" not in outcome["out"]
+        def answered():
+            outcome["rc"], outcome["out"] = sh(cluster, namespace, pod, 'timeout 20 nfs-ls "$1"', url(staged["server"]))
+            return "NFS4ERR" in outcome["out"] or outcome["rc"] == 0
+        wait_until(answered, timeout=90, interval=1, what=f"{pod}'s requests reaching the server")
+        assert outcome["rc"] != 0 and "NFS4ERR_ACCESS" in outcome["out"], (pod, outcome)
+        assert "train" not in outcome["out"]
     # The reader, inside the list, still reads.
     assert read_all(cluster, ns, "reader", staged["server"])[2] == staged["expected"]
-
-
-@pytest.mark.skipif(os.environ.get("TRAINOP_NFS_BENCH") != "1", reason="bench: TRAINOP_NFS_BENCH=1")
-def test_parallel_readers_throughput(staged):
-    """N readers (nfs-cp processes in the reader pod, the one address the export serves), each
-    copying the whole bench set through the server at once: MB/s in all, and per core-second of
-    the server pod's CPU (its cgroup's usage, before and after)."""
-    cluster, ns = staged["cluster"], staged["ns"]
-    files, size = int(os.environ.get("BENCH_FILES", "8")), int(os.environ.get("BENCH_MB", "64")) << 20
-    bench = staged["disk"] / "bench"
-    bench.mkdir(exist_ok=True)
-    for i in range(files):  # written onto the server's disk as the copy Job does (the bench
-        path = bench / f"{i:03d}.bin"  # measures serving, not staging)
-        path.write_bytes(os.urandom(size))
-        os.chown(path, COPY_UID, COPY_UID)
-    (server_pod,) = cluster.get("pods", "-n", ns, "-l", "trainop.io/role=nfs-server")["items"]
-    name = server_pod["metadata"]["name"]
-
-    def server_cpu_s() -> float:
-        _, out = sh(cluster, ns, name, "cat /sys/fs/cgroup/cpu.stat 2>/dev/null || cat /sys/fs/cgroup/cpuacct/cpuacct.usage")
-        found = re.search(r"usage_usec (\d+)", out)
-        return int(found.group(1)) / 1e6 if found else int(out.split()[0]) / 1e9
-
-    # Each reader copies every file to memory (nfs-cp refuses /dev/null) and deletes it.
-    script = ('rm -f /scratch/failed; for r in $(seq $3); do (for f in $(seq -f %03g 0 $(($2 - 1))); do '
-              'nfs-cp "nfs://$1/bench/$f.bin?version=4" /scratch/$r >/dev/null && rm /scratch/$r '
-              '|| touch /scratch/failed; done) & done; wait; test ! -e /scratch/failed')
-    results = []
-    for readers in [int(n) for n in os.environ.get("BENCH_READERS", "1,2,4,8").split(",")]:
-        cpu0, wall0 = server_cpu_s(), time.monotonic()
-        rc, out = sh(cluster, ns, "reader", script, staged["server"], str(files), str(readers))
-        wall, cpu = time.monotonic() - wall0, server_cpu_s() - cpu0
-        assert rc == 0, out
-        total = readers * files * size
-        results.append(f"{readers} readers: {total / 1e6:.0f} MB in {wall:.2f} s = {total / 1e6 / wall:.0f} MB/s; "
-                       f"server CPU {cpu:.2f} s = {total / 1e6 / cpu:.0f} MB per server core-second")
-    print("\n" + "\n".join(results))

@@ -181,21 +181,26 @@ def test_provisioned_server_statefulset_service_and_volume_on_cluster_ip():
     assert container["image"] == "trainop/nfs-server:0.2.0"
     assert container["volumeMounts"] == [{"name": "export", "mountPath": "/exports"},
                                          {"name": "run", "mountPath": "/run/ganesha"},
-                                         {"name": "tmp", "mountPath": "/tmp"}]
+                                         {"name": "tmp", "mountPath": "/tmp"},
+                                         {"name": "clients", "mountPath": "/etc/trainop/nfs-clients", "readOnly": True}]
     assert container["securityContext"] == {
         "runAsUser": 10002, "runAsGroup": 10002, "runAsNonRoot": True, "allowPrivilegeEscalation": True,
         "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]},
         # containerd's RuntimeDefault refuses open_by_handle_at (tests/e2e/test_nfs_ganesha.py)
         "seccompProfile": {"type": "Unconfined"}}
     assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-    assert pod["volumes"] == [{"name": n, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}} for n in ("run", "tmp")]
+    assert pod["volumes"] == [*({"name": n, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}} for n in ("run", "tmp")),
+                              # a volume, not an env var: a new list reaches the running server
+                              {"name": "clients", "configMap": {"name": "imagenet-nfs-clients"}}]
     local = {"type": "Localhost", "localhostProfile": "profiles/ganesha.json"}
     cfg_local = config.from_dict({"datastage": {"nfsClientCIDRs": ["10.224.0.0/16"], "nfsServerSeccompProfile": local}})
     local_sts = render.server_objects(stage, cfg_local)[1]
     assert local_sts["spec"]["template"]["spec"]["containers"][0]["securityContext"]["seccompProfile"] == local
     assert container["env"] == [{"name": "EXPORT_DIR", "value": "/exports"},
-                                {"name": "NFS_CLIENTS", "value": "10.224.0.0/16, 10.225.1.0/24"},
+                                {"name": "CLIENTS_FILE", "value": "/etc/trainop/nfs-clients/clients"},
                                 {"name": "RUN_DIR", "value": "/run/ganesha"}]
+    # the template does not change with the clients: a new reader never restarts the server
+    assert render.server_objects(stage, CFG)[1]["spec"]["template"] == sts["spec"]["template"]
     assert render.server_address(stage, {"spec": {"clusterIP": "10.96.0.77"}}) == "10.96.0.77"
     assert render.server_address(stage, {"spec": {}}) is None
     pv, _ = render.volume_objects(stage, "10.96.0.77")
@@ -265,10 +270,32 @@ def test_provisioned_copy_writes_the_servers_disk_on_its_node():
     assert "affinity" not in render.copy_job(parse_stage(body()), "10.1.2.3", CFG)["spec"]["template"]["spec"]
 
 
-def test_network_policy_admits_the_stages_job_pods_and_the_configured_node_subnets():
+def test_export_clients_are_the_readers_pods_and_nodes_and_the_configured_subnets():
+    """Issue 28: the Ganesha export serves the readers' pod addresses (a client in the pod), their
+    nodes' addresses (the kubelet mounts the PV from its node) and datastage.nfsClientCIDRs;
+    sorted and without repeats, so the ConfigMap changes only when the set does."""
+    stage = parse_stage(body({"provision": {"size": "1Gi"}}))
+    cfg = config.from_dict({"datastage": {"nfsClientCIDRs": ["10.224.0.0/16"]}})
+    readers = [("10.244.1.7", "10.224.0.5"), ("10.244.1.8", "10.224.0.5"), ("", "10.224.0.6"), ("", "")]
+    clients = render.export_clients(cfg, readers)
+    assert clients == ["10.224.0.0/16", "10.224.0.5", "10.224.0.6", "10.244.1.7", "10.244.1.8"]
+    assert render.export_clients(CFG, []) == []  # no reader, no subnet: nobody may mount
+    cm = render.clients_config_map(stage, clients)
+    assert cm == {"apiVersion": "v1", "kind": "ConfigMap",
+                  "metadata": {"name": "imagenet-nfs-clients", "namespace": "team-a",
+                               "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "nfs-clients"}},
+                  "data": {"clients": "10.224.0.0/16\n10.224.0.5\n10.224.0.6\n10.244.1.7\n10.244.1.8\n"}}
+    assert render.clients_config_map(stage, [])["data"] == {"clients": ""}
+    assert render.clients_digest(cm) == render.clients_digest(copy.deepcopy(cm)) != render.clients_digest(None)
+
+
+def test_network_policy_admits_the_stages_job_pods_their_nodes_and_the_configured_node_subnets():
     stage = parse_stage(body({"provision": {"size": "1Gi"}}))
     assert render.network_policy(parse_stage(body()), CFG) is None  # an existing export: not ours
     cfg = config.from_dict({"datastage": {"nfsClientCIDRs": ["10.224.0.0/16"]}})
+    with_nodes = render.network_policy(stage, cfg, [("10.244.1.7", "10.224.0.9"), ("", "fd00::5"), ("10.244.1.8", "")])
+    assert with_nodes["spec"]["ingress"][0]["from"][1:] == [
+        {"ipBlock": {"cidr": "10.224.0.0/16"}}, {"ipBlock": {"cidr": "10.224.0.9/32"}}, {"ipBlock": {"cidr": "fd00::5/128"}}]
     policy = render.network_policy(stage, cfg)
     assert policy["metadata"] == {"name": "imagenet-nfs", "namespace": "team-a",
                                   "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "nfs-server"}}

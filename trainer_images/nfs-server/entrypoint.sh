@@ -1,7 +1,10 @@
 #!/bin/sh
-# Serve $EXPORT_DIR read-only over NFSv4 with NFS-Ganesha (VFS FSAL) to the clients in
-# $NFS_CLIENTS, in the foreground; `exec` so that SIGTERM reaches ganesha.nfsd itself, which
-# stops cleanly (unregisters, closes its connections and exits 0).
+# Serve $EXPORT_DIR read-only over NFSv4 with NFS-Ganesha (VFS FSAL) to the clients listed in
+# $CLIENTS_FILE, and follow that list: the operator keeps it in a ConfigMap (the DataStage's
+# readers and datastage.nfsClientCIDRs: render/datastage.py export_clients), the kubelet updates
+# the mounted file, and on a change this script rewrites the export and sends Ganesha SIGHUP,
+# on which it rereads its exports. SIGTERM is passed to ganesha.nfsd, which stops cleanly
+# (unregisters, closes its connections and exits 0); this script then exits with its status.
 #
 # Privileges: none but CAP_DAC_READ_SEARCH, as uid 10002. The VFS FSAL turns NFS file handles
 # into open files with open_by_handle_at(2), which the kernel allows only to a process holding
@@ -11,18 +14,32 @@
 # RuntimeDefault, which refuses it (render/datastage.py DEFAULTS). Ganesha needs no other: as
 # non-root it cannot and need not switch to a client's uid, because the export is read-only and
 # every client's identity is squashed (below), and nothing here binds a port under 1024.
-set -eu
+set -euf  # -f: no globbing of the list's entries
 
 EXPORT_DIR="${EXPORT_DIR:-/exports}"
 RUN_DIR="${RUN_DIR:-/run/ganesha}"        # writable (an emptyDir): config, pid, recovery
-CLIENTS="${NFS_CLIENTS:-}"                # comma-separated IPs/CIDRs, from the operator
+CLIENTS_FILE="${CLIENTS_FILE:-/etc/trainop/nfs-clients/clients}"  # addresses/CIDRs, one a line
 MINOR_VERSIONS="${NFS_MINOR_VERSIONS:-0, 1}"
-
-if [ -z "$CLIENTS" ]; then
-    echo "nfs-server: NFS_CLIENTS is empty: no client could mount; set datastage.nfsClientCIDRs" >&2
-    exit 2
-fi
+GANESHA="${GANESHA:-/usr/bin/ganesha.nfsd}"
+POLL_SECONDS="${POLL_SECONDS:-1}"
 mkdir -p "$RUN_DIR/recovery"
+
+# The list, comma-separated ("" when the file is empty or absent: nobody may mount yet). Only
+# entries made of address characters (IPv4 or IPv6, with an optional /prefix) get into Ganesha's
+# configuration; anything else is left out with a line on stderr, because the file is a
+# ConfigMap in the tenant's namespace and its text would otherwise be configuration syntax.
+clients() {
+    list=""
+    [ -r "$CLIENTS_FILE" ] || return 0
+    for entry in $(tr ',' ' ' < "$CLIENTS_FILE"); do
+        case "$entry" in
+            *[!0-9A-Fa-f:./]*) echo "nfs-server: client entry '$entry' left out: not an address or CIDR" >&2 ;;
+            *.*.*.*|*:*) list="${list:+$list, }$entry" ;;
+            *) echo "nfs-server: client entry '$entry' left out: not an address or CIDR" >&2 ;;
+        esac
+    done
+    printf '%s' "$list"
+}
 
 # NFSv4 only (4.1 for kubelets' mounts, which the PV pins; 4.0 for libnfs, the user-space client
 # of the tests and the bench, which speaks no 4.1). Graceless: the export is read-only, so there
@@ -30,7 +47,15 @@ mkdir -p "$RUN_DIR/recovery"
 # The export: read-only to the listed clients, nothing to anyone else (Access_Type = None);
 # root squashed to the anonymous uid; AUTH_SYS only; numeric owners (no idmapd). The copy Job
 # writes the disk itself, never over NFS.
-cat > "$RUN_DIR/ganesha.conf" <<CONF
+write_config() {
+    list=$(clients)
+    if [ -n "$list" ]; then
+        client_block="CLIENT { Clients = $list; Access_Type = RO; }"
+    else
+        client_block="# no client listed: nobody may mount"
+    fi
+
+cat > "$RUN_DIR/ganesha.conf.new" <<CONF
 NFS_CORE_PARAM {
     Protocols = 4;
     NFS_Port = 2049;
@@ -59,7 +84,7 @@ EXPORT {
     Access_Type = None;
     Disable_ACL = true;
     FSAL { Name = VFS; }
-    CLIENT { Clients = $CLIENTS; Access_Type = RO; }
+    $client_block
 }
 LOG {
     Default_Log_Level = EVENT;
@@ -67,7 +92,41 @@ LOG {
     Components { DBUS = FATAL; NFS_CB = MAJ; }
 }
 CONF
+    mv "$RUN_DIR/ganesha.conf.new" "$RUN_DIR/ganesha.conf"
+    echo "nfs-server: exporting $EXPORT_DIR read-only to: ${list:-nobody}"
+}
 
-echo "nfs-server: NFS-Ganesha exporting $EXPORT_DIR read-only on 2049/tcp (NFSv4 minor $MINOR_VERSIONS) to $CLIENTS"
+stopping="" server=""
+trap 'stopping=1; [ -z "$server" ] || kill -TERM "$server" 2>/dev/null' TERM INT
+write_config
+echo "nfs-server: NFS-Ganesha on 2049/tcp (NFSv4 minor $MINOR_VERSIONS)"
 grep '^Cap' /proc/self/status >&2 || true
-exec /usr/bin/ganesha.nfsd -F -L STDERR -p "$RUN_DIR/ganesha.pid" -f "$RUN_DIR/ganesha.conf"
+"$GANESHA" -F -L STDERR -p "$RUN_DIR/ganesha.pid" -f "$RUN_DIR/ganesha.conf" &
+server=$!
+[ -z "$stopping" ] || kill -TERM "$server"  # a SIGTERM before it started
+
+# The kubelet swaps the ConfigMap's files atomically (a symlink): compare the list every
+# POLL_SECONDS (inotify-tools would be a package more for a file of a few lines) and, when it
+# changed, rewrite the export and send SIGHUP. Ganesha then rereads its exports ("Reread
+# exports" in its log) and judges the next request, on open connections too, by the new list.
+(
+    seen=$(clients 2>/dev/null)
+    while sleep "$POLL_SECONDS"; do
+        now=$(clients 2>/dev/null)
+        [ "$now" = "$seen" ] && continue
+        write_config
+        kill -HUP "$server" 2>/dev/null || exit 0
+        seen=$now
+    done
+) &
+watcher=$!
+
+rc=0
+wait "$server" || rc=$?
+if [ -n "$stopping" ] && [ "$rc" -gt 128 ]; then  # the trap cut the wait short: Ganesha's own
+    rc=0                                          # status once it is done
+    wait "$server" || rc=$?
+fi
+kill "$watcher" 2>/dev/null || true
+echo "nfs-server: ganesha.nfsd exited with status $rc"
+exit "$rc"

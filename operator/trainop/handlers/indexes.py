@@ -26,9 +26,15 @@ children then fit in tens of MB.
                          (NODE_LOST,)             the nodes whose Ready condition is Unknown (the node
                                                   lifecycle controller's verdict: the kubelet went silent),
                                                   {name, since, message}
+                         (NODE_ADDRESS, name)     its InternalIP (where its kubelet mounts NFS from)
     quotas               ns                       ResourceQuotas
     stage_bodies         (ns, name)               DataStages
-    stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet, copy Jobs
+    stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet, copy Jobs, its
+                                                  Ganesha server's pod (its CLIENTS_ANNOTATION) and
+                                                  its clients ConfigMap (stage_pods, stage_configmaps)
+    stage_readers        (ns, stage)              the running pods labelled LABEL_READS_STAGE with the
+                                                  DataStage's name: {podIP, nodeName} (the export's
+                                                  clients: render/datastage.py export_clients)
     service_accounts     (ns, name)               every ServiceAccount's name (workload identity)
     claims               (ns, name)               every PersistentVolumeClaim's name (volumeClaim)
     priority_classes     name                     PriorityClasses (value, globalDefault)
@@ -78,6 +84,9 @@ JOB_KIND, STAGE_KIND = "DistributedTrainingJob", "DataStage"  # controller.py's 
 LABEL_STAGE = render_stage.LABEL_STAGE
 _HAS_JOB = {LABEL_JOB: kopf.PRESENT}
 _HAS_STAGE = {LABEL_STAGE: kopf.PRESENT}
+_STAGE_SERVER = {LABEL_STAGE: kopf.PRESENT, render_stage.LABEL_ROLE: "nfs-server"}
+_STAGE_CLIENTS = {LABEL_STAGE: kopf.PRESENT, render_stage.LABEL_ROLE: "nfs-clients"}
+_READS_STAGE = {render_stage.LABEL_READS_STAGE: kopf.PRESENT}
 
 
 def _quiet(record: logging.LogRecord) -> bool:
@@ -310,7 +319,7 @@ async def dtj_podgroups_volcano(body, namespace, **_):
 # every watch event, and a cluster's nodes change often (a new 500-node cluster's controller-
 # manager patched each about once a minute for two minutes; three handlers plus the router cost
 # twice what this one does).
-NODE_POOL, NODE_TAINTED, NODE_LOST = "pool", "tainted", "lost"  # the keys' first parts
+NODE_POOL, NODE_TAINTED, NODE_LOST, NODE_ADDRESS = "pool", "tainted", "lost", "address"  # the keys' first parts
 
 
 @kopf.index("v1", "nodes")
@@ -318,7 +327,7 @@ async def nodes(body, **_):
     """A node under (NODE_POOL, its agentpool label): its labels and allocatable; its name
     under (NODE_TAINTED,) when it carries the preflight's taint (preflight.maxTaintedNodes is
     counted from them in decide; apply's TaintNode counts again from the API, against a race);
-    and under (NODE_LOST,) while it is judged lost."""
+    under (NODE_LOST,) while it is judged lost; its InternalIP under (NODE_ADDRESS, name)."""
     meta, labels = body["metadata"], dict(body["metadata"].get("labels") or {})
     # keys a node no longer has leave the index (kopf drops an object's keys not returned)
     out = {(NODE_POOL, labels.get(POOL_LABEL, "")): {
@@ -326,6 +335,10 @@ async def nodes(body, **_):
         "status": {"allocatable": dict((body.get("status") or {}).get("allocatable") or {})}}}
     if any(t.get("key") == UNHEALTHY_TAINT for t in (body.get("spec") or {}).get("taints") or []):
         out[(NODE_TAINTED,)] = meta["name"]
+    address = next((a.get("address") for a in (body.get("status") or {}).get("addresses") or []
+                    if a.get("type") == "InternalIP"), None)
+    if address:
+        out[(NODE_ADDRESS, meta["name"])] = address
     ready = node_lost(body)
     if ready is not None:
         out[(NODE_LOST,)] = {"name": meta["name"], "since": ready.get("lastTransitionTime") or "",
@@ -366,6 +379,31 @@ async def stage_jobs(body, namespace, **_):
     return _stage_child(body, namespace, status=dict(body.get("status") or {}))
 
 
+@kopf.index("v1", "pods", labels=_STAGE_SERVER)
+async def stage_pods(body, namespace, **_):
+    annotations = body["metadata"].get("annotations") or {}
+    pod = _obj(body)
+    pod["metadata"]["annotations"] = {k: annotations[k] for k in (render_stage.CLIENTS_ANNOTATION,)
+                                      if k in annotations}
+    return {(namespace, body["metadata"]["labels"][LABEL_STAGE], "Pod"): pod}
+
+
+@kopf.index("v1", "configmaps", labels=_STAGE_CLIENTS)
+async def stage_configmaps(body, namespace, **_):
+    return _stage_child(body, namespace, data=dict(body.get("data") or {}))
+
+
+@kopf.index("v1", "pods", labels=_READS_STAGE)
+async def stage_readers(body, namespace, **_):
+    """A DataStage's reader while it runs or may (a finished pod's address goes back to the
+    pool, and another namespace's pod may get it)."""
+    if phases.finished(body):
+        return {}
+    st = body.get("status") or {}
+    return {(namespace, body["metadata"]["labels"][render_stage.LABEL_READS_STAGE]): {
+        "podIP": st.get("podIP") or "", "nodeName": (body.get("spec") or {}).get("nodeName") or ""}}
+
+
 @kopf.index("v1", "serviceaccounts")
 async def service_accounts(name, namespace, **_):
     return {(namespace, name): name}
@@ -403,7 +441,8 @@ async def resource_flavors(body, name, **_):
 
 INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps", "dtj_netpols",
            "dtj_workloads", "dtj_podgroups_plugins", "dtj_podgroups_volcano", "nodes", "quotas", "stage_bodies",
-           "stage_services", "stage_statefulsets", "stage_jobs", "service_accounts", "claims",
+           "stage_services", "stage_statefulsets", "stage_jobs", "stage_pods", "stage_configmaps",
+           "stage_readers", "service_accounts", "claims",
            "priority_classes", "workload_priority_classes", "resource_flavors")
 
 
@@ -509,8 +548,16 @@ async def route_stage(type, name, namespace, body, memo: kopf.Memo, **_) -> None
 @kopf.on.event("v1", "services", labels=_HAS_STAGE)
 @kopf.on.event("apps", "v1", "statefulsets", labels=_HAS_STAGE)
 @kopf.on.event("batch", "v1", "jobs", labels=_HAS_STAGE)
+@kopf.on.event("v1", "pods", labels=_STAGE_SERVER)
+@kopf.on.event("v1", "configmaps", labels=_STAGE_CLIENTS)
 async def route_stage_child(body, namespace, memo: kopf.Memo, **_) -> None:
     memo.controller.enqueue_stage(namespace, body["metadata"]["labels"][LABEL_STAGE])
+
+
+@kopf.on.event("v1", "pods", labels=_READS_STAGE)
+async def route_reader(body, namespace, memo: kopf.Memo, **_) -> None:
+    """A reader came, went, or got its node or address: the export's client list follows."""
+    memo.controller.enqueue_stage(namespace, body["metadata"]["labels"][render_stage.LABEL_READS_STAGE])
 
 
 @kopf.on.event("v1", "serviceaccounts")

@@ -2,7 +2,8 @@
 
     stage = spec.parse_stage(obj)                     # the model (spec.py): SpecError naming the field
     datastage.server_objects(stage, cfg)              # provision only: Service + StatefulSet
-    datastage.network_policy(stage, cfg)              # provision only: who may reach the server
+    datastage.network_policy(stage, cfg, readers)     # provision only: who may reach the server
+    datastage.clients_config_map(stage, clients)      # provision (Ganesha) only: whom the export serves
     datastage.volume_objects(stage, server)           # the NFS PV (cluster-scoped) + ROX claim
     datastage.copy_objects(stage, server, cfg)        # stager identity (SA/Role/Binding) + copy Job
     datastage.progress_config_map(stage)              # where the stager reports (progress_report reads it)
@@ -19,7 +20,9 @@ server's disk directly (its claim, on the server's node), since that server expo
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Iterable
 
 from trainop import GROUP
 from trainop.config import Config
@@ -36,6 +39,13 @@ NFS_PORT = 2049
 EXPORT_DIR = "/exports"  # inside the NFS server images (trainer_images/nfs-server, -kernel)
 GANESHA_UID = 10002  # trainer_images/nfs-server's user: not the copy's uid, so it owns no file it serves
 GANESHA_RUN_DIR = "/run/ganesha"  # its writable place (config, pid, recovery): an emptyDir
+CLIENTS_DIR = "/etc/trainop/nfs-clients"  # the clients ConfigMap, mounted in the Ganesha pod
+CLIENTS_KEY = "clients"  # ... its one key: one address or CIDR per line
+# On the Ganesha pod: the digest of the client list its kubelet should have put in CLIENTS_DIR.
+# stagesync writes it once the ConfigMap holds a new list, because a pod update makes the kubelet
+# sync the pod now, its ConfigMap volume included, rather than at its next periodic sync (up to
+# a minute or more, while a new reader's mount keeps failing).
+CLIENTS_ANNOTATION = f"{GROUP}/nfs-clients"
 # The PV's mount option when the DataStage names no version: both servers speak NFSv4 only (one
 # TCP port, no rpcbind or mountd), and 4.1 is what Ganesha is set up and tested for.
 DEFAULT_NFS_VERSION = "nfsvers=4.1"
@@ -95,6 +105,10 @@ def progress_name(stage_name: str) -> str:
     return f"{stage_name}-progress"
 
 
+def clients_name(stage: Stage) -> str:
+    return f"{stage.name}-nfs-clients"
+
+
 def stager_identity_name(stage: Stage) -> str:
     return f"{stage.name}-stager"
 
@@ -140,7 +154,7 @@ def server_objects(stage: Stage, cfg: Config, address: str | None = None) -> lis
     claim_spec: dict = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": stage.capacity}}}
     if stage.storage_class:
         claim_spec["storageClassName"] = stage.storage_class
-    pod_spec = _ganesha_pod(settings, cfg) if cfg.nfs_server == "ganesha" else _kernel_pod(settings)
+    pod_spec = _ganesha_pod(stage, settings) if cfg.nfs_server == "ganesha" else _kernel_pod(settings)
     statefulset = {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": common.metadata(name, stage.namespace, lbl),
@@ -154,12 +168,34 @@ def server_objects(stage: Stage, cfg: Config, address: str | None = None) -> lis
     return [service, statefulset]
 
 
-def export_clients(cfg: Config) -> str:
-    """The Ganesha export's client list (its CLIENT block): `datastage.nfsClientCIDRs`, the node
-    subnets kubelets mount from. Every other address gets Access_Type None (NFS4ERR_ACCESS), so
-    this list is a second wall behind the NetworkPolicy, one that holds where the CNI enforces no
-    policy. stagesync refuses a provisioned DataStage while it is empty."""
-    return ", ".join(cfg.nfs_client_cidrs)
+def export_clients(cfg: Config, readers: Iterable[tuple[str, str]]) -> list[str]:
+    """The Ganesha export's client list (its CLIENT block), sorted: `datastage.nfsClientCIDRs`
+    and, for each reader (a running pod of the namespace labelled LABEL_READS_STAGE with this
+    DataStage's name: (its pod IP, its node's InternalIP), either "" while unknown), both
+    addresses: the node's because the kubelet mounts the PV from its node's address, the pod's
+    for a client in the pod itself. Every other address gets Access_Type None (NFS4ERR_ACCESS),
+    so this list is a second wall behind the NetworkPolicy, one that holds where the CNI
+    enforces no policy, and, unlike a node subnet, one that leaves out the pods of other
+    namespaces where pods take their addresses from the node subnet (Azure CNI)."""
+    found = set(cfg.nfs_client_cidrs)
+    for pod_ip, node_ip in readers:
+        found.update(ip for ip in (pod_ip, node_ip) if ip)
+    return sorted(found)
+
+
+def clients_config_map(stage: Stage, clients: list[str]) -> dict:
+    """What the Ganesha pod reads its client list from (CLIENTS_DIR), at start and whenever it
+    changes: trainer_images/nfs-server's entrypoint rewrites the export and reloads Ganesha
+    (SIGHUP), which applies a new client list to the next request, open connections included."""
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": common.metadata(clients_name(stage), stage.namespace, labels(stage, "nfs-clients")),
+            "data": {CLIENTS_KEY: "".join(f"{c}\n" for c in clients)}}
+
+
+def clients_digest(config_map: dict | None) -> str:
+    """CLIENTS_ANNOTATION's value for the list a clients ConfigMap holds."""
+    data = ((config_map or {}).get("data") or {}).get(CLIENTS_KEY, "")
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 
 def _server_container(settings: dict, image: str) -> dict:
@@ -170,7 +206,7 @@ def _server_container(settings: dict, image: str) -> dict:
             "resources": settings["nfsServerResources"]}
 
 
-def _ganesha_pod(settings: dict, cfg: Config) -> dict:
+def _ganesha_pod(stage: Stage, settings: dict) -> dict:
     """NFS-Ganesha (trainer_images/nfs-server), as uid/gid GANESHA_UID, one capability:
     DAC_READ_SEARCH, without which the kernel refuses open_by_handle_at(2), the call by which
     Ganesha's VFS FSAL opens every file a client names by handle. The image grants it to the
@@ -181,14 +217,17 @@ def _ganesha_pod(settings: dict, cfg: Config) -> dict:
     Seccomp: `nfsServerSeccompProfile` (Unconfined by default: see DEFAULTS). Pod Security:
     `baseline` refuses DAC_READ_SEARCH (and Unconfined), so this pod needs a namespace at
     `privileged` level; it is still no privileged container, holds no root and no other
-    capability, and its root filesystem is read-only (docs/security.md)."""
+    capability, and its root filesystem is read-only (docs/security.md). Its clients come from
+    the clients ConfigMap (clients_config_map), a volume and not an env var, so that a new list
+    reaches the running server without a restart."""
     container = _server_container(settings, settings["nfsServerImage"])
     container["env"] = [{"name": "EXPORT_DIR", "value": EXPORT_DIR},
-                        {"name": "NFS_CLIENTS", "value": export_clients(cfg)},
+                        {"name": "CLIENTS_FILE", "value": f"{CLIENTS_DIR}/{CLIENTS_KEY}"},
                         {"name": "RUN_DIR", "value": GANESHA_RUN_DIR}]
     # /tmp: Ganesha tests the file system for OFD locks with a file there
     container["volumeMounts"] = [*container["volumeMounts"], {"name": "run", "mountPath": GANESHA_RUN_DIR},
-                                 {"name": "tmp", "mountPath": "/tmp"}]
+                                 {"name": "tmp", "mountPath": "/tmp"},
+                                 {"name": "clients", "mountPath": CLIENTS_DIR, "readOnly": True}]
     container["securityContext"] = {
         "runAsUser": GANESHA_UID, "runAsGroup": GANESHA_UID, "runAsNonRoot": True,
         "allowPrivilegeEscalation": True, "readOnlyRootFilesystem": True,
@@ -198,8 +237,9 @@ def _ganesha_pod(settings: dict, cfg: Config) -> dict:
             # SIGTERM: ganesha.nfsd stops its threads and exits 0 in well under a second.
             "terminationGracePeriodSeconds": 30,
             "containers": [container],
-            "volumes": [{"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}
-                        for name in ("run", "tmp")]}
+            "volumes": [*({"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}
+                          for name in ("run", "tmp")),
+                        {"name": "clients", "configMap": {"name": clients_name(stage)}}]}
 
 
 def _kernel_pod(settings: dict) -> dict:
@@ -212,16 +252,19 @@ def _kernel_pod(settings: dict) -> dict:
     return {"containers": [container]}
 
 
-def network_policy(stage: Stage, cfg: Config) -> dict | None:
+def network_policy(stage: Stage, cfg: Config, readers: Iterable[tuple[str, str]] = ()) -> dict | None:
     """Who may reach a provisioned server's NFS port: pods of this namespace that mount this
-    DataStage's claim (LABEL_READS_STAGE, put on job pods by render/dtj.py) and the node subnets
-    in `datastage.nfsClientCIDRs`. The kubelet mounts NFS volumes from its node's address, not
-    the pod's, so under a CNI that applies policy to other nodes' traffic those subnets must be
-    listed. The copy pod needs no entry: it writes the server's disk, not over NFS."""
+    DataStage's claim (LABEL_READS_STAGE, put on job pods by render/dtj.py), the nodes those
+    readers run on (`readers` as in export_clients), and the subnets in `datastage.nfsClientCIDRs`.
+    The kubelet mounts NFS volumes from its node's address, not the pod's, so under a CNI that
+    applies policy to other nodes' traffic the readers' nodes must be listed. The copy pod needs
+    no entry: it writes the server's disk, not over NFS."""
     if not stage.provisioned:
         return None
     sources: list[dict] = [{"podSelector": {"matchLabels": {LABEL_READS_STAGE: stage.name}}}]
-    sources += [{"ipBlock": {"cidr": cidr}} for cidr in cfg.nfs_client_cidrs]
+    nodes = sorted({node_ip for _, node_ip in readers if node_ip})
+    sources += [{"ipBlock": {"cidr": cidr}} for cidr in
+                [*cfg.nfs_client_cidrs, *(f"{ip}/128" if ":" in ip else f"{ip}/32" for ip in nodes)]]
     return {
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
         "metadata": common.metadata(server_name(stage), stage.namespace, labels(stage, "nfs-server")),
