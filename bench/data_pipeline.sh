@@ -20,10 +20,9 @@
 #   bash bench/data_pipeline.sh
 # Environment: OUT (output folder, /tmp/data-bench), DATA (/tmp/jpegs; generated when missing),
 # IMAGES (25600), GPUS (all), RUNS (kind:GPUs[:cores per GPU]; kind synthetic or <decode>-<layout>,
-# decode auto | gpu | cpu, layout tar | folder; a kind ending in +compile adds --compile; with
-# +rank, `gpu` runs its device half in the rank's process (TRAINOP_DEVICE_HALF=rank) rather than in
-# the loader workers, with +perimage it crops one launch per image (TRAINOP_DEVICE_CROP=per-image):
-# gpu-tar+rank+perimage:2 is the GPU path before issue 27's changes), CORES_PER_GPU (12: the default RUNS' reduced-core
+# decode auto | gpu | cpu, layout tar | folder; a kind ending in +compile adds --compile, one with
+# +perimage crops the device half's images one launch each, TRAINOP_DEVICE_CROP=per-image, the
+# path before issue 27's batched crop: gpu-tar+perimage:2), CORES_PER_GPU (12: the default RUNS' reduced-core
 # cases), REPEAT (3 rounds), DEADLINE (seconds after the start after which no new run starts; none),
 # BATCH (256 per GPU), STEPS (50 per epoch), EPOCHS (3; the first is not timed), PROBE (1), PROBES
 # (the loader_probe variants), TRACE (0; 1: train through bench/spread_trace.py and summarise each
@@ -75,8 +74,7 @@ for run in $RUNS; do
   if [[ -n $DEADLINE ]] && (( $(date +%s) - T0 > DEADLINE )); then echo "deadline: no more runs"; break 2; fi
   IFS=: read -r kind n cores <<<"$run"
   more=() case=$kind envs=()
-  if [[ $kind == *+perimage* ]]; then kind=${kind/+perimage/}; envs+=(TRAINOP_DEVICE_CROP=per-image); fi
-  if [[ $kind == *+rank* ]]; then kind=${kind/+rank/}; envs+=(TRAINOP_DEVICE_HALF=rank); fi
+  if [[ $kind == *+perimage* ]]; then kind=${kind/+perimage/}; envs=(TRAINOP_DEVICE_CROP=per-image); fi
   if [[ $kind == *+compile ]]; then kind=${kind%+compile}; more=(--compile); fi
   case $kind in
     synthetic) src=(--synthetic --num-classes 100) ;;

@@ -185,41 +185,6 @@ def test_the_gpu_decode_path_gets_the_same_replacements(bad_set, decode_on, work
     assert loader.bad_samples.count == reference.bad_samples.count == 2
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="CUDA-only part: the device half in spawned workers on a GPU (none here)"))])
-def test_the_device_half_in_the_workers_gives_the_ranks_batches(bad_set, device, monkeypatch, capfd):
-    """`gpu` with loader workers on a GPU: the workers (spawned) run the device half too and hand
-    over finished batches. The same batches, replacements and warnings as the device half in the
-    rank's process, and the same resume position. On the CPU the workers are told to do it."""
-    root, empty, truncated = bad_set
-    ds = data.scan(root)
-    dev = torch.device(device)
-
-    def loader(workers: int, start: int = 0):
-        monkeypatch.setenv("TRAINOP_DEVICE_HALF", "workers" if workers else "rank")
-        made = torch_data.Loader(ds, 0, 1, BATCH, SIZE, 42, workers, "gpu", "random", dev, max_bad_samples=LENIENT)
-        if workers and device == "cpu":
-            made.reader.device_half = (dev, torch.contiguous_format)
-        made.load_state_dict({**made.state_dict(), "batches": start})
-        return made
-
-    in_rank, in_workers = loader(0), loader(2)
-    assert in_rank.reader.device_half is None and in_workers.reader.device_half is not None
-    reference = [next(in_rank) for _ in range(2 * in_rank.plan.batches_per_epoch)]
-    for x, y in reference:
-        x2, y2 = next(in_workers)
-        assert x2.device.type == device and torch.equal(y.cpu(), y2.cpu()) and torch.equal(x, x2)
-    assert in_workers.bad_samples.count == in_rank.bad_samples.count == 2
-    err = capfd.readouterr().err
-    assert len(_warnings(err, empty)) == 2 and len(_warnings(err, truncated)) == 2  # one per loader
-    resumed = loader(2, start=3)
-    for x, y in reference[3:5]:
-        x2, y2 = next(resumed)
-        assert torch.equal(x, x2) and torch.equal(y.cpu(), y2.cpu())
-    for made in (in_rank, in_workers, resumed):
-        made.close()
-
-
 def test_above_the_limit_the_loader_fails_naming_count_limit_flag_and_files(bad_set):
     root, empty, truncated = bad_set
     ds = data.scan(root)

@@ -45,7 +45,6 @@ An elastic run's plan is `data.GlobalPlan` (its batches are micro-batches, `accu
 
 from __future__ import annotations
 
-import collections
 import functools
 import os
 import queue
@@ -90,9 +89,6 @@ class BatchReader(torch.utils.data.Dataset):
         self.samples, self.image_size, self.seed, self.rank, self.train = samples, image_size, seed, rank, train
         # where replacements of bad samples come from (data.candidate): the rank's own samples
         self.pool = np.arange(len(samples)) if pool is None else pool
-        # (device, memory format): the worker runs the device half too (Loader, `gpu` in workers)
-        self.device_half = None
-        self._decoder = None  # the worker's own DeviceDecoder, made at its first batch
 
     def __len__(self):
         return 2 ** 62  # indexed by plan, never by position
@@ -117,11 +113,6 @@ class BatchReader(torch.utils.data.Dataset):
         offsets = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))))
         boxes = torch.tensor([(p.crop.x, p.crop.y, p.crop.w, p.crop.h) for p in rest], dtype=torch.int64).reshape(-1, 4)
         flips = torch.tensor([p.crop.flip for p in rest], dtype=torch.bool)
-        if self.device_half is not None:  # (finished batch on the device, labels, bad samples)
-            device, memory_format = self.device_half
-            self._decoder = self._decoder or DeviceDecoder(device)
-            x = decode_batch(encoded, offsets, boxes, flips, size, device, memory_format, self._decoder)
-            return x, labels, tuple(bad)
         return images, encoded, offsets, boxes, flips, labels, tuple(bad)
 
     def _decode_slot(self, epoch: int, index: int, pick: data.Pick, out: torch.Tensor, bad: list) -> data.Pick:
@@ -137,14 +128,6 @@ class BatchReader(torch.utils.data.Dataset):
                                  first_attempt=pick.attempt + 1)
         bad.extend(met)
         return pick
-
-
-def _device_worker(device: torch.device, worker_id: int) -> None:
-    """A loader worker that runs the device half (spawned, not forked: CUDA does not survive a
-    fork of a process that uses it)."""
-    _one_thread(worker_id)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
 
 
 def decode_into(raw: bytes, crop: data.Crop, image_size: int, out: torch.Tensor) -> None:
@@ -323,12 +306,6 @@ def _batched_crop(device: torch.device):
     return _device_crop()
 
 
-def device_half_in_workers() -> bool:
-    """`gpu` runs the device half in the loader workers (TRAINOP_DEVICE_HALF=workers, the default)
-    or in a thread of the rank's process (=rank, the path before issue 27's second change)."""
-    return os.environ.get("TRAINOP_DEVICE_HALF", "workers") != "rank"
-
-
 def crop_way(device: torch.device) -> str:
     """How crop_batch crops on `device` (the trainer's start-up line says it)."""
     return "batched" if _batched_crop(device) is not None else "per-image"
@@ -460,10 +437,6 @@ class Loader:
         self.rates = rates
         self.cpu_count = round(cpu_share(decode_on, workers, *(rates or (0.0, 0.0))) * batch_size)
         self.workers, self.device, self.memory_format = workers, device, memory_format
-        if decode_on == "gpu" and workers > 0 and device.type == "cuda" and device_half_in_workers():
-            self.reader.device_half = (device, memory_format)
-        # batches finished in the workers, held until the GPU is done with them (`_hold`)
-        self._held: collections.deque = collections.deque()
         self.image_size = image_size
         self.consumed = 0  # batches handed to the training loop: the whole resumable state
         self._queue: queue.Queue | None = None
@@ -484,19 +457,14 @@ class Loader:
 
     def _loader(self):
         cuda = self.device.type == "cuda"
-        in_workers = self.reader.device_half is not None
         return torch.utils.data.DataLoader(
             self.reader, batch_size=None, sampler=_PlanSampler(self.plan, self.consumed, self.cpu_count),
-            num_workers=self.workers, pin_memory=cuda and self.cpu_count > 0, persistent_workers=self.workers > 0,
-            worker_init_fn=(functools.partial(_device_worker, self.device) if in_workers else _one_thread)
-            if self.workers else None, multiprocessing_context="spawn" if in_workers else None,
+            num_workers=self.workers, worker_init_fn=_one_thread if self.workers else None,
+            pin_memory=cuda and self.cpu_count > 0, persistent_workers=self.workers > 0,
             prefetch_factor=2 if self.workers else None)
 
     def _finish(self, item):
         """A worker's item -> (x, y on the device, the bad samples the worker met)."""
-        if len(item) == 3:  # finished by the worker (device_half)
-            x, labels, bad = item
-            return x, labels.to(self.device, non_blocking=True), bad
         images, encoded, offsets, boxes, flips, labels, bad = item
         parts = []
         if len(images):
@@ -562,25 +530,10 @@ class Loader:
             current.wait_event(event)
             x.record_stream(current)  # allocated on the side stream, freed after use on this one
             y.record_stream(current)
-            if self.reader.device_half is not None:
-                self._hold(x, current)
         self.bad_samples.note(bad)
         self.bad_samples.check()  # this rank's alone above the limit: the gang's is too
         self.consumed += 1
         return x, y
-
-    def _hold(self, x: torch.Tensor, current) -> None:
-        """Keep a batch that a worker made until the GPU has run the step that reads it. A worker's
-        memory returns to it when this process drops the tensor, whatever this GPU still has
-        queued (record_stream does not reach another process's allocator), so the previous batch
-        is released only once an event after its step has passed."""
-        if self._held:
-            event = torch.cuda.Event()
-            event.record(current)  # after the previous step's work, queued by now
-            self._held[-1] = (self._held[-1][0], event)
-        while self._held and self._held[0][1] is not None and self._held[0][1].query():
-            self._held.popleft()
-        self._held.append((x, None))
 
     def samples_of(self, n: int) -> list[int]:
         """The samples the plan puts in batch `n` (the slots' own: --sample-log)."""

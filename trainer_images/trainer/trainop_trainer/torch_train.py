@@ -124,7 +124,6 @@ def _folder_batches(cfg: Config, world: World, device: torch.device, memory_form
     print(f"trainop_trainer: rank {world.rank} decodes {loader.cpu_count} of every {cfg.batch_size} images on the "
           f"CPU ({workers} loader workers), the rest on the {device.type.upper()} ({decode_on}"
           + (f", {loader.decoder.name}, {torch_data.crop_way(device)} crop" if loader.decoder is not None else "")
-          + (", in the loader workers" if loader.reader.device_half is not None else "")
           + (f"; measured: {loader.rates[0]:.0f} images/s per worker, the model trains at {loader.rates[1]:.0f}"
              if loader.rates else "") + ")",
           file=sys.stderr, flush=True)
