@@ -9,9 +9,10 @@ passes over them. Parts:
   decode               the decoder alone
   crop:<way>           crop, resize, flip, normalise of batches decoded beforehand
   device_half:<way>    the whole of `torch_data.decode_batch` (decode, then crop and the rest)
-  beside:<way>         the device half running in a thread while this thread launches small
-                       CUDA ops as fast as it can (a stand-in for the training step's launches):
-                       the launches per second it keeps, as a fraction of its rate alone
+  beside:<way>         the device half (or the decode alone) running in a thread while this
+                       thread launches small CUDA ops as fast as it can (a stand-in for the
+                       training step's launches): the launches per second it keeps, as a fraction
+                       of its rate alone; `:python`, the same with a pure-Python loop (the GIL alone)
 <way>: `per-image` (a slice, a conversion and a resize launch per image) and `batched`
 (device_crop: one launch per batch), side by side (--crops). Prints one JSON line per rank and
 decoder: wall images/s and the process's CPU ms per image (all its threads: what the device half
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import threading
 import time
 
@@ -38,13 +40,17 @@ from trainop_trainer import data, torch_data
 SIZE = 224
 
 
-def _launch_rate(seconds: float, stop: threading.Event | None = None) -> float:
-    """Small CUDA ops launched per second from this thread (ends at `seconds` or at `stop`)."""
+def _launch_rate(seconds: float, launcher: str) -> float:
+    """Loop turns per second of this thread: `cuda`, each launches a small CUDA op (as the
+    training step's launches); `python`, pure Python (needs nothing but the GIL)."""
     x = torch.zeros(16, device="cuda")
     n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds and not (stop is not None and stop.is_set()):
+    while time.perf_counter() - start < seconds:
         for _ in range(100):
-            x.add_(1.0)
+            if launcher == "cuda":
+                x.add_(1.0)
+            else:
+                n += 0
         n += 100
     torch.cuda.synchronize()
     return n / (time.perf_counter() - start)
@@ -59,6 +65,7 @@ def main() -> None:
     ap.add_argument("--decoders", default="nvjpeg nvimgcodec nvimgcodec-hw nvimgcodec-cuda")
     ap.add_argument("--crops", default="per-image batched")
     args = ap.parse_args()
+    sys.setswitchinterval(0.0005)  # as the trainer sets it (torch_data.Loader)
     rank, size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     dist.init_process_group("gloo")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -129,11 +136,11 @@ def main() -> None:
                 row[f"{part}_error"] = repr(e)[:300]
                 dist.barrier()
         # The device half beside a launching thread, as in training (the stage thread and the
-        # training thread share the process's GIL).
-        alone = _launch_rate(2.0)
-        row["launches_per_s_alone"] = round(alone)
-        for part, one in parts:
-            if not part.startswith("device_half"):
+        # training thread share the process's GIL), and the decode alone beside it.
+        alone = {launcher: _launch_rate(2.0, launcher) for launcher in ("cuda", "python")}
+        row["launches_per_s_alone"] = round(alone["cuda"])
+        for (part, one), launcher in [(p, launcher) for p in parts for launcher in ("cuda", "python")]:
+            if not part.startswith(("device_half", "decode")):
                 continue
             stop, done = threading.Event(), []
 
@@ -148,11 +155,11 @@ def main() -> None:
             thread = threading.Thread(target=stage)
             start = time.perf_counter()
             thread.start()
-            rate = _launch_rate(3.0)
+            rate = _launch_rate(3.0, launcher)
             stop.set()
             thread.join()
-            way = part.split(":")[1]
-            row[f"beside:{way}_launch_fraction"] = round(rate / alone, 3)
+            way = part.split(":")[-1] + ("" if launcher == "cuda" else ":python")
+            row[f"beside:{way}_launch_fraction"] = round(rate / alone[launcher], 3)
             row[f"beside:{way}_images_per_s"] = round(sum(done) / (time.perf_counter() - start), 1)
         print(json.dumps(row), flush=True)
         decoded.clear()
