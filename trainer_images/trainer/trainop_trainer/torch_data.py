@@ -331,9 +331,10 @@ def cpu_share(decode_on: str, workers: int, worker_rate: float = 0.0, appetite: 
     H100 (docs/benchmarks.md, issue 27) the device decode alone trained at 0.66 of synthetic, and
     a split in proportion to the two decoders' rates (about 45% on the device) at 0.79, against
     0.93-0.99 with every image on the CPU: each image the device decodes costs the rank's own
-    process about 0.1 ms of CPU under the GIL (decode call, crop, resize launch), and that process
-    is the one that launches the training step. No rates (a CPU device, or a measurement that
-    failed): all on the CPU, the path that needs nothing of the device."""
+    process, the one that launches the training step, CPU time (about 0.1 ms then; 0.05-0.08 ms
+    with the batched crop, nearly all of it the decode call, which slows that process's CUDA
+    launches without holding the GIL: 2x H200, 2026-11-28). No rates (a CPU device, or a
+    measurement that failed): all on the CPU, the path that needs nothing of the device."""
     if decode_on in ("cpu", "gpu"):
         return 1.0 if decode_on == "cpu" else 0.0
     if worker_rate <= 0 or appetite <= 0:
