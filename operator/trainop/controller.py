@@ -96,6 +96,7 @@ class Controller:
         self.failures: dict[tuple, int] = {}   # key -> consecutive failed reconciles
         self.said: dict[tuple, tuple] = {}     # key -> (phase, waiting) last logged
         self.departed: dict[tuple, dict] = {}  # (ns, job) -> pod name -> last state (deleted)
+        self.readings: dict[tuple, tuple] = {}  # (ns, pod uid) -> what it reads (reader_seen)
         self.lost_seen: set[str] = set()  # nodes judged lost, until they report again (node_back)
         self.tasks: list[asyncio.Task] = []
         self.memo = Memos()  # what decide() may remember between reconciles (memo.py)
@@ -155,6 +156,20 @@ class Controller:
         """Remember a deleted pod's last state (one per pod name: bounded by the gang's size)
         for the job's next decisions: a worker that vanished names its node and cause."""
         self.departed.setdefault((namespace, job), {})[pod["metadata"]["name"]] = pod
+
+    def reader_seen(self, namespace: str, uid: str, reading: tuple | None) -> None:
+        """A pod's reading of a DataStage (indexes.reading: stage, pod IP, node; None for no
+        reader, or none any more): a change wakes the DataStages concerned, whose Ganesha
+        export serves its readers. Remembered here because a pod that loses the label matches
+        no label filter any more, and its status changes (most of a job pod's events) are no
+        change."""
+        key = (namespace, uid)
+        before = self.readings.pop(key, None)
+        if reading is not None:
+            self.readings[key] = reading
+        if reading != before:
+            for stage in {r[0] for r in (before, reading) if r is not None}:
+                self.enqueue_stage(namespace, stage)
 
     def wake_gate(self, namespace: str) -> None:
         for name in self.gate.wake(namespace):
@@ -429,8 +444,7 @@ class Controller:
             copy_jobs=self._all("stage_jobs", (ns, name, "Job")),
             readers=[(r["podIP"], self._one("nodes", (NODE_ADDRESS, r["nodeName"])) or "")
                      for r in self._all("stage_readers", (ns, name))],
-            server_pod=self._one("stage_pods", (ns, name, "Pod")),
-            clients=self._one("stage_configmaps", (ns, name, "ConfigMap")))
+            server_pod=self._one("stage_pods", (ns, name, "Pod")))
 
     async def _reconcile_stage(self, key: tuple) -> None:
         snap = self.stage_snapshot(key)

@@ -76,7 +76,6 @@ class StageSnapshot:
     readers: list[tuple[str, str]] = field(default_factory=list)  # (pod IP, its node's InternalIP)
     #                                  of each running pod labelled as reading it ("" while unknown)
     server_pod: dict | None = None  # the Ganesha server's pod (its CLIENTS_ANNOTATION)
-    clients: dict | None = None     # its clients ConfigMap
 
 
 class _Status:
@@ -264,7 +263,7 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
         # the policy first, so the server never serves unprotected
         actions.append(Apply(render.network_policy(stage, cfg, snap.readers), body, None))
         if cfg.nfs_server == "ganesha":
-            actions += _clients(stage, cfg, snap)
+            actions += _clients(cfg, snap)
         service, statefulset = render.server_objects(stage, cfg, (body.get("status") or {}).get("server"))
         actions += [Apply(service, body, _version(snap.service)),
                     Apply(statefulset, body, _version(snap.statefulset))]
@@ -311,18 +310,15 @@ def decide(snap: StageSnapshot, cfg: Config, stamp: str) -> Outcome:
     return out
 
 
-def _clients(stage: Stage, cfg: Config, snap: StageSnapshot) -> list:
-    """The Ganesha server's client list (render.export_clients) into its ConfigMap; once the
-    cache shows the ConfigMap with it (so the kubelet's watch has it too), the list's digest
-    onto the server's pod, which makes its kubelet update the mounted file now."""
-    config_map = render.clients_config_map(stage, render.export_clients(cfg, snap.readers))
-    if (snap.clients or {}).get("data") != config_map["data"]:
-        return [Apply(config_map, snap.body, _version(snap.clients))]
-    pod, digest = snap.server_pod, render.clients_digest(config_map)
+def _clients(cfg: Config, snap: StageSnapshot) -> list:
+    """The Ganesha server's client list (render.export_clients) onto its running pod, when the
+    pod's annotation says otherwise (a new pod has none: it serves nobody until then)."""
+    pod = snap.server_pod
+    want = render.clients_annotation(render.export_clients(cfg, snap.readers))
     if pod is None or pod["metadata"].get("deletionTimestamp") or \
-            pod["metadata"].get("annotations", {}).get(render.CLIENTS_ANNOTATION) == digest:
+            pod["metadata"].get("annotations", {}).get(render.CLIENTS_ANNOTATION) == want:
         return []
-    return [Patch(Ref.of(pod), {"metadata": {"annotations": {render.CLIENTS_ANNOTATION: digest}}})]
+    return [Patch(Ref.of(pod), {"metadata": {"annotations": {render.CLIENTS_ANNOTATION: want}}})]
 
 
 def _released(volume: dict | None, uid: str) -> bool:

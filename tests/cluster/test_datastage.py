@@ -23,7 +23,6 @@ from kubernetes.client.exceptions import ApiException
 from tests.fixtures.cluster import server_disk
 from tests.fixtures.waiting import wait_until
 from trainop import blob
-from trainop.render import datastage as render_datastage
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -376,18 +375,14 @@ def test_provisioned_nfs_server_backs_the_volume_with_its_cluster_ip(cluster, na
         assert job.spec.template.spec.volumes[0].persistent_volume_claim.claim_name == "export-served-nfs-0"
         sts = api.apps.read_namespaced_stateful_set("served-nfs", namespace)
         assert sts.status.ready_replicas == 1
-        # NFS-Ganesha, serving its readers (none yet) and the configured node subnet, from its
-        # clients ConfigMap; the list's digest lands on the server pod (its kubelet then updates
-        # the mounted file at once). What the server refuses, and how it follows its readers, is
-        # carried out against the real server in tests/e2e/test_nfs_ganesha.py
+        # NFS-Ganesha, serving its readers (none yet) and the configured node subnet: the list
+        # goes onto the running server pod as an annotation, which the server reads through the
+        # downward API. What the server refuses, and how it follows its readers, is carried out
+        # against the real server in tests/e2e/test_nfs_ganesha.py
         (server,) = sts.spec.template.spec.containers
-        clients = api.core.read_namespaced_config_map("served-nfs-clients", namespace)
-        assert clients.data == {"clients": "10.224.0.0/16\n"}
-        assert clients.metadata.owner_references[0].kind == "DataStage"
         assert {e.name: e.value for e in server.env}["CLIENTS_FILE"] == "/etc/trainop/nfs-clients/clients"
-        digest = render_datastage.clients_digest({"data": clients.data})
         wait_until(lambda: (api.core.read_namespaced_pod("served-nfs-0", namespace).metadata.annotations or {})
-                   .get("trainop.io/nfs-clients") == digest, timeout=30, what="the list's digest on the server pod")
+                   .get("trainop.io/nfs-clients") == "10.224.0.0/16", timeout=30, what="the client list on the server pod")
         assert not server.security_context.privileged and server.security_context.capabilities.add == ["DAC_READ_SEARCH"]
         assert api.condition("served", "ServerReady")["status"] == "True"
         pv_name = api.pv("served").metadata.name

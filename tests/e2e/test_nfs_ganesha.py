@@ -100,10 +100,10 @@ def server_pod(cluster, ns: str) -> dict:
     return pod
 
 
-def exported_to(cluster, ns: str) -> str:
+def exported_to(cluster, ns: str) -> list[str]:
     """The client list of the server's last (re)load, from its log."""
     log = cluster.logs(ns, server_pod(cluster, ns)["metadata"]["name"])
-    return re.findall(r"^nfs-server: exporting \S+ read-only to: (.*)$", log, re.M)[-1]
+    return re.findall(r"^nfs-server: exporting \S+ read-only to: (.*)$", log, re.M)[-1].split(", ")
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +156,10 @@ def staged(real_cluster, pod_azurite, tmp_path_factory, request):
                             what=f"DataStage {STAGE} Ready")
         assert status["phase"] == "Ready", status
         cluster.assert_ran_on_real_nodes(ns, f"trainop.io/datastage={STAGE}")
+        # the reader in the running server's list (the operator annotates the new server pod)
+        reader_ip = cluster.get("pod", "reader", "-n", ns)["status"]["podIP"]
+        wait_until(lambda: reader_ip in exported_to(cluster, ns), timeout=60, interval=1,
+                   what="the reader in the server's client list")
         yield {"ns": ns, "server": status["server"], "expected": expected, "disk": disk,
                "operator": operator, "cluster": cluster}
     finally:
@@ -175,7 +179,7 @@ def test_reader_lists_and_reads_the_blobs_bytes_through_the_server(staged):
     assert "NFS SERVER INITIALIZED" in log and "Could not create export" not in log, log[-3000:]
     assert "currently set capabilities are: cap_dac_read_search=ep" in log, log[-3000:]
     rc, out, files = read_all(cluster, ns, "reader", staged["server"])
-    assert rc == 0, out
+    assert rc == 0, (out, log[-3000:])
     assert files == staged["expected"], out
 
 
@@ -236,8 +240,9 @@ def test_another_namespace_is_refused_by_the_network_policy(staged, intruder):
 
 def test_the_client_list_follows_the_readers_without_a_restart(staged):
     """A pod of the namespace that is no reader is refused; labelled as one, it reads once the
-    running server has reloaded its list (ConfigMap, kubelet, SIGHUP); unlabelled, its address
-    leaves the list again (the last test sees Ganesha refuse it)."""
+    running server has reloaded its list (the server pod's annotation, the kubelet's downward API
+    file, SIGHUP); unlabelled, its address leaves the list again (the last test sees Ganesha
+    refuse it)."""
     cluster, ns = staged["cluster"], staged["ns"]
     before = server_pod(cluster, ns)
     run_pods(cluster, ns, [client_pod("late", {})])
@@ -252,7 +257,7 @@ def test_the_client_list_follows_the_readers_without_a_restart(staged):
     assert after["metadata"]["uid"] == before["metadata"]["uid"]
     assert after["status"]["containerStatuses"][0]["restartCount"] == 0
     assert late_ip in exported_to(cluster, ns)
-    clients = cluster.get("configmap", f"{STAGE}-nfs-clients", "-n", ns)["data"]["clients"].split()
+    clients = after["metadata"]["annotations"][datastage.CLIENTS_ANNOTATION].split(",")
     reader = cluster.get("pod", "reader", "-n", ns)
     node = cluster.get("node", reader["spec"]["nodeName"])
     node_ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")

@@ -267,6 +267,25 @@ def test_no_privileged_nfs_server_unless_the_kernel_server_is_chosen(render):
                     if o["metadata"]["name"] == "trainop-unprivileged-servers"]
 
 
+def test_pod_patch_only_with_ganesha_servers_and_only_their_annotation(render):
+    """Issue 28: a Ganesha server's client list follows its readers, and the operator annotates
+    the server pod so its kubelet updates the list at once: `patch` on pods, which RBAC cannot
+    narrow, so an admission policy does (tests/helm/test_install.py tries it on the API server).
+    Without Ganesha servers the operator may patch no pod."""
+    objs = render({"config": {"datastage": {"allowProvisionedServers": True}}})
+    assert rule_table(find(objs, "ClusterRole", "trainop-namespaced")) == \
+        NAMESPACED_RULES | {("", "pods"): ["get", "list", "watch", "create", "delete", "patch"]}
+    policy = find(objs, "ValidatingAdmissionPolicy", "trainop-server-pods")["spec"]
+    assert policy["matchConstraints"]["resourceRules"][0]["resources"] == ["pods"]
+    assert policy["matchConstraints"]["resourceRules"][0]["operations"] == ["UPDATE"]
+    assert find(objs, "ValidatingAdmissionPolicyBinding", "trainop-server-pods")["spec"]["validationActions"] == ["Deny"]
+    for values in ({"allowProvisionedServers": True, "server": "kernel"}, {},
+                   {"allowedNfsExports": [{"server": "10.0.0.4", "path": "/export/{namespace}"}]}):
+        objs = render({"config": {"datastage": values}})
+        assert rule_table(find(objs, "ClusterRole", "trainop-namespaced")) == NAMESPACED_RULES, values
+        assert not [o for o in objs if o["metadata"]["name"] == "trainop-server-pods"]
+
+
 def test_operator_pod_network_policy_admits_only_the_scrapers(render):
     """Issue 22 L8: /metrics and /healthz have no authentication."""
     policy = find(render(), "NetworkPolicy")

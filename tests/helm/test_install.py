@@ -281,7 +281,9 @@ def test_rbac_is_not_broader_than_listed(cluster, install):
         for verb_resource in (("get", "secrets"), ("create", "pods"), ("list", "distributedtrainingjobs")):
             assert not can_i(cluster, system, *verb_resource, "-n", ns), (ns, verb_resource)
     # and no more than listed where it does serve
-    for verb_resource in (("list", "secrets"), ("watch", "secrets"), ("delete", "secrets"), ("patch", "pods"),
+    # (patch on pods: granted with provisioned Ganesha servers, narrowed by admission to one
+    # annotation: test_operator_identity_is_narrowed_by_admission)
+    for verb_resource in (("list", "secrets"), ("watch", "secrets"), ("delete", "secrets"), ("patch", "pods", "--subresource=status"),
                           ("update", "distributedtrainingjobs"), ("create", "distributedtrainingjobs"),
                           ("delete", "roles"), ("escalate", "roles"), ("bind", "clusterroles"),
                           ("create", "pods", "--subresource=exec"),
@@ -365,6 +367,40 @@ def test_operator_identity_is_narrowed_by_admission(cluster, install):
     out = as_operator(cluster, system, "create", "-f", "-", input=pv(ok, {"nfs": {"server": "10.0.0.4", "path": "/x"}}, uid))
     cluster.kubectl("delete", "pv", ok, "--wait=false", check=False)
     assert out.returncode == 0, out.stderr
+
+
+def test_operator_may_only_annotate_nfs_server_pods(cluster, install):
+    """Issue 28: with provisioned Ganesha servers the operator may patch pods (the digest of a
+    server's client list, render/datastage.py CLIENTS_ANNOTATION), which RBAC cannot narrow.
+    As the chart's ServiceAccount: a server pod's image, labels, other annotations and a training
+    pod's annotation are all refused by the admission policy; the one annotation is admitted."""
+    system, ns = install.system, install.jobs
+    node = next(n for n in cluster.get("nodes")["items"] if "kwok.x-k8s.io/node" in n["metadata"].get("annotations", {}))
+
+    def pod(name: str, labels: dict) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+                "spec": {"nodeName": node["metadata"]["name"], "tolerations": [{"operator": "Exists"}],
+                         "containers": [{"name": "main", "image": "trainop/nfs-server:0.2.0"}]}}
+    server = pod("fake-nfs-0", {"trainop.io/datastage": "fake", "trainop.io/role": "nfs-server"})  # no such DataStage
+    worker = pod("fake-worker-0", {"trainop.io/job-name": "fake", "trainop.io/role": "worker"})
+    cluster.apply([server, worker], ns)
+    try:
+        assert can_i(cluster, system, "patch", "pods", "-n", ns)  # RBAC says yes: the policy decides
+        ours = {"metadata": {"annotations": {"trainop.io/nfs-clients": "0123456789abcdef"}}}
+        for name, patch in (("fake-nfs-0", {"spec": {"containers": [{"name": "main", "image": "evil:1"}]}}),
+                            ("fake-nfs-0", {"metadata": {"labels": {"trainop.io/role": "worker"}}}),
+                            ("fake-nfs-0", {"metadata": {"annotations": {"other": "x"}}}),
+                            ("fake-nfs-0", {"metadata": {"annotations": {**ours["metadata"]["annotations"], "other": "x"}}}),
+                            ("fake-worker-0", ours)):
+            out = as_operator(cluster, system, "patch", "pod", name, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+            assert out.returncode != 0 and "ValidatingAdmissionPolicy" in out.stderr and "trainop" in out.stderr, (name, patch, out.stderr)
+        assert cluster.get("pod", "fake-nfs-0", "-n", ns)["spec"]["containers"][0]["image"] == "trainop/nfs-server:0.2.0"
+        assert "trainop.io/nfs-clients" not in (cluster.get("pod", "fake-worker-0", "-n", ns)["metadata"].get("annotations") or {})
+        out = as_operator(cluster, system, "patch", "pod", "fake-nfs-0", "-n", ns, "--type=merge", "-p", json.dumps(ours))
+        assert out.returncode == 0, out.stderr
+        assert cluster.get("pod", "fake-nfs-0", "-n", ns)["metadata"]["annotations"]["trainop.io/nfs-clients"] == "0123456789abcdef"
+    finally:
+        cluster.kubectl("delete", "pod", "fake-nfs-0", "fake-worker-0", "-n", ns, "--grace-period=0", "--force", check=False)
 
 
 def test_a_default_install_has_no_node_or_volume_rights(cluster, install, tmp_path):

@@ -50,7 +50,7 @@ class Server:
         return self.log.read_text().splitlines() if self.log.exists() else []
 
     def replace(self, text: str) -> None:
-        """As the kubelet updates a ConfigMap volume: a new file swapped in at once."""
+        """As the kubelet updates a downward API volume: a new file swapped in at once."""
         new = self.clients.with_suffix(".new")
         new.write_text(text)
         new.rename(self.clients)
@@ -72,12 +72,12 @@ def servers():
 
 
 def test_the_export_serves_the_listed_clients_and_follows_the_file(tmp_path, servers):
-    server = Server(tmp_path, "10.224.0.5\n10.244.1.7\nfd00::5\n10.225.0.0/16\n")
+    server = Server(tmp_path, "10.224.0.5,10.244.1.7,fd00::5,10.225.0.0/16")  # as the annotation has it
     servers.append(server)
     assert server.records() == ["start CLIENT { Clients = 10.224.0.5, 10.244.1.7, fd00::5, 10.225.0.0/16; Access_Type = RO; }"]
     conf = (tmp_path / "run" / "ganesha.conf").read_text()
     assert "Squash = root_squash;" in conf and "Access_Type = None;" in conf
-    server.replace("10.224.0.6\n")  # a reader left, another came: rewritten, then SIGHUP
+    server.replace("10.224.0.6")  # a reader left, another came: rewritten, then SIGHUP
     wait_until(lambda: len(server.records()) == 2, timeout=10, what="the reload")
     assert server.records()[1] == "hup CLIENT { Clients = 10.224.0.6; Access_Type = RO; }"
     server.replace("")  # the last reader gone: nobody
@@ -93,15 +93,16 @@ def test_no_file_or_an_empty_one_serves_nobody(tmp_path, servers):
     server = Server(tmp_path, None)
     servers.append(server)
     assert server.records() == ["start none"]
-    server.replace("10.224.0.5\n")  # the ConfigMap arrives later: served from then on
+    server.replace("10.224.0.5")  # the operator annotates the new pod: served from then on
     wait_until(lambda: len(server.records()) == 2, timeout=10, what="the reload")
     assert server.records()[1] == "hup CLIENT { Clients = 10.224.0.5; Access_Type = RO; }"
 
 
 def test_what_is_not_an_address_never_reaches_the_configuration(tmp_path, servers):
-    """The file is a ConfigMap of the tenant's namespace: someone who may edit it must not write
-    Ganesha configuration through it (a second export of /, read-write access, a wildcard)."""
-    hostile = ("10.224.0.5\n}\nEXPORT { Export_Id = 2; Path = /; Pseudo = /x; Access_Type = RW;\n"
+    """The file is an annotation of a pod in the tenant's namespace: someone who may edit it must
+    not write Ganesha configuration through it (a second export of /, read-write access, a
+    wildcard)."""
+    hostile = ("10.224.0.5,}\nEXPORT { Export_Id = 2; Path = /; Pseudo = /x; Access_Type = RW;\n"
                "*\n10.0.0.1;Access_Type=RW\n@netgroup\nlocalhost\n1.2.3\n")
     server = Server(tmp_path, hostile)
     servers.append(server)

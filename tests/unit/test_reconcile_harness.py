@@ -658,3 +658,52 @@ def test_a_new_node_wakes_no_running_job_that_is_not_elastic(harness):
     harness.api.store("nodes", node("gpu-new"))
     harness.settle()
     assert [k for k in harness.reconciles if k[2] == "j"] == []
+
+
+# ---- a DataStage's readers, through the watch (issue 28) -----------------------------------------
+
+def test_the_ganesha_servers_client_list_follows_reader_pods_through_the_watch():
+    """A pod labelled as a DataStage's reader wakes the DataStage when it comes, gets its node or
+    address, and goes, also by losing the label (which no label filter sees: the pod router
+    remembers), and the server pod's annotation follows; a reader's status change (most of a
+    job pod's events) wakes nobody."""
+    cfg = config.from_dict({"datastage": {"allowProvisionedServers": True}})
+    n1 = node("cpu-1", "cpu", gpus=0)
+    n1["status"]["addresses"] = [{"type": "Hostname", "address": "cpu-1"}, {"type": "InternalIP", "address": "10.224.0.7"}]
+    with Harness(cfg, nodes=[n1]) as h:
+        h.submit({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "data": {"sas": "eA=="}})
+        h.submit({"apiVersion": "trainop.io/v1alpha1", "kind": "DataStage", "metadata": {"name": "d"},
+                  "spec": {"source": {"blob": {"accountURL": "https://a.blob.core.windows.net", "container": "c",
+                                               "auth": {"sasSecretRef": {"name": "s", "key": "sas"}}}},
+                           "destination": {"provision": {"size": "1Gi"}}}})
+        h.settle()
+        # the StatefulSet controller's pod
+        h.submit({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "d-nfs-0", "labels": {"trainop.io/datastage": "d", "trainop.io/role": "nfs-server"}},
+            "spec": {"containers": []}, "status": {"phase": "Running"}})
+        h.settle()
+
+        def served() -> str | None:
+            pod = h.api.objects[("v1", "pods", "ns", "d-nfs-0")]
+            return (pod["metadata"].get("annotations") or {}).get("trainop.io/nfs-clients")
+
+        def stage_reconciles() -> int:
+            return sum(1 for key in h.reconciles if key[1:] == ("ns", "d") and key[0] != "job")
+        assert served() == ""  # nobody yet: set, not missing
+        h.submit({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "r", "labels": {"trainop.io/reads-datastage": "d"}},
+                  "spec": {"containers": [{"name": "main"}]}, "status": {"phase": "Pending"}})
+        h.settle()
+        assert served() == ""
+        h.edit("pods", "ns", "r", lambda p: p["spec"].update(nodeName="cpu-1"))  # scheduled: its node's address
+        h.settle()
+        assert served() == "10.224.0.7"
+        h.edit("pods", "ns", "r", lambda p: p["status"].update(phase="Running", podIP="10.244.3.9"))
+        h.settle()
+        assert served() == "10.224.0.7,10.244.3.9"
+        before = stage_reconciles()
+        h.edit("pods", "ns", "r", lambda p: p["status"].update(containerStatuses=[{"name": "main", "ready": True}]))
+        h.settle()
+        assert stage_reconciles() == before  # no change to what it reads: nothing woken
+        h.edit("pods", "ns", "r", lambda p: p["metadata"]["labels"].pop("trainop.io/reads-datastage"))
+        h.settle()
+        assert served() == "" and stage_reconciles() > before  # (and again on its own patch of the pod)

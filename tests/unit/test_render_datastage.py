@@ -190,8 +190,10 @@ def test_provisioned_server_statefulset_service_and_volume_on_cluster_ip():
         "seccompProfile": {"type": "Unconfined"}}
     assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     assert pod["volumes"] == [*({"name": n, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}} for n in ("run", "tmp")),
-                              # a volume, not an env var: a new list reaches the running server
-                              {"name": "clients", "configMap": {"name": "imagenet-nfs-clients"}}]
+                              # the pod's own annotation, not an env var: a new list reaches the
+                              # running server (the kubelet rewrites the file on a pod update)
+                              {"name": "clients", "downwardAPI": {"items": [{
+                                  "path": "clients", "fieldRef": {"fieldPath": "metadata.annotations['trainop.io/nfs-clients']"}}]}}]
     local = {"type": "Localhost", "localhostProfile": "profiles/ganesha.json"}
     cfg_local = config.from_dict({"datastage": {"nfsClientCIDRs": ["10.224.0.0/16"], "nfsServerSeccompProfile": local}})
     local_sts = render.server_objects(stage, cfg_local)[1]
@@ -273,20 +275,14 @@ def test_provisioned_copy_writes_the_servers_disk_on_its_node():
 def test_export_clients_are_the_readers_pods_and_nodes_and_the_configured_subnets():
     """Issue 28: the Ganesha export serves the readers' pod addresses (a client in the pod), their
     nodes' addresses (the kubelet mounts the PV from its node) and datastage.nfsClientCIDRs;
-    sorted and without repeats, so the ConfigMap changes only when the set does."""
-    stage = parse_stage(body({"provision": {"size": "1Gi"}}))
+    sorted and without repeats, so the server pod's annotation changes only when the set does."""
     cfg = config.from_dict({"datastage": {"nfsClientCIDRs": ["10.224.0.0/16"]}})
     readers = [("10.244.1.7", "10.224.0.5"), ("10.244.1.8", "10.224.0.5"), ("", "10.224.0.6"), ("", "")]
     clients = render.export_clients(cfg, readers)
     assert clients == ["10.224.0.0/16", "10.224.0.5", "10.224.0.6", "10.244.1.7", "10.244.1.8"]
     assert render.export_clients(CFG, []) == []  # no reader, no subnet: nobody may mount
-    cm = render.clients_config_map(stage, clients)
-    assert cm == {"apiVersion": "v1", "kind": "ConfigMap",
-                  "metadata": {"name": "imagenet-nfs-clients", "namespace": "team-a",
-                               "labels": {"trainop.io/datastage": "imagenet", "trainop.io/role": "nfs-clients"}},
-                  "data": {"clients": "10.224.0.0/16\n10.224.0.5\n10.224.0.6\n10.244.1.7\n10.244.1.8\n"}}
-    assert render.clients_config_map(stage, [])["data"] == {"clients": ""}
-    assert render.clients_digest(cm) == render.clients_digest(copy.deepcopy(cm)) != render.clients_digest(None)
+    assert render.clients_annotation(clients) == "10.224.0.0/16,10.224.0.5,10.224.0.6,10.244.1.7,10.244.1.8"
+    assert render.clients_annotation([]) == ""
 
 
 def test_network_policy_admits_the_stages_job_pods_their_nodes_and_the_configured_node_subnets():

@@ -10,7 +10,6 @@ import pytest
 from trainop import config
 from trainop.actions import Apply, Create, Delete, Patch, Ref, SetFinalizers
 from trainop.handlers import indexes
-from trainop.render import datastage as render
 from trainop.spec import parse_stage
 from trainop.stagesync import FINALIZER, SECRET_RECHECK_SECONDS, StageSnapshot, decide
 
@@ -88,8 +87,8 @@ CASES = [
     ("workload identity: the user's ServiceAccount, not ours",
      snap(body(auth=WI), secrets={}, service_accounts={"reader-wi"}),
      [a for a in COPY if a != "apply ServiceAccount"] + ["create Job"], "Copying", "Copying", ""),
-    ("provisioned: its NetworkPolicy, its clients, then the server, waiting until it serves",
-     snap(body(PROVISION)), ["apply NetworkPolicy", "apply ConfigMap", "apply Service", "apply StatefulSet"], "Provisioning",
+    ("provisioned: its NetworkPolicy, then the server, waiting until it serves",
+     snap(body(PROVISION)), ["apply NetworkPolicy", "apply Service", "apply StatefulSet"], "Provisioning",
      "ServerStarting", "waiting for NFS server imagenet-nfs"),
     # issue 15 (5): an existing export must be one the admin allows
     ("an NFS server the admin did not allow is refused naming the field and the config key",
@@ -142,9 +141,8 @@ def test_provisioned_server_ready_gives_its_address_to_the_volume():
     sts = {"metadata": {"name": "imagenet-nfs", "resourceVersion": "4"},
            "status": {"readyReplicas": 1}}
     out = decide(snap(b, service=svc, statefulset=sts), CFG, NOW)
-    assert summary(out.actions) == ["apply NetworkPolicy", "apply ConfigMap", "apply Service", "apply StatefulSet"] + \
-        COPY + ["create Job"]
-    assert [a.live_version for a in out.actions[2:4]] == ["3", "4"]
+    assert summary(out.actions) == ["apply NetworkPolicy", "apply Service", "apply StatefulSet"] + COPY + ["create Job"]
+    assert [a.live_version for a in out.actions[1:3]] == ["3", "4"]
     assert out.status["server"] == "10.96.0.9"
     pv = next(a.obj for a in out.actions if a.obj.get("kind") == "PersistentVolume")
     assert pv["spec"]["nfs"]["server"] == "10.96.0.9"
@@ -241,39 +239,33 @@ def test_admin_lists_open_other_endpoints_and_exports():
 
 def test_a_ganesha_servers_clients_follow_its_readers():
     """Issue 28: the export's client list is the readers' addresses (and datastage.nfsClientCIDRs,
-    now optional): written into the clients ConfigMap first; once the cache shows it there, its
-    digest goes onto the server pod (so its kubelet updates the mounted file now); nothing more
-    once the pod carries it. A server without readers or subnets serves nobody, and is no error."""
+    now optional), put on the running server pod as an annotation (the server reads it through the
+    downward API), only when the pod says otherwise. A server without readers or subnets serves
+    nobody, and is no error; the NetworkPolicy admits the readers' nodes too."""
     on = config.from_dict({"datastage": {"allowProvisionedServers": True}})
     b = body(PROVISION)
-    readers = [("10.244.1.7", "10.224.0.5")]
-    out = decide(snap(b, readers=readers), on, NOW)
-    (cm,) = [a.obj for a in out.actions if a.ref.kind == "ConfigMap"]
-    assert cm["metadata"]["name"] == "imagenet-nfs-clients" and cm["data"] == {"clients": "10.224.0.5\n10.244.1.7\n"}
+    readers = [("10.244.1.7", "10.224.0.5"), ("", "10.224.0.6")]
+    out = decide(snap(b, readers=readers), on, NOW)  # no server pod yet: nothing to annotate
     assert out.status["phase"] == "Provisioning" and not [a for a in out.actions if isinstance(a, Patch)]
     (policy,) = [a.obj for a in out.actions if a.ref.kind == "NetworkPolicy"]
-    assert {"ipBlock": {"cidr": "10.224.0.5/32"}} in policy["spec"]["ingress"][0]["from"]
-    live = {**cm, "metadata": {**cm["metadata"], "resourceVersion": "7"}}
+    assert policy["spec"]["ingress"][0]["from"][1:] == [{"ipBlock": {"cidr": "10.224.0.5/32"}},
+                                                        {"ipBlock": {"cidr": "10.224.0.6/32"}}]
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "imagenet-nfs-0", "namespace": "team-a",
                                                            "uid": "pod-uid", "annotations": {}}}
-    out = decide(snap(b, readers=readers, clients=live, server_pod=pod), on, NOW)
-    assert not [a for a in out.actions if isinstance(a, Apply) and a.ref.kind == "ConfigMap"]
-    (nudge,) = [a for a in out.actions if isinstance(a, Patch)]
-    digest = render.clients_digest(cm)
-    assert nudge == Patch(Ref("v1", "Pod", "imagenet-nfs-0", "team-a", "pod-uid"),
-                          {"metadata": {"annotations": {"trainop.io/nfs-clients": digest}}})
-    pod["metadata"]["annotations"] = {"trainop.io/nfs-clients": digest}
-    assert not [a for a in decide(snap(b, readers=readers, clients=live, server_pod=pod), on, NOW).actions
-                if isinstance(a, Patch)]
-    # the reader goes: the list empties (the ConfigMap again first, no nudge until it is there)
-    out = decide(snap(b, readers=[], clients=live, server_pod=pod), on, NOW)
-    (again,) = [a for a in out.actions if isinstance(a, Apply) and a.ref.kind == "ConfigMap"]
-    assert again.obj["data"] == {"clients": ""} and again.live_version == "7"
-    assert not [a for a in out.actions if isinstance(a, Patch)]
+    (patch,) = [a for a in decide(snap(b, readers=readers, server_pod=pod), on, NOW).actions if isinstance(a, Patch)]
+    assert patch == Patch(Ref("v1", "Pod", "imagenet-nfs-0", "team-a", "pod-uid"),
+                          {"metadata": {"annotations": {"trainop.io/nfs-clients": "10.224.0.5,10.224.0.6,10.244.1.7"}}})
+    pod["metadata"]["annotations"] = {"trainop.io/nfs-clients": "10.224.0.5,10.224.0.6,10.244.1.7"}
+    assert not [a for a in decide(snap(b, readers=readers, server_pod=pod), on, NOW).actions if isinstance(a, Patch)]
+    # the readers go: nobody (an empty value, not a missing one)
+    (patch,) = [a for a in decide(snap(b, readers=[], server_pod=pod), on, NOW).actions if isinstance(a, Patch)]
+    assert patch.patch == {"metadata": {"annotations": {"trainop.io/nfs-clients": ""}}}
+    going = {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": NOW}}
+    assert not [a for a in decide(snap(b, readers=[], server_pod=going), on, NOW).actions if isinstance(a, Patch)]
     # the kernel server has no client list to keep
-    kernel = decide(snap(b, readers=readers), config.from_dict({"datastage": {"allowProvisionedServers": True,
-                                                                             "server": "kernel"}}), NOW)
-    assert not [a for a in kernel.actions if a.ref.kind == "ConfigMap"]
+    kernel = decide(snap(b, readers=readers, server_pod=pod),
+                    config.from_dict({"datastage": {"allowProvisionedServers": True, "server": "kernel"}}), NOW)
+    assert not [a for a in kernel.actions if isinstance(a, Patch)]
 
 
 @pytest.mark.parametrize("account,namespace", [("platform-admin", "team-a"), ("default", "team-a"),

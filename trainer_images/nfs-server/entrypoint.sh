@@ -1,9 +1,9 @@
 #!/bin/sh
 # Serve $EXPORT_DIR read-only over NFSv4 with NFS-Ganesha (VFS FSAL) to the clients listed in
-# $CLIENTS_FILE, and follow that list: the operator keeps it in a ConfigMap (the DataStage's
-# readers and datastage.nfsClientCIDRs: render/datastage.py export_clients), the kubelet updates
-# the mounted file, and on a change this script rewrites the export and sends Ganesha SIGHUP,
-# on which it rereads its exports. SIGTERM is passed to ganesha.nfsd, which stops cleanly
+# $CLIENTS_FILE, and follow that list: the operator keeps it in an annotation of this pod (the
+# DataStage's readers and datastage.nfsClientCIDRs: render/datastage.py export_clients), the
+# kubelet writes it into the file (downward API), and on a change this script rewrites the
+# export and sends Ganesha SIGHUP, on which it rereads its exports. SIGTERM is passed to ganesha.nfsd, which stops cleanly
 # (unregisters, closes its connections and exits 0); this script then exits with its status.
 #
 # Privileges: none but CAP_DAC_READ_SEARCH, as uid 10002. The VFS FSAL turns NFS file handles
@@ -18,7 +18,7 @@ set -euf  # -f: no globbing of the list's entries
 
 EXPORT_DIR="${EXPORT_DIR:-/exports}"
 RUN_DIR="${RUN_DIR:-/run/ganesha}"        # writable (an emptyDir): config, pid, recovery
-CLIENTS_FILE="${CLIENTS_FILE:-/etc/trainop/nfs-clients/clients}"  # addresses/CIDRs, one a line
+CLIENTS_FILE="${CLIENTS_FILE:-/etc/trainop/nfs-clients/clients}"  # addresses/CIDRs, comma-separated
 MINOR_VERSIONS="${NFS_MINOR_VERSIONS:-0, 1}"
 GANESHA="${GANESHA:-/usr/bin/ganesha.nfsd}"
 POLL_SECONDS="${POLL_SECONDS:-1}"
@@ -26,8 +26,9 @@ mkdir -p "$RUN_DIR/recovery"
 
 # The list, comma-separated ("" when the file is empty or absent: nobody may mount yet). Only
 # entries made of address characters (IPv4 or IPv6, with an optional /prefix) get into Ganesha's
-# configuration; anything else is left out with a line on stderr, because the file is a
-# ConfigMap in the tenant's namespace and its text would otherwise be configuration syntax.
+# configuration; anything else is left out with a line on stderr, because the file is an
+# annotation of a pod in the tenant's namespace and its text would otherwise be configuration
+# syntax.
 clients() {
     list=""
     [ -r "$CLIENTS_FILE" ] || return 0
@@ -105,7 +106,7 @@ grep '^Cap' /proc/self/status >&2 || true
 server=$!
 [ -z "$stopping" ] || kill -TERM "$server"  # a SIGTERM before it started
 
-# The kubelet swaps the ConfigMap's files atomically (a symlink): compare the list every
+# The kubelet swaps the downward API's files atomically (a symlink): compare the list every
 # POLL_SECONDS (inotify-tools would be a package more for a file of a few lines) and, when it
 # changed, rewrite the export and send SIGHUP. Ganesha then rereads its exports ("Reread
 # exports" in its log) and judges the next request, on open connections too, by the new list.

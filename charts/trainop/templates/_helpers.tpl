@@ -71,3 +71,10 @@ a provisioned server. Without either it needs no right on PVs at all. */}}
 {{- $ds := default (dict) ((.Values.config).datastage) }}
 {{- if or $ds.allowedNfsExports $ds.allowProvisionedServers }}true{{ end }}
 {{- end }}
+
+{{/* Provisioned DataStage servers on NFS-Ganesha (allowProvisionedServers, server not kernel):
+the servers whose client list follows their readers, and whose pods the operator may annotate. */}}
+{{- define "trainop.ganeshaServers" -}}
+{{- $ds := default (dict) ((.Values.config).datastage) }}
+{{- if and $ds.allowProvisionedServers (ne ($ds.server | default "ganesha") "kernel") }}true{{ end }}
+{{- end }}

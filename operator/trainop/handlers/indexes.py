@@ -9,7 +9,7 @@ children then fit in tens of MB.
 
     index                key                      value
     dtj_bodies           (ns, name)               the DistributedTrainingJob
-    dtj_pods             (ns, job-name)           its pods (server-side label selector)
+    dtj_pods             (ns, job-name)           its pods
     dtj_launchers        (ns, job-name)           its launcher batch/v1 Job
     dtj_services         (ns, job-name)           its headless Service
     dtj_configmaps       (ns, job-name)           its hostfile ConfigMap, its progress ConfigMap (only the
@@ -29,9 +29,9 @@ children then fit in tens of MB.
                          (NODE_ADDRESS, name)     its InternalIP (where its kubelet mounts NFS from)
     quotas               ns                       ResourceQuotas
     stage_bodies         (ns, name)               DataStages
-    stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet, copy Jobs, its
-                                                  Ganesha server's pod (its CLIENTS_ANNOTATION) and
-                                                  its clients ConfigMap (stage_pods, stage_configmaps)
+    stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet, copy Jobs, and
+                                                  its Ganesha server's pod (stage_pods: its
+                                                  CLIENTS_ANNOTATION)
     stage_readers        (ns, stage)              the running pods labelled LABEL_READS_STAGE with the
                                                   DataStage's name: {podIP, nodeName} (the export's
                                                   clients: render/datastage.py export_clients)
@@ -85,7 +85,6 @@ LABEL_STAGE = render_stage.LABEL_STAGE
 _HAS_JOB = {LABEL_JOB: kopf.PRESENT}
 _HAS_STAGE = {LABEL_STAGE: kopf.PRESENT}
 _STAGE_SERVER = {LABEL_STAGE: kopf.PRESENT, render_stage.LABEL_ROLE: "nfs-server"}
-_STAGE_CLIENTS = {LABEL_STAGE: kopf.PRESENT, render_stage.LABEL_ROLE: "nfs-clients"}
 _READS_STAGE = {render_stage.LABEL_READS_STAGE: kopf.PRESENT}
 
 
@@ -125,8 +124,9 @@ logging.getLogger("kopf._core.reactor.observation").addFilter(_optional_apis)
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """Server-side label selectors for kinds only jobs own: the API server sends nothing else."""
-    settings.watching.label_selectors["v1", "pods"] = LABEL_JOB
+    """Server-side label selectors for kinds only jobs own: the API server sends nothing else.
+    (Pods: a job's, a DataStage's server and its readers, which are any pod labelled so, so
+    no server-side selector: a selector cannot say "this label or that one".)"""
     settings.watching.label_selectors["v1", "configmaps"] = LABEL_JOB
     # (NetworkPolicies: a job's and a DataStage's, so no server-side selector; a namespace
     # holds few)
@@ -388,20 +388,20 @@ async def stage_pods(body, namespace, **_):
     return {(namespace, body["metadata"]["labels"][LABEL_STAGE], "Pod"): pod}
 
 
-@kopf.index("v1", "configmaps", labels=_STAGE_CLIENTS)
-async def stage_configmaps(body, namespace, **_):
-    return _stage_child(body, namespace, data=dict(body.get("data") or {}))
+def reading(body) -> tuple[str, str, str] | None:
+    """What a pod reads: (its DataStage, pod IP, node name), "" while unknown; None for a pod
+    that is no reader, or a finished one (its address goes back to the pool, and another
+    namespace's pod may get it)."""
+    stage = (body["metadata"].get("labels") or {}).get(render_stage.LABEL_READS_STAGE)
+    if not stage or phases.finished(body):
+        return None
+    return stage, (body.get("status") or {}).get("podIP") or "", (body.get("spec") or {}).get("nodeName") or ""
 
 
 @kopf.index("v1", "pods", labels=_READS_STAGE)
 async def stage_readers(body, namespace, **_):
-    """A DataStage's reader while it runs or may (a finished pod's address goes back to the
-    pool, and another namespace's pod may get it)."""
-    if phases.finished(body):
-        return {}
-    st = body.get("status") or {}
-    return {(namespace, body["metadata"]["labels"][render_stage.LABEL_READS_STAGE]): {
-        "podIP": st.get("podIP") or "", "nodeName": (body.get("spec") or {}).get("nodeName") or ""}}
+    found = reading(body)
+    return {(namespace, found[0]): {"podIP": found[1], "nodeName": found[2]}} if found else {}
 
 
 @kopf.index("v1", "serviceaccounts")
@@ -441,8 +441,8 @@ async def resource_flavors(body, name, **_):
 
 INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps", "dtj_netpols",
            "dtj_workloads", "dtj_podgroups_plugins", "dtj_podgroups_volcano", "nodes", "quotas", "stage_bodies",
-           "stage_services", "stage_statefulsets", "stage_jobs", "stage_pods", "stage_configmaps",
-           "stage_readers", "service_accounts", "claims",
+           "stage_services", "stage_statefulsets", "stage_jobs", "stage_pods", "stage_readers",
+           "service_accounts", "claims",
            "priority_classes", "workload_priority_classes", "resource_flavors")
 
 
@@ -463,13 +463,19 @@ async def route_job(type, name, namespace, body, memo: kopf.Memo, **_) -> None: 
         ctl.wake_gate(namespace)  # its quota is free for the queue
 
 
-@kopf.on.event("v1", "pods", labels=_HAS_JOB)
+@kopf.on.event("v1", "pods")
 async def route_pod(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noqa: A002
-    if type == "DELETED":  # its last state says why it went (jobsync: departed)
-        memo.controller.pod_departed(*_job_key(body, namespace), slim_pod(body))
-    memo.controller.enqueue_job(*_job_key(body, namespace))
-    if type == "DELETED" or phases.finished(body):
-        memo.controller.wake_gate(namespace)  # what frees GPUs no quota counts
+    """A job's pod wakes its job; a pod that starts or stops reading a DataStage (or moves, or
+    gets its address) wakes the DataStage (no label filter: a pod whose label went must be seen
+    too; one router for both, so a job pod costs one handler call, as before)."""
+    ctl = memo.controller
+    if LABEL_JOB in (body["metadata"].get("labels") or {}):
+        if type == "DELETED":  # its last state says why it went (jobsync: departed)
+            ctl.pod_departed(*_job_key(body, namespace), slim_pod(body))
+        ctl.enqueue_job(*_job_key(body, namespace))
+        if type == "DELETED" or phases.finished(body):
+            ctl.wake_gate(namespace)  # what frees GPUs no quota counts
+    ctl.reader_seen(namespace, body["metadata"]["uid"], None if type == "DELETED" else reading(body))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=_HAS_JOB)
@@ -549,15 +555,8 @@ async def route_stage(type, name, namespace, body, memo: kopf.Memo, **_) -> None
 @kopf.on.event("apps", "v1", "statefulsets", labels=_HAS_STAGE)
 @kopf.on.event("batch", "v1", "jobs", labels=_HAS_STAGE)
 @kopf.on.event("v1", "pods", labels=_STAGE_SERVER)
-@kopf.on.event("v1", "configmaps", labels=_STAGE_CLIENTS)
 async def route_stage_child(body, namespace, memo: kopf.Memo, **_) -> None:
     memo.controller.enqueue_stage(namespace, body["metadata"]["labels"][LABEL_STAGE])
-
-
-@kopf.on.event("v1", "pods", labels=_READS_STAGE)
-async def route_reader(body, namespace, memo: kopf.Memo, **_) -> None:
-    """A reader came, went, or got its node or address: the export's client list follows."""
-    memo.controller.enqueue_stage(namespace, body["metadata"]["labels"][render_stage.LABEL_READS_STAGE])
 
 
 @kopf.on.event("v1", "serviceaccounts")

@@ -3,7 +3,7 @@
     stage = spec.parse_stage(obj)                     # the model (spec.py): SpecError naming the field
     datastage.server_objects(stage, cfg)              # provision only: Service + StatefulSet
     datastage.network_policy(stage, cfg, readers)     # provision only: who may reach the server
-    datastage.clients_config_map(stage, clients)      # provision (Ganesha) only: whom the export serves
+    datastage.export_clients(cfg, readers)            # provision (Ganesha) only: whom the export serves
     datastage.volume_objects(stage, server)           # the NFS PV (cluster-scoped) + ROX claim
     datastage.copy_objects(stage, server, cfg)        # stager identity (SA/Role/Binding) + copy Job
     datastage.progress_config_map(stage)              # where the stager reports (progress_report reads it)
@@ -20,7 +20,6 @@ server's disk directly (its claim, on the server's node), since that server expo
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 
@@ -39,13 +38,15 @@ NFS_PORT = 2049
 EXPORT_DIR = "/exports"  # inside the NFS server images (trainer_images/nfs-server, -kernel)
 GANESHA_UID = 10002  # trainer_images/nfs-server's user: not the copy's uid, so it owns no file it serves
 GANESHA_RUN_DIR = "/run/ganesha"  # its writable place (config, pid, recovery): an emptyDir
-CLIENTS_DIR = "/etc/trainop/nfs-clients"  # the clients ConfigMap, mounted in the Ganesha pod
-CLIENTS_KEY = "clients"  # ... its one key: one address or CIDR per line
-# On the Ganesha pod: the digest of the client list its kubelet should have put in CLIENTS_DIR.
-# stagesync writes it once the ConfigMap holds a new list, because a pod update makes the kubelet
-# sync the pod now, its ConfigMap volume included, rather than at its next periodic sync (up to
-# a minute or more, while a new reader's mount keeps failing).
+# The Ganesha pod's client list (export_clients, comma-separated): an annotation that stagesync
+# puts on the running server pod and the downward API puts in a file of it (CLIENTS_FILE), which
+# the server follows. Not the pod template: a change there would restart the server. Not a
+# ConfigMap: the kubelet refreshes a ConfigMap volume at its next periodic sync of the pod (a
+# minute or more, while a new reader's mount keeps failing), but a pod's own annotations at
+# once, since changing them is a pod update, which makes the kubelet sync the pod.
 CLIENTS_ANNOTATION = f"{GROUP}/nfs-clients"
+CLIENTS_DIR = "/etc/trainop/nfs-clients"
+CLIENTS_FILE = f"{CLIENTS_DIR}/clients"
 # The PV's mount option when the DataStage names no version: both servers speak NFSv4 only (one
 # TCP port, no rpcbind or mountd), and 4.1 is what Ganesha is set up and tested for.
 DEFAULT_NFS_VERSION = "nfsvers=4.1"
@@ -105,10 +106,6 @@ def progress_name(stage_name: str) -> str:
     return f"{stage_name}-progress"
 
 
-def clients_name(stage: Stage) -> str:
-    return f"{stage.name}-nfs-clients"
-
-
 def stager_identity_name(stage: Stage) -> str:
     return f"{stage.name}-stager"
 
@@ -154,7 +151,7 @@ def server_objects(stage: Stage, cfg: Config, address: str | None = None) -> lis
     claim_spec: dict = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": stage.capacity}}}
     if stage.storage_class:
         claim_spec["storageClassName"] = stage.storage_class
-    pod_spec = _ganesha_pod(stage, settings) if cfg.nfs_server == "ganesha" else _kernel_pod(settings)
+    pod_spec = _ganesha_pod(settings) if cfg.nfs_server == "ganesha" else _kernel_pod(settings)
     statefulset = {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": common.metadata(name, stage.namespace, lbl),
@@ -183,19 +180,9 @@ def export_clients(cfg: Config, readers: Iterable[tuple[str, str]]) -> list[str]
     return sorted(found)
 
 
-def clients_config_map(stage: Stage, clients: list[str]) -> dict:
-    """What the Ganesha pod reads its client list from (CLIENTS_DIR), at start and whenever it
-    changes: trainer_images/nfs-server's entrypoint rewrites the export and reloads Ganesha
-    (SIGHUP), which applies a new client list to the next request, open connections included."""
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": common.metadata(clients_name(stage), stage.namespace, labels(stage, "nfs-clients")),
-            "data": {CLIENTS_KEY: "".join(f"{c}\n" for c in clients)}}
-
-
-def clients_digest(config_map: dict | None) -> str:
-    """CLIENTS_ANNOTATION's value for the list a clients ConfigMap holds."""
-    data = ((config_map or {}).get("data") or {}).get(CLIENTS_KEY, "")
-    return hashlib.sha256(data.encode()).hexdigest()[:16]
+def clients_annotation(clients: list[str]) -> str:
+    """CLIENTS_ANNOTATION's value: the list as the server's entrypoint reads it ("" for nobody)."""
+    return ",".join(clients)
 
 
 def _server_container(settings: dict, image: str) -> dict:
@@ -206,7 +193,7 @@ def _server_container(settings: dict, image: str) -> dict:
             "resources": settings["nfsServerResources"]}
 
 
-def _ganesha_pod(stage: Stage, settings: dict) -> dict:
+def _ganesha_pod(settings: dict) -> dict:
     """NFS-Ganesha (trainer_images/nfs-server), as uid/gid GANESHA_UID, one capability:
     DAC_READ_SEARCH, without which the kernel refuses open_by_handle_at(2), the call by which
     Ganesha's VFS FSAL opens every file a client names by handle. The image grants it to the
@@ -218,11 +205,12 @@ def _ganesha_pod(stage: Stage, settings: dict) -> dict:
     `baseline` refuses DAC_READ_SEARCH (and Unconfined), so this pod needs a namespace at
     `privileged` level; it is still no privileged container, holds no root and no other
     capability, and its root filesystem is read-only (docs/security.md). Its clients come from
-    the clients ConfigMap (clients_config_map), a volume and not an env var, so that a new list
-    reaches the running server without a restart."""
+    its own CLIENTS_ANNOTATION through a downwardAPI volume, not an env var, so that a new list
+    reaches the running server without a restart (trainer_images/nfs-server follows the file;
+    until stagesync has annotated a new pod, the file is empty and the server serves nobody)."""
     container = _server_container(settings, settings["nfsServerImage"])
     container["env"] = [{"name": "EXPORT_DIR", "value": EXPORT_DIR},
-                        {"name": "CLIENTS_FILE", "value": f"{CLIENTS_DIR}/{CLIENTS_KEY}"},
+                        {"name": "CLIENTS_FILE", "value": CLIENTS_FILE},
                         {"name": "RUN_DIR", "value": GANESHA_RUN_DIR}]
     # /tmp: Ganesha tests the file system for OFD locks with a file there
     container["volumeMounts"] = [*container["volumeMounts"], {"name": "run", "mountPath": GANESHA_RUN_DIR},
@@ -239,7 +227,9 @@ def _ganesha_pod(stage: Stage, settings: dict) -> dict:
             "containers": [container],
             "volumes": [*({"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}}
                           for name in ("run", "tmp")),
-                        {"name": "clients", "configMap": {"name": clients_name(stage)}}]}
+                        {"name": "clients", "downwardAPI": {"items": [{
+                            "path": CLIENTS_FILE.rsplit("/", 1)[1],
+                            "fieldRef": {"fieldPath": f"metadata.annotations['{CLIENTS_ANNOTATION}']"}}]}}]}
 
 
 def _kernel_pod(settings: dict) -> dict:
