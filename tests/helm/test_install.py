@@ -387,12 +387,14 @@ def test_operator_may_only_annotate_nfs_server_pods(cluster, install):
     try:
         assert can_i(cluster, system, "patch", "pods", "-n", ns)  # RBAC says yes: the policy decides
         ours = {"metadata": {"annotations": {"trainop.io/nfs-clients": "0123456789abcdef"}}}
-        for name, patch in (("fake-nfs-0", {"spec": {"containers": [{"name": "main", "image": "evil:1"}]}}),
-                            ("fake-nfs-0", {"metadata": {"labels": {"trainop.io/role": "worker"}}}),
-                            ("fake-nfs-0", {"metadata": {"annotations": {"other": "x"}}}),
-                            ("fake-nfs-0", {"metadata": {"annotations": {**ours["metadata"]["annotations"], "other": "x"}}}),
-                            ("fake-worker-0", ours)):
-            out = as_operator(cluster, system, "patch", "pod", name, "-n", ns, "--type=merge", "-p", json.dumps(patch))
+        # (the image by a strategic merge patch, which keeps the container: the API server's own
+        # validation would refuse a merge patch's whole new container list before admission)
+        for name, kind, patch in (("fake-nfs-0", "strategic", {"spec": {"containers": [{"name": "main", "image": "evil:1"}]}}),
+                                  ("fake-nfs-0", "merge", {"metadata": {"labels": {"trainop.io/role": "worker"}}}),
+                                  ("fake-nfs-0", "merge", {"metadata": {"annotations": {"other": "x"}}}),
+                                  ("fake-nfs-0", "merge", {"metadata": {"annotations": {**ours["metadata"]["annotations"], "other": "x"}}}),
+                                  ("fake-worker-0", "merge", ours)):
+            out = as_operator(cluster, system, "patch", "pod", name, "-n", ns, f"--type={kind}", "-p", json.dumps(patch))
             assert out.returncode != 0 and "ValidatingAdmissionPolicy" in out.stderr and "trainop" in out.stderr, (name, patch, out.stderr)
         assert cluster.get("pod", "fake-nfs-0", "-n", ns)["spec"]["containers"][0]["image"] == "trainop/nfs-server:0.2.0"
         assert "trainop.io/nfs-clients" not in (cluster.get("pod", "fake-worker-0", "-n", ns)["metadata"].get("annotations") or {})
