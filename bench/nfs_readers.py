@@ -4,7 +4,8 @@ section is written from these figures).
 
 Starts a dev cluster with one real node (`system=1`: kubelet on containerd + runc, CNI,
 kube-proxy; images loaded), then runs the server exactly as the operator renders it
-(render/datastage.py: StatefulSet, Service, clients ConfigMap), with its disk a hostPath PV
+(render/datastage.py: StatefulSet and Service; the reader's address in the server pod's client
+list annotation, as stagesync puts it there), with its disk a hostPath PV
 holding FILES random files of MB MiB written as the copy Job would. A reader pod (libnfs's
 user-space client, from the server's image: this kernel has no NFS client) then runs, for each
 count in READERS, that many `nfs-cp` loops at once, each copying every file through the server
@@ -38,6 +39,7 @@ from trainop.render import datastage  # noqa: E402
 from trainop.spec import parse_stage  # noqa: E402
 
 NS, STAGE, CLASS = "bench", "bench", "trainop-bench-hostpath"
+SERVER = f"{STAGE}-nfs-0"  # the StatefulSet's one pod
 # Each reader copies every file to memory (nfs-cp refuses /dev/null) and deletes it.
 READ = ('rm -f /scratch/failed; for r in $(seq $3); do (for f in $(seq -f %03g 0 $(($2 - 1))); do '
         'nfs-cp "nfs://$1/bench/$f.bin?version=4" /scratch/$r >/dev/null && rm /scratch/$r '
@@ -58,14 +60,18 @@ def serve(cluster: RealCluster, disk: Path, reader_ip: str) -> str:
                             "storageClassName": CLASS, "persistentVolumeReclaimPolicy": "Retain",
                             "hostPath": {"path": str(disk)},
                             "claimRef": {"namespace": NS, "name": datastage.server_disk_claim(stage)}}})
-    cluster.apply([datastage.clients_config_map(stage, datastage.export_clients(cfg, [(reader_ip, "")])),
-                   service, statefulset], NS)
+    cluster.apply([service, statefulset], NS)
     cluster.kubectl("rollout", "status", "-n", NS, f"statefulset/{statefulset['metadata']['name']}", "--timeout=300s")
+    # the client list, as the operator puts it on the running server pod (stagesync._clients)
+    clients = datastage.clients_annotation(datastage.export_clients(cfg, [(reader_ip, "")]))
+    cluster.kubectl("annotate", "pod", SERVER, "-n", NS, f"{datastage.CLIENTS_ANNOTATION}={clients}")
+    wait_until(lambda: f"read-only to: {clients}" in cluster.logs(NS, SERVER), timeout=60,
+               what="the server reloaded with the reader")
     return cluster.get("service", service["metadata"]["name"], "-n", NS)["spec"]["clusterIP"]
 
 
 def server_cpu_seconds(cluster: RealCluster) -> float:
-    _, out = sh(cluster, NS, f"{STAGE}-nfs-0", "cat /sys/fs/cgroup/cpu.stat 2>/dev/null || cat /sys/fs/cgroup/cpuacct/cpuacct.usage")
+    _, out = sh(cluster, NS, SERVER, "cat /sys/fs/cgroup/cpu.stat 2>/dev/null || cat /sys/fs/cgroup/cpuacct/cpuacct.usage")
     found = re.search(r"usage_usec (\d+)", out)
     return int(found.group(1)) / 1e6 if found else int(out.split()[0]) / 1e9
 
