@@ -45,6 +45,12 @@ def claim(cluster, namespace):
     cluster.apply({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "out"},
                    "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
                             "resources": {"requests": {"storage": "1Gi"}}}}, namespace)
+    # Bound before any pod asks for it: the controller-manager's PV controller can meet the claim
+    # before the volume and then binds them at its next 15 s resync, while the scheduler holds the
+    # pods back ("unbound immediate PersistentVolumeClaims") and an elastic job's
+    # shrinkAfterSeconds=5 runs out: the gang shrank with 4 nodes free (seen in CI, 2026-12-05).
+    wait_until(lambda: cluster.get("pvc", "out", "-n", namespace).get("status", {}).get("phase") == "Bound",
+               timeout=60, what="claim out Bound")
     yield "out"
     cluster.kubectl("delete", "pv", pv, "--ignore-not-found", "--wait=false")
 

@@ -110,14 +110,16 @@ server=$!
 # POLL_SECONDS (inotify-tools would be a package more for a file of a few lines) and, when it
 # changed, rewrite the export and send SIGHUP. Ganesha then rereads its exports ("Reread
 # exports" in its log) and judges the next request, on open connections too, by the new list.
+# The watcher starts from the list write_config served ($list, not the file read again): a change
+# that came before the watcher's first look is then a change too (under load, the tests saw one
+# lost that way).
 (
-    seen=$(clients 2>/dev/null)
+    seen=$list
     while sleep "$POLL_SECONDS"; do
-        now=$(clients 2>/dev/null)
-        [ "$now" = "$seen" ] && continue
+        [ "$(clients 2>/dev/null)" = "$seen" ] && continue
         write_config
         kill -HUP "$server" 2>/dev/null || exit 0
-        seen=$now
+        seen=$list
     done
 ) &
 watcher=$!
