@@ -31,6 +31,15 @@ while :; do sleep 0.05; done
 """
 
 
+def default_hup() -> None:
+    """SIGHUP back to its default in the entrypoint and the double, as a container's processes
+    start. Under `nohup` (CI's runs) pytest and its children inherit SIGHUP ignored, and a shell
+    cannot trap a signal that was ignored when it started (POSIX): the double's `trap ... HUP`
+    did nothing and no reload was ever recorded (both reload tests failed that way in the
+    clean-clone runs of 2026-12-05, and passed when run from a terminal)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 class Server:
     def __init__(self, tmp_path: Path, clients: str | None, fake_exit: int = 0):
         self.log, self.clients = tmp_path / "ganesha.log", tmp_path / "clients"
@@ -43,7 +52,7 @@ class Server:
                "CLIENTS_FILE": str(self.clients), "GANESHA": str(fake), "FAKE_LOG": str(self.log),
                "POLL_SECONDS": "0.1", "FAKE_EXIT": str(fake_exit)}
         self.proc = subprocess.Popen(["sh", str(ENTRYPOINT)], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.STDOUT, text=True, preexec_fn=default_hup)
         wait_until(lambda: self.records(), timeout=10, what="the server started")
 
     def records(self) -> list[str]:
