@@ -13,4 +13,5 @@ def pytest_terminal_summary(terminalreporter):
     if LONG_WAITS:
         terminalreporter.write_sep("=", f"longest condition waits ({len(LONG_WAITS)} of {LONG_WAIT_SECONDS:g} s or more)")
         for took, what, test in sorted(LONG_WAITS, reverse=True)[:20]:
-            terminalreporter.write_line(f"{took:7.1f}s  {what}  [{test}]")
+            # one line each: some callers put a whole object's status into `what`
+            terminalreporter.write_line(f"{took:7.1f}s  {what[:100]}  [{test}]")

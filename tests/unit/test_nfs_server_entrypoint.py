@@ -32,11 +32,10 @@ while :; do sleep 0.05; done
 
 
 def default_hup() -> None:
-    """SIGHUP back to its default in the entrypoint and the double, as a container's processes
-    start. Under `nohup` (CI's runs) pytest and its children inherit SIGHUP ignored, and a shell
-    cannot trap a signal that was ignored when it started (POSIX): the double's `trap ... HUP`
-    did nothing and no reload was ever recorded (both reload tests failed that way in the
-    clean-clone runs of 2026-12-05, and passed when run from a terminal)."""
+    """SIGHUP back to its default, as a container's processes start. A pytest started under
+    `nohup` (as the clean-clone checks were) hands SIGHUP ignored to its children, and a shell
+    cannot trap a signal ignored when it started (POSIX): the double's `trap ... HUP` did
+    nothing and no reload was recorded (both reload tests failed so on 2026-12-05)."""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
