@@ -39,7 +39,7 @@ from trainop import phases
 from trainop.config import Config, ConfigError
 from trainop.memo import Memos
 from trainop.render import dtj as render
-from trainop.spec import Job
+from trainop.spec import Job, Nodes
 
 ADMITTED, QUEUED, UNSATISFIABLE = "Admitted", "Queued", "Unsatisfiable"
 # Resources a quota may name bare (meaning requests.<r>), as the API server allows.
@@ -333,23 +333,17 @@ def pool_gpus(nodes: list[dict], selector: dict[str, str], resource: str,
     """GPUs the pool has in all; for an autoscaled pool (`max_nodes`), what it has at
     maxNodes (nodes of `gpus_per_node`, else of its largest node present; None when that is
     unknown: a pool at zero nodes without gpusPerNode in the configuration)."""
-    sizes = []
-    for node in nodes:
-        labels = node["metadata"].get("labels") or {}
-        if all(labels.get(k) == v for k, v in selector.items()):
-            sizes.append(int(quantity(((node.get("status") or {}).get("allocatable") or {})
-                                      .get(resource, 0))))
+    present = Nodes.of(nodes).totals(selector, resource)
     if max_nodes is None:
-        return sum(sizes)
-    per_node = gpus_per_node if gpus_per_node is not None else max(sizes, default=None)
-    return None if per_node is None else max(sum(sizes), max_nodes * per_node)
+        return present.total
+    per_node = gpus_per_node if gpus_per_node is not None else \
+        present.largest if present.nodes else None
+    return None if per_node is None else max(present.total, max_nodes * per_node)
 
 
-def unsatisfiable(c: Candidate, ledgers_: list[Ledger], nodes: list[dict],
-                  capacity: dict | None = None) -> str | None:
-    """Why the job can never be admitted as it is (and what to change), or None. `capacity`
-    remembers pool totals across the candidates of one judgement (summing hundreds of nodes'
-    quantities once per pool, not once per job)."""
+def unsatisfiable(c: Candidate, ledgers_: list[Ledger], nodes: list[dict]) -> str | None:
+    """Why the job can never be admitted as it is (and what to change), or None. (`nodes` as a
+    spec.Nodes remembers the pool totals across the candidates of a judgement.)"""
     for ledger in ledgers_:
         for key, need in _usage_for(ledger, c.demand).items():
             if need > ledger.hard[key]:
@@ -357,13 +351,7 @@ def unsatisfiable(c: Candidate, ledgers_: list[Ledger], nodes: list[dict],
                         f"{show(ledger.hard[key], key)}; reduce workers or per-worker resources, "
                         f"or ask for a larger quota")
     if c.gpus:
-        key = (tuple(sorted(c.pool_selector.items())), c.gpus_resource, c.max_nodes,
-               c.gpus_per_node)
-        capacity = {} if capacity is None else capacity
-        if key not in capacity:
-            capacity[key] = pool_gpus(nodes, c.pool_selector, c.gpus_resource, c.max_nodes,
-                                      c.gpus_per_node)
-        total = capacity[key]
+        total = pool_gpus(nodes, c.pool_selector, c.gpus_resource, c.max_nodes, c.gpus_per_node)
         where = f"node pool {c.pool!r}" if c.pool else f"nodeSelector {c.pool_selector}"
         if total is not None and c.gpus > total:
             grows = f" at maxNodes={c.max_nodes}" if c.max_nodes else ""
@@ -401,9 +389,9 @@ def plan(candidates: list[Candidate], ledgers_: list[Ledger],
             for ledger in ledgers_:
                 ledger.taken = _add(ledger.taken, _usage_for(ledger, c.outstanding))
     out: dict[str, Decision] = {}
-    capacity: dict = {}
+    nodes = Nodes.of(nodes)  # one set for every candidate: its pool totals are summed once
     for c in order([c for c in candidates if not c.admitted]):
-        why = unsatisfiable(c, ledgers_, nodes, capacity)
+        why = unsatisfiable(c, ledgers_, nodes)
         if why:
             out[c.key] = Decision(UNSATISFIABLE, "Unsatisfiable", why)
             continue

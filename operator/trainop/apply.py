@@ -40,7 +40,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 
 from kubernetes.client.exceptions import ApiException
 
-from trainop import kube, preflight, sshkeys
+from trainop import fastjson, kube, preflight, sshkeys
 from trainop.actions import (
     Apply,
     Create,
@@ -183,7 +183,7 @@ class Applier:
         ref = Ref.of(desired)
         key = (ref.api_version, ref.kind, ref.namespace, ref.name,
                (action.owner or {}).get("metadata", {}).get("uid"))
-        digest = hashlib.sha256(json.dumps(desired, sort_keys=True).encode()).hexdigest()
+        digest = hashlib.sha256(fastjson.canonical(desired)).hexdigest()
         with self._lock:
             seen = self._applied.get(key)
         if seen and seen[0] == digest and action.live_version in (None, seen[1]):

@@ -47,7 +47,7 @@ from trainop.handlers.indexes import NODE_ADDRESS, NODE_LOST, NODE_POOL, NODE_TA
 from trainop.memo import Memos
 from trainop.render import dtj as render_dtj
 from trainop.render import logship as render_logship
-from trainop.spec import SpecError, priority_class_name
+from trainop.spec import Nodes, SpecError, priority_class_name
 from trainop.workqueue import WorkQueue
 
 log = logging.getLogger("trainop.controller")
@@ -98,6 +98,7 @@ class Controller:
         self.departed: dict[tuple, dict] = {}  # (ns, job) -> pod name -> last state (deleted)
         self.readings: dict[tuple, tuple] = {}  # (ns, pod uid) -> what it reads (reader_seen)
         self.lost_seen: set[str] = set()  # nodes judged lost, until they report again (node_back)
+        self.pool_nodes: Nodes | None = None  # nodes(), until the next node event
         self.tasks: list[asyncio.Task] = []
         self.memo = Memos()  # what decide() may remember between reconciles (memo.py)
         self.gate = gate.Gate(self.memo)  # the native admission queue, asked before decide
@@ -324,9 +325,17 @@ class Controller:
 
     # ---- DistributedTrainingJob ------------------------------------------------------------
 
-    def nodes(self) -> list[dict]:
-        return [n for key, store in self.ix["nodes"].items() if key[0] == NODE_POOL
-                for n in store]
+    def nodes(self) -> Nodes:
+        """The pool nodes, one set between node events: the set remembers its pool totals, so
+        a burst of new jobs sums hundreds of nodes once, not once per job (issue 30)."""
+        if self.pool_nodes is None:
+            self.pool_nodes = Nodes(n for key, store in self.ix["nodes"].items()
+                                    if key[0] == NODE_POOL for n in store)
+        return self.pool_nodes
+
+    def node_changed(self) -> None:
+        """Any node event (kopf has indexed it before handlers run): nodes() rebuilds."""
+        self.pool_nodes = None
 
     def priority_classes(self) -> priority.Classes:
         return priority.Classes.of(

@@ -176,7 +176,7 @@ def request(method: str, url_path: str, *, body=None, query: list | None = None,
     resp.read()
     if not 200 <= resp.status <= 299:
         raise ApiException(http_resp=resp)
-    return fastjson.loads(resp.data) if resp.data else None
+    return fastjson.api_object(resp.data) if resp.data else None
 
 
 def _ref(obj: dict) -> tuple[str, str, str, str | None]:

@@ -14,7 +14,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from trainop import blob, crds
+from trainop import blob, crds, fastjson
 from trainop.config import Autoscale, Config, Fabric, NodePool, PodTemplateAllow, allowed_name
 from trainop.memo import Memos
 
@@ -996,8 +996,8 @@ def parse_cached(body: dict, cfg: Config, memo: Memos | None = None) -> Job:
     if memo is None:
         return parse(body, cfg)
     meta = body.get("metadata") or {}
-    key = json.dumps([meta.get("name"), meta.get("namespace"), meta.get("uid"), body.get("apiVersion"),
-                      body.get("spec")], sort_keys=True, default=str)
+    key = fastjson.canonical([meta.get("name"), meta.get("namespace"), meta.get("uid"),
+                              body.get("apiVersion"), body.get("spec")])
     return memo.parsed.get(cfg, key, lambda: parse(body, cfg))
 
 
@@ -1006,24 +1006,52 @@ def node_matches(node: dict, selector: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
+@dataclass(frozen=True)
+class PoolTotals:
+    """One resource over the nodes a selector matches."""
+    nodes: int
+    largest: int  # the largest node's allocatable (0 without nodes)
+    total: int
+
+
+class Nodes(tuple):
+    """The pool nodes of one moment (the controller rebuilds it when a node event arrives),
+    remembering its answers per (selector, resource): during a burst of new jobs every job asks
+    the same few questions of hundreds of nodes (issue 30: 5 % of the operator's CPU at 500
+    jobs). Immutable, so a remembered answer is never stale; plain lists are wrapped by
+    `of()`."""
+
+    @classmethod
+    def of(cls, nodes) -> Nodes:
+        return nodes if isinstance(nodes, Nodes) else cls(nodes)
+
+    def totals(self, selector: dict[str, str], resource: str) -> PoolTotals:
+        memo = self.__dict__.setdefault("_totals", {})  # a lost race recomputes the same value
+        key = (tuple(sorted(selector.items())), resource)
+        if key not in memo:
+            sizes = [allocatable(n, resource) for n in self if node_matches(n, selector)]
+            memo[key] = PoolTotals(len(sizes), max(sizes, default=0), sum(sizes))
+        return memo[key]
+
+
 def capacity_error(job: Job, nodes: list[dict]) -> SpecError | None:
     """A SpecError when no node of the job's pool could ever hold one worker; else None.
     An autoscaled pool is judged by the nodes it can have (config `gpusPerNode`, else its
     largest node present), not by the nodes present: at zero nodes it still fits."""
-    pool = job.placement
+    pool, nodes = job.placement, Nodes.of(nodes)
     where = f"node pool {pool.pool!r}" if pool.pool else f"nodeSelector {pool.node_selector}"
     field = "spec.nodePool.name" if pool.pool else "spec.nodePool.nodeSelector"
-    matching = [n for n in nodes if node_matches(n, pool.node_selector)]
-    if not matching and not pool.autoscale:
+    present = nodes.totals(pool.node_selector, pool.gpu_resource)
+    if not present.nodes and not pool.autoscale:
         return NoMatchingNodes(field, f"no node matches {where}; check the selector or add "
                                       f"nodes to the pool")
-    gpus = node_gpus(pool, matching)
+    gpus = node_gpus(pool, present)
     if gpus is not None and job.gpus_per_worker > gpus:
         return SpecError("spec.gpusPerWorker", f"{job.gpus_per_worker} {pool.gpu_resource} per "
                          f"worker, but the largest node of {where} has {gpus}; use at most "
                          f"{gpus} and more workers")
-    if job.infiniband and matching and \
-            max(allocatable(n, pool.rdma_resource) for n in matching) < 1:
+    if job.infiniband and present.nodes and \
+            nodes.totals(pool.node_selector, pool.rdma_resource).largest < 1:
         return SpecError("spec.infiniband", f"no node of {where} has {pool.rdma_resource}; "
                                             f"choose an InfiniBand pool or set infiniband: false")
     if pool.autoscale and gpus and job.gpus_per_worker:
@@ -1036,17 +1064,17 @@ def capacity_error(job: Job, nodes: list[dict]) -> SpecError | None:
 
 
 def allocatable(node: dict, resource: str) -> int:
+    """An extended resource's allocatable (GPUs, RDMA devices): Kubernetes allows only whole
+    numbers for them."""
     return int((node.get("status", {}).get("allocatable") or {}).get(resource, 0) or 0)
 
 
-def node_gpus(pool: Placement, matching: list[dict]) -> int | None:
+def node_gpus(pool: Placement, present: PoolTotals) -> int | None:
     """GPUs of one node of the pool: the configured VM size's, else the largest node present;
     None when unknown (an autoscaled pool at zero nodes without gpusPerNode)."""
     if pool.gpus_per_node is not None:
         return pool.gpus_per_node
-    if not matching:
-        return None
-    return max(allocatable(n, pool.gpu_resource) for n in matching)
+    return present.largest if present.nodes else None
 
 
 def nodes_needed(job: Job, gpus_per_node: int) -> int:

@@ -68,3 +68,26 @@ def test_malformed_json_raises_the_json_module_error():
         fastjson.loads('{"a": ')
     with pytest.raises(json.JSONDecodeError):
         fastjson.watch_event('{"type": ')
+
+
+def test_api_responses_lose_managed_fields_and_keep_the_rest():
+    """kube.request's responses (an object, or a list) decode without managedFields: the
+    controller keeps status-write responses until its cache catches up (issue 30's peak RSS)."""
+    pod = POD_EVENT["object"]
+    want = copy.deepcopy(pod)
+    del want["metadata"]["managedFields"]
+    assert fastjson.api_object(json.dumps(pod)) == want
+    listed = {"kind": "PodList", "metadata": {"resourceVersion": "5"}, "items": [pod, pod]}
+    assert fastjson.api_object(json.dumps(listed).encode()) == {**listed, "items": [want, want]}
+    assert fastjson.api_object('{"kind": "Status", "code": 404}') == {"kind": "Status", "code": 404}
+
+
+def test_canonical_is_the_same_for_the_same_value_in_any_key_order():
+    """apply's digest and the parsed-spec memo key: equal values give equal bytes, and any
+    difference (a value, a nesting) gives different ones."""
+    a = {"b": [1, {"y": 2, "x": 1}], "a": "s"}
+    b = {"a": "s", "b": [1, {"x": 1, "y": 2}]}
+    assert fastjson.canonical(a) == fastjson.canonical(b)
+    assert json.loads(fastjson.canonical(a)) == a
+    assert fastjson.canonical(a) != fastjson.canonical({**a, "b": [1, {"x": 1, "y": 3}]})
+    assert fastjson.canonical({"t": pytest}) == b'{"t":"' + str(pytest).encode() + b'"}'

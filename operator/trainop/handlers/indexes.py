@@ -532,6 +532,7 @@ async def route_resource_flavor(type, name, memo: kopf.Memo, **_) -> None:  # no
 
 @kopf.on.event("v1", "nodes")
 async def route_node(type, body, memo: kopf.Memo, **_) -> None:  # noqa: A002
+    memo.controller.node_changed()
     if type in ("ADDED", "DELETED"):  # not heartbeats; label edits wait for the resync
         memo.controller.wake_waiting_for_nodes()
     if type == "MODIFIED" and node_lost(body):  # the gangs with a pod there restart now
