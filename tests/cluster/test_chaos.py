@@ -32,7 +32,6 @@ from kubernetes.client.exceptions import ApiException
 from bench.chaos import chaos_cluster, run_fault
 from tests.fixtures.cluster import ClusterHandle, OperatorProcess
 from tests.fixtures.waiting import wait_until
-from trainop.devcluster.cluster import install_crds
 from trainop.jobsync.failures import attempt
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -50,8 +49,8 @@ def chaos(tmp_path_factory):
     # every fault's namespace and the leader's ramp keep their nodes
     dev = chaos_cluster(state, JOBS * len(FAULTS) + LEADER_JOBS)
     try:
-        dev.up(timeout=600)
-        handle = ClusterHandle(dev, crd_errors=install_crds(dev.kubeconfig))
+        dev.up(timeout=600, crds=True)
+        handle = ClusterHandle(dev, crd_errors=dev.crd_errors)
         assert not handle.crd_errors
         yield handle
     finally:

@@ -18,7 +18,7 @@ import pytest
 from tests.fixtures import azurite as azurite_fixture
 from tests.fixtures.cluster import ClusterHandle, OperatorProcess, fresh_namespace
 from trainop.devcluster import nodes
-from trainop.devcluster.cluster import DevCluster, install_crds
+from trainop.devcluster.cluster import DevCluster
 from trainop.devcluster.pools import parse_pools
 
 pytestmark = pytest.mark.real
@@ -74,8 +74,8 @@ def real_cluster(tmp_path_factory) -> RealCluster:
     dev = DevCluster(tmp_path_factory.mktemp("realcluster"), pools=pools, die_with_parent=True)
     try:
         # Cold: images are imported into each node's containerd (minutes); warm: seconds.
-        dev.up(timeout=900)
-        yield RealCluster(dev, crd_errors=install_crds(dev.kubeconfig))
+        dev.up(timeout=900, crds=True)
+        yield RealCluster(dev, crd_errors=dev.crd_errors)
     finally:
         dev.down()
     # `down` removes everything real nodes made: a leftover fails the session's last test.

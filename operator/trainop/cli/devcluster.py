@@ -66,7 +66,7 @@ def _cluster(pools_text: str = "", real_text: str = ""):
 
 def run(args) -> int:
     from trainop.devcluster import build
-    from trainop.devcluster.cluster import ClusterError, install_crds
+    from trainop.devcluster.cluster import ClusterError
 
     if args.action == "images":
         return _images(args)
@@ -91,8 +91,8 @@ def run(args) -> int:
         print(f"\nAPI server {'ready' if up else 'not ready'}; kubeconfig: {cluster.kubeconfig}")
         return 0 if up else 1
     try:
-        seconds = cluster.up()
-        refused = {} if args.no_crds else install_crds(cluster.kubeconfig)
+        seconds = cluster.up(crds=not args.no_crds)
+        refused = cluster.crd_errors
     except (ClusterError, RuntimeError) as err:
         print(f"trainop devcluster up: {err}", file=sys.stderr)
         return 1

@@ -95,6 +95,8 @@ class DevCluster:
     audit_log: Path | None = None
     # The audit policy's rules (Metadata for every request by default); e.g. WRITES_ONLY.
     audit_rules: list[dict] = field(default_factory=lambda: [{"level": "Metadata"}])
+    # What `up(crds=True)` was refused, by CRD file (install_crds' answer).
+    crd_errors: dict[str, str] = field(default_factory=dict, init=False)
 
     # ---- files ---------------------------------------------------------------------------
     @property
@@ -146,9 +148,15 @@ class DevCluster:
     def is_up(self) -> bool:
         return all(self.status().values()) and self._ready("/readyz")
 
-    def up(self, timeout: float = 120.0) -> float:
-        """Start everything (building binaries first if needed); return seconds taken to start."""
+    def up(self, timeout: float = 120.0, crds: bool = False) -> float:
+        """Start everything (building binaries first if needed); return seconds taken to start.
+        With `crds`, trainop's CRDs are installed before the controller-manager starts (refusals
+        in `crd_errors`, as install_crds returns them): its garbage collector then knows their
+        kinds from its first discovery, where CRDs installed after it wait for its next one (up
+        to 30 s, issue 29)."""
         if self.is_up():
+            if crds:  # they may have changed since: applied again
+                self.crd_errors = install_crds(self.kubeconfig)
             return 0.0
         self.down()
         bins = build.ensure_binaries()
@@ -166,8 +174,12 @@ class DevCluster:
         self._write_kubeconfig(ports["apiserver"])
         self._save({"ports": ports, "pids": {}, "bin_dir": str(bins),
                     "pools": [dataclasses.asdict(p) for p in self.pools]})
+        kinds: list[tuple[str, str]] = []
         for name in COMPONENTS:
+            if name == "kube-controller-manager" and crds:
+                self.crd_errors, kinds = apply_crds(self.kubeconfig)
             self.start_component(name, timeout)
+        wait_for_garbage_collector(self.kubeconfig, kinds)
         self._create_nodes()
         if real:
             self._start_real_nodes(real, bins, timeout)
@@ -530,6 +542,15 @@ def install_crds(kubeconfig: Path, crds_dir: Path | None = None) -> dict[str, st
     Returns {file name: error} for the CRDs the API server refused (empty when all installed), so
     one broken definition is reported by name instead of hiding the others.
     """
+    errors, kinds = apply_crds(kubeconfig, crds_dir)
+    wait_for_garbage_collector(kubeconfig, kinds)
+    return errors
+
+
+def apply_crds(kubeconfig: Path, crds_dir: Path | None = None) \
+        -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """install_crds without the garbage collector's wait: (refusals by file, the kinds served
+    as (apiVersion, kind))."""
     from trainop.devcluster import kubectl
     from trainop.paths import CRDS_DIR
 
@@ -546,8 +567,7 @@ def install_crds(kubeconfig: Path, crds_dir: Path | None = None) -> dict[str, st
                 continue
             applied = waited
         errors[path.name] = applied.stderr.strip()
-    wait_for_garbage_collector(kubeconfig, kinds)
-    return errors
+    return errors, kinds
 
 
 def wait_for_garbage_collector(kubeconfig: Path, kinds: list[tuple[str, str]],
