@@ -425,7 +425,9 @@ def main() -> int:
                    "checkout's crds/), e.g. another checkout's when this one's is refused")
     p.add_argument("--profile", type=Path, help="a folder: py-spy samples each trainop ramp into "
                    "<operator>-<N>.txt (py-spy's own CPU is not counted in the operator's), and "
-                   "keeps the API server's audit log of each N there (audit-<N>.jsonl)")
+                   "keeps the API server's audit log of each N there (audit-<N>.jsonl); "
+                   "needs py-spy in the venv (.venv/bin/pip install py-spy: a profiling tool, "
+                   "not one of the project's dependencies)")
     args = p.parse_args()
     for op in args.operators:
         if op.partition("@")[0] not in OPERATORS:
@@ -434,6 +436,8 @@ def main() -> int:
     if "mpi-operator" in args.operators:
         mpi_operator_binary()
     if args.profile:
+        if not Path(sys.executable).with_name("py-spy").exists():
+            p.error("--profile needs py-spy in the venv: .venv/bin/pip install py-spy")
         args.profile.mkdir(parents=True, exist_ok=True)
     results = []
     for n in args.jobs:
