@@ -4,7 +4,8 @@
   on containerd + runc (no KWOK node at all, so every pod here really runs, on the CPU), with
   CNI networking, kube-proxy and CoreDNS, and the project's images loaded.
 - `real_namespace`: a fresh namespace on it per test.
-- `pod_azurite` (session): Azurite on the real nodes' host address, where pods can reach it.
+- `pod_azurite` (session): Azurite on the real nodes' host address, where pods can reach it; the
+  containers a passing test made there are deleted after it.
 - `real_operator`: `python -m trainop operator` as a host process watching the test namespace
   (the in-cluster Deployment from the chart has its own test, test_operator_in_cluster).
 """
@@ -108,6 +109,23 @@ def pod_azurite(real_cluster, tmp_path_factory):
     with azurite_fixture.running(tmp_path_factory.mktemp("pod-azurite"), https=False,
                                  host=nodes.HOST_IP) as server:
         yield server
+
+
+@pytest.fixture(autouse=True)
+def _blob_containers_dropped(request):
+    """A passing test's new containers on `pod_azurite` are deleted after it (a failing test's stay,
+    to be read): the jobs here upload checkpoints, 4.5 GB of the 13 GB one CI run held in /tmp
+    before a full disk stopped it. Azurite frees the deleted blobs' files at its next GC (10 min)."""
+    if "pod_azurite" not in request.fixturenames:
+        yield
+        return
+    service = request.getfixturevalue("pod_azurite").service()
+    before = {c.name for c in service.list_containers()}
+    yield
+    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.passed:
+        for container in service.list_containers():
+            if container.name not in before:
+                service.delete_container(container.name)
 
 
 @pytest.fixture
