@@ -50,8 +50,11 @@ class Server:
         env = {**os.environ, "EXPORT_DIR": str(tmp_path), "RUN_DIR": str(tmp_path / "run"),
                "CLIENTS_FILE": str(self.clients), "GANESHA": str(fake), "FAKE_LOG": str(self.log),
                "POLL_SECONDS": "0.1", "FAKE_EXIT": str(fake_exit)}
+        # a group of its own: the teardown kills the double with it (a SIGKILL to the
+        # entrypoint alone left its child looping for good)
         self.proc = subprocess.Popen(["sh", str(ENTRYPOINT)], env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, preexec_fn=default_hup)
+                                     stderr=subprocess.STDOUT, text=True, preexec_fn=default_hup,
+                                     process_group=0)
         wait_until(lambda: self.records(), timeout=10, what="the server started")
 
     def records(self) -> list[str]:
@@ -74,9 +77,11 @@ def servers():
     started: list[Server] = []
     yield started
     for server in started:
-        if server.proc.poll() is None:
-            server.proc.kill()
-            server.proc.wait()
+        try:
+            os.killpg(server.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the entrypoint and the double are gone already
+        server.proc.wait()
 
 
 def test_the_export_serves_the_listed_clients_and_follows_the_file(tmp_path, servers):
