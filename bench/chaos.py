@@ -61,7 +61,7 @@ sys.path.insert(0, str(REPO / "operator"))
 sys.path.insert(0, str(REPO))
 
 from bench.control_plane import _free_port, bench_pools, machine, wait_healthy, wait_namespace_gone  # noqa: E402
-from trainop.devcluster.cluster import WRITES_ONLY, DevCluster, install_crds  # noqa: E402
+from trainop.devcluster.cluster import WRITES_ONLY, DevCluster  # noqa: E402
 
 GROUP, VERSION, PLURAL = "trainop.io", "v1alpha1", "distributedtrainingjobs"
 # What `upgrade` changes: everything a new release's values could, that a running pod carries.
@@ -438,9 +438,9 @@ def kwok_rows(args: argparse.Namespace, faults: list[str]) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="trainop-chaos-") as tmp:
         state = Path(tmp)
         cluster = chaos_cluster(state, args.jobs)
-        cluster.up(timeout=600)
+        cluster.up(timeout=600, crds=True)
         try:
-            refused = install_crds(cluster.kubeconfig)
+            refused = cluster.crd_errors
             if refused:
                 raise RuntimeError(f"the API server refused CRDs: {refused}")
             api = kube_config.new_client_from_config(config_file=str(cluster.kubeconfig))

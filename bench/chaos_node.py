@@ -34,7 +34,7 @@ from tests.e2e.test_node_lost import NodeLoss, duplicates, lose_a_node  # noqa: 
 from tests.fixtures import azurite as azurite_fixture  # noqa: E402
 from tests.fixtures.cluster import OperatorProcess  # noqa: E402
 from trainop.devcluster import nodes  # noqa: E402
-from trainop.devcluster.cluster import DevCluster, install_crds  # noqa: E402
+from trainop.devcluster.cluster import DevCluster  # noqa: E402
 from trainop.devcluster.pools import parse_pools  # noqa: E402
 
 FAULT = "a GPU node's kubelet, containerd and containers killed under training"
@@ -72,8 +72,8 @@ def run() -> dict:
         pools = parse_pools("system=0,gpu=0,ibgpu=0", real="system=1,gpu=1")
         dev = DevCluster(work / "cluster", pools=pools, die_with_parent=True)
         try:
-            dev.up(timeout=900)
-            cluster = RealCluster(dev, crd_errors=install_crds(dev.kubeconfig))
+            dev.up(timeout=900, crds=True)
+            cluster = RealCluster(dev)
             cluster.kubectl("create", "namespace", "chaos-node")
             (work / "azurite").mkdir()
             with azurite_fixture.running(work / "azurite", https=False, host=nodes.HOST_IP) as azurite:

@@ -62,7 +62,7 @@ sys.path.insert(0, str(REPO / "operator"))
 
 from trainop import paths  # noqa: E402
 from trainop.devcluster import kubectl  # noqa: E402
-from trainop.devcluster.cluster import DevCluster, install_crds  # noqa: E402
+from trainop.devcluster.cluster import DevCluster  # noqa: E402
 from trainop.devcluster.pools import NodePool  # noqa: E402
 
 MPI_VERSION = "v0.6.0"
@@ -447,8 +447,8 @@ def main() -> int:
             logs = Path(tmp) / "logs"
             logs.mkdir()
             try:
-                cluster.up(timeout=600)
-                refused = install_crds(cluster.kubeconfig, args.crds)
+                cluster.up(timeout=600, crds=True, crds_dir=args.crds)
+                refused = cluster.crd_errors
                 if refused:  # (else every job's create fails with a bare 404)
                     raise RuntimeError(f"the API server refused CRDs: {refused}")
                 if "mpi-operator" in args.operators:  # (--operators trainop needs no Go module)

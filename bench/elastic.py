@@ -69,7 +69,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.control_plane import _free_port, machine, wait_healthy  # noqa: E402
 from trainop import config  # noqa: E402
-from trainop.devcluster.cluster import DevCluster, install_crds  # noqa: E402
+from trainop.devcluster.cluster import DevCluster  # noqa: E402
 from trainop.devcluster.pools import NodePool  # noqa: E402
 
 GROUP, VERSION, PLURAL = "trainop.io", "v1alpha1", "distributedtrainingjobs"
@@ -210,10 +210,10 @@ def run(args: argparse.Namespace) -> dict:
         state = Path(tmp)
         cluster = DevCluster(state / "cluster", pools=[NodePool("system", 2, "Standard_D8s_v5", cpu="8", memory="32Gi",
                                                                  mode="system")], die_with_parent=True)
-        cluster.up(timeout=600)
+        cluster.up(timeout=600, crds=True)
         operator = None
         try:
-            if install_crds(cluster.kubeconfig):
+            if cluster.crd_errors:
                 raise RuntimeError("the API server refused the CRDs")
             api = kube_config.new_client_from_config(config_file=str(cluster.kubeconfig))
             core, custom = k8s.CoreV1Api(api), k8s.CustomObjectsApi(api)

@@ -33,7 +33,7 @@ from tests.e2e.conftest import RealCluster  # noqa: E402
 from tests.e2e.test_nfs_ganesha import COPY_UID, client_pod, run_pods, sh  # noqa: E402
 from tests.fixtures.waiting import wait_until  # noqa: E402
 from trainop import config  # noqa: E402
-from trainop.devcluster.cluster import DevCluster, install_crds  # noqa: E402
+from trainop.devcluster.cluster import DevCluster  # noqa: E402
 from trainop.devcluster.pools import parse_pools  # noqa: E402
 from trainop.render import datastage  # noqa: E402
 from trainop.spec import parse_stage  # noqa: E402
@@ -94,8 +94,8 @@ def main() -> int:
         dev = DevCluster(Path(tmp) / "cluster", pools=parse_pools("system=0,gpu=0,ibgpu=0", real="system=1"),
                          die_with_parent=True)
         try:
-            dev.up(timeout=900)
-            cluster = RealCluster(dev, crd_errors=install_crds(dev.kubeconfig))
+            dev.up(timeout=900, crds=True)
+            cluster = RealCluster(dev)
             cluster.kubectl("create", "namespace", NS)
             wait_until(lambda: cluster.kubectl("get", "-n", NS, "sa", "default", check=False).returncode == 0,
                        timeout=30, what="the default ServiceAccount")

@@ -29,7 +29,7 @@ from tests.e2e.conftest import RealCluster  # noqa: E402
 from tests.e2e.test_real_pods import reduced  # noqa: E402
 from tests.fixtures.cluster import OperatorProcess  # noqa: E402
 from tests.fixtures.waiting import wait_until  # noqa: E402
-from trainop.devcluster.cluster import DevCluster, install_crds  # noqa: E402
+from trainop.devcluster.cluster import DevCluster  # noqa: E402
 from trainop.devcluster.pools import parse_pools  # noqa: E402
 
 
@@ -71,8 +71,8 @@ def main() -> int:
                          die_with_parent=True)
         up_started = time.monotonic()
         try:
-            dev.up(timeout=900)
-            cluster = RealCluster(dev, crd_errors=install_crds(dev.kubeconfig))
+            dev.up(timeout=900, crds=True)
+            cluster = RealCluster(dev)
             print(f"cluster with real nodes up in {time.monotonic() - up_started:.1f}s", flush=True)
             cluster.kubectl("create", "namespace", "bench")
             wait_until(lambda: cluster.kubectl("get", "-n", "bench", "sa", "default", check=False).returncode == 0,

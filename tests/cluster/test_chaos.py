@@ -50,7 +50,7 @@ def chaos(tmp_path_factory):
     dev = chaos_cluster(state, JOBS * len(FAULTS) + LEADER_JOBS)
     try:
         dev.up(timeout=600, crds=True)
-        handle = ClusterHandle(dev, crd_errors=dev.crd_errors)
+        handle = ClusterHandle(dev)
         assert not handle.crd_errors
         yield handle
     finally:

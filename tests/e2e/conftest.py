@@ -17,7 +17,7 @@ import json
 import pytest
 
 from tests.fixtures import azurite as azurite_fixture
-from tests.fixtures.cluster import ClusterHandle, OperatorProcess, fresh_namespace
+from tests.fixtures.cluster import ClusterHandle, OperatorProcess, call_failed, call_passed, fresh_namespace
 from trainop.devcluster import nodes
 from trainop.devcluster.cluster import DevCluster
 from trainop.devcluster.pools import parse_pools
@@ -76,7 +76,7 @@ def real_cluster(tmp_path_factory) -> RealCluster:
     try:
         # Cold: images are imported into each node's containerd (minutes); warm: seconds.
         dev.up(timeout=900, crds=True)
-        yield RealCluster(dev, crd_errors=dev.crd_errors)
+        yield RealCluster(dev)
     finally:
         dev.down()
     # `down` removes everything real nodes made: a leftover fails the session's last test.
@@ -122,7 +122,7 @@ def _blob_containers_dropped(request):
     service = request.getfixturevalue("pod_azurite").service()
     before = {c.name for c in service.list_containers()}
     yield
-    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.passed:
+    if call_passed(request):
         for container in service.list_containers():
             if container.name not in before:
                 service.delete_container(container.name)
@@ -133,7 +133,7 @@ def real_operator(real_cluster, real_namespace, tmp_path, request):
     op = OperatorProcess(real_cluster, [real_namespace], tmp_path / "operator.log").start()
     yield op
     op.stop()
-    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+    if call_failed(request):
         print(f"\n--- operator log ---\n{op.logs()[-8000:]}")
         events = real_cluster.kubectl("get", "events", "-n", real_namespace, "-o", "json", check=False).stdout
         print("\n--- events ---\n" + "\n".join(

@@ -20,7 +20,7 @@ import json
 import pytest
 
 from tests.e2e.test_real_pods import RUN_TIMEOUT, reduced, wait_phase
-from tests.fixtures.cluster import OperatorProcess
+from tests.fixtures.cluster import OperatorProcess, call_failed
 from tests.fixtures.waiting import wait_until
 from trainop.render.fabric import PREFLIGHT_EXIT_SLOW, UNHEALTHY_TAINT
 
@@ -79,7 +79,7 @@ def tainting_operator(real_cluster, real_namespace, tmp_path, request):
                          config={"preflight": {"taintUnhealthyNodes": True, "sizeMB": 4, "iterations": 5}}).start()
     yield op
     op.stop()
-    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+    if call_failed(request):
         print(f"\n--- operator log ---\n{op.logs()[-8000:]}")
 
 

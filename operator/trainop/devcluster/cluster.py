@@ -148,15 +148,15 @@ class DevCluster:
     def is_up(self) -> bool:
         return all(self.status().values()) and self._ready("/readyz")
 
-    def up(self, timeout: float = 120.0, crds: bool = False) -> float:
+    def up(self, timeout: float = 120.0, crds: bool = False, crds_dir: Path | None = None) -> float:
         """Start everything (building binaries first if needed); return seconds taken to start.
-        With `crds`, trainop's CRDs are installed before the controller-manager starts (refusals
-        in `crd_errors`, as install_crds returns them): its garbage collector then knows their
-        kinds from its first discovery, where CRDs installed after it wait for its next one (up
-        to 30 s, issue 29)."""
+        With `crds`, trainop's CRDs (those of `crds_dir`, default this checkout's) are installed
+        before the controller-manager starts (refusals in `crd_errors`, as install_crds returns
+        them): its garbage collector then knows their kinds from its first discovery, where CRDs
+        installed after it wait for its next one (up to 30 s, issue 29)."""
         if self.is_up():
             if crds:  # they may have changed since: applied again
-                self.crd_errors = install_crds(self.kubeconfig)
+                self.crd_errors = install_crds(self.kubeconfig, crds_dir)
             return 0.0
         self.down()
         bins = build.ensure_binaries()
@@ -177,7 +177,7 @@ class DevCluster:
         kinds: list[tuple[str, str]] = []
         for name in COMPONENTS:
             if name == "kube-controller-manager" and crds:
-                self.crd_errors, kinds = apply_crds(self.kubeconfig)
+                self.crd_errors, kinds = apply_crds(self.kubeconfig, crds_dir)
             self.start_component(name, timeout)
         wait_for_garbage_collector(self.kubeconfig, kinds)
         self._create_nodes()
