@@ -12,8 +12,10 @@ Counting follows the API server's quota admission: a pod's usage is its effectiv
 limit requests its limit), `requests.<r>` for every resource, the bare `cpu`/`memory`/
 `ephemeral-storage` names as requests, `limits.<r>`, and `pods`/`count/pods`; a quota's scopes
 (Terminating, BestEffort, PriorityClass, ...) decide which pods it counts. `used` is what the API
-server wrote in the quota's status; the caller adds what admitted jobs still have to create
-(`outstanding`), so a gang admitted a moment ago but not yet created is not admitted twice.
+server wrote in the quota's status, or what the namespace's live trainop pods add up to where
+that is more (the status can trail a pod created a moment ago); the caller adds what admitted
+jobs still have to create (`outstanding`), so a gang admitted a moment ago but not yet created
+is not admitted twice.
 
 Queue policy: priority (the value of the job's class, priority.py; higher first), then creation
 time (FIFO), then name.
@@ -212,18 +214,23 @@ def ledgers(namespace: str, quotas: list[dict], pods: list[dict], cfg: Config,
     """Every ResourceQuota of the namespace, plus the operator's GPU cap when no quota limits
     any of `gpu_resources` (then `used` is counted from the namespace's live pods)."""
     out = []
+    counted = [p for p in pods if counts_in_quota(p)]  # a deleting pod counts until it is gone
     for q in quotas:
         hard = {k: quantity(v) for k, v in ((q.get("spec") or {}).get("hard") or {}).items()}
         used = {k: quantity(v) for k, v in ((q.get("status") or {}).get("used") or {}).items()}
-        out.append(Ledger(f"ResourceQuota {namespace}/{q['metadata']['name']}", hard, used,
-                          _quota_scopes(q)))
+        ledger = Ledger(f"ResourceQuota {namespace}/{q['metadata']['name']}", hard, used,
+                        _quota_scopes(q))
+        # status.used can trail the pods: the quota controller recounts from its own informer
+        # after a deletion and may write a sum that misses a pod created a moment before. The
+        # pods we see count too, so the larger of the two is used (both only undercount).
+        ledger.used = _max(used, _usage_for(ledger, counted))
+        out.append(ledger)
     cap = namespace_gpu_cap(cfg)
     keys = {f"requests.{r}" for r in gpu_resources}
     if cap is not None and not any(keys & set(ledger.hard) for ledger in out):
         used: Usage = {}
-        for pod in pods:
-            if counts_in_quota(pod):  # a deleting pod still counts until it is gone
-                used = _add(used, {k: v for k, v in pod_usage(pod).items() if k in keys})
+        for pod in counted:
+            used = _add(used, {k: v for k, v in pod_usage(pod).items() if k in keys})
         out.append(Ledger(NAMESPACE_CAP, {k: Decimal(cap) for k in keys}, used))
     return out
 

@@ -148,6 +148,26 @@ def test_an_admitted_job_holds_what_it_has_not_created_yet():
     assert out["second"].outcome == ADMITTED
 
 
+def test_a_quota_status_that_trails_the_pods_counts_the_pods():
+    # The quota controller recounts after a deletion from its own informer and can write a
+    # used that misses a pod created a moment before (seen in CI: "4 of 8 free" while both
+    # of a running job's 4-GPU workers existed). The live pods we see count as well.
+    live = [running_pod(f"second-worker-{i}", 4, job_name="second") for i in range(2)]
+    out = admission.plan([cand("first")], ledgers(gpu_quota(8, used=4), pods=live), NODES)
+    assert out["first"] == admission.Decision(
+        QUEUED, "QuotaExceeded", "needs 8 nvidia.com/gpu; 0 of 8 free in ResourceQuota team-a/gpu")
+    # ... and a status ahead of our pods (other pods in the namespace) still counts in full;
+    # finished pods count in neither.
+    done = [running_pod("old-worker-0", 4, phase="Succeeded", job_name="old")]
+    out = admission.plan([cand("first", workers=1)],
+                         ledgers(gpu_quota(8, used=4), pods=done), NODES)
+    assert out["first"].outcome == ADMITTED
+    out = admission.plan([cand("first", workers=1)],
+                         ledgers(gpu_quota(8, used=6), pods=live[:1]), NODES)
+    assert out["first"] == admission.Decision(
+        QUEUED, "QuotaExceeded", "needs 4 nvidia.com/gpu; 2 of 8 free in ResourceQuota team-a/gpu")
+
+
 def test_priority_beats_arrival_order():
     out = admission.plan([cand("early-low", created="2026-01-01T00:00:00Z", priority=0),
                           cand("late-high", created="2026-01-01T00:01:00Z", priority=10)],
