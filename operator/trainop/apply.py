@@ -17,6 +17,12 @@ identities' ServiceAccount/Role/RoleBinding, a DataStage's NetworkPolicy and cla
 watched: `observe()` forgets one that was deleted or changed by someone else, and the event
 wakes its owner, whose reconcile applies it again.
 
+Pods and Jobs it created are remembered (`created`) until the watch shows them: the snapshot
+of the owner's next reconcile counts them (read your writes, as client-go's controllers keep
+"expectations"). In a burst the pods' events wait in kopf's queues behind other objects' while
+the job's own status event wakes its reconcile; without this, that reconcile found no pods and
+created them again (a 409 and a GET each).
+
 Secrets are the one kind the operator does not watch: listing them would give it every
 credential of every namespace it serves. A job's SSH Secret is created once (POST; a 409 is
 checked for ownership with one GET) and remembered here, so the next reconciles skip it;
@@ -36,6 +42,7 @@ import json
 import logging
 import os
 import threading
+import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 
 from kubernetes.client.exceptions import ApiException
@@ -68,6 +75,10 @@ class Applier:
         self._applied: dict[tuple, tuple[str, str]] = {}
         self._ssh_secrets: dict[str, object] = {}  # job uid -> its spec.Job: the SSH Secret exists
         self._ssh_fresh: set[str] = set()  # ... just made or confirmed: its first pods need no read
+        # owner uid -> (kind, name) -> (the object our create returned, time.monotonic() then):
+        # until an event of it reaches seen(), or CREATED_TTL_S for an event that never comes
+        # (one the watch missed while it restarted)
+        self._created: dict[str, dict[tuple[str, str], tuple[dict, float]]] = {}
         # The calls of one stage (run()) run here: a pool of its own beside the controller's
         # reconcile threads, so a reconcile waiting for its stage never holds a slot it needs.
         self.pool: Executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="trainop-stage")
@@ -111,7 +122,9 @@ class Applier:
             if isinstance(action, Apply):
                 self._apply(action)
             elif isinstance(action, Create):
-                _create(kube.with_owner(action.obj, action.owner), action.owner)
+                live = _create(kube.with_owner(action.obj, action.owner), action.owner)
+                if live.get("kind") in _READ_YOUR_CREATES:
+                    self._remember(live)
             elif isinstance(action, CreateSSHSecret):
                 self._create_ssh_secret(action)
             elif isinstance(action, Delete):
@@ -136,6 +149,42 @@ class Applier:
             self._applied = {k: v for k, v in self._applied.items() if k[4] != owner_uid}
             self._ssh_secrets.pop(owner_uid, None)
             self._ssh_fresh.discard(owner_uid)
+            self._created.pop(owner_uid, None)
+
+    def _remember(self, live: dict) -> None:
+        owner = kube.controller_uid(live)
+        if owner is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._created.setdefault(owner, {})[(live["kind"], live["metadata"]["name"])] = (live, now)
+
+    def seen(self, kind: str, body: dict) -> None:
+        """A watch event of a Pod or Job (any type): from here on the caches know it."""
+        owner = kube.controller_uid(body)
+        if owner is None or owner not in self._created:  # (the common case: no lock)
+            return
+        key, uid = (kind, body["metadata"]["name"]), body["metadata"].get("uid")
+        with self._lock:
+            mine = self._created.get(owner, {})
+            if key in mine and mine[key][0]["metadata"].get("uid") == uid:
+                del mine[key]
+                if not mine:
+                    del self._created[owner]
+
+    def created(self, owner_uid: str | None, kind: str, cached: list[dict]) -> list[dict]:
+        """The `kind` objects created for the owner that the `cached` ones (the index's) do not
+        show yet. One the cache has (same uid) is forgotten here as well: its watch event can
+        reach seen() before the create's own thread has remembered it."""
+        if owner_uid not in self._created:
+            return []
+        now, have = time.monotonic(), {c["metadata"].get("uid") for c in cached}
+        with self._lock:
+            mine = self._created.get(owner_uid, {})
+            for key in [k for k, (obj, t) in mine.items() if k[0] == kind and (
+                    obj["metadata"].get("uid") in have or now - t > CREATED_TTL_S)]:
+                del mine[key]
+            return [obj for (k, _), (obj, _) in mine.items() if k == kind]
 
     def has_ssh_secret(self, owner_uid: str | None) -> bool:
         with self._lock:
@@ -195,6 +244,12 @@ class Applier:
         with self._lock:
             self._applied[key] = (digest, live["metadata"].get("resourceVersion", ""))
 
+
+# What the owner's snapshot reads of its created children (see the module docstring), and how
+# long one is trusted without its watch event (client-go's expectations wait 5 minutes; a
+# reconcile that trusts a pod that is not there only waits for it, so less).
+_READ_YOUR_CREATES = ("Pod", "Job")
+CREATED_TTL_S = 30.0
 
 # Kinds that need another object at once, so never in a stage with it: those that start pods (a
 # StatefulSet's pod made before its ServiceAccount is refused, and its controller retries only

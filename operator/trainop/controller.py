@@ -74,8 +74,17 @@ def _rv(obj: dict | None) -> int:
 
 
 def _controlled(obj: dict, uid: str | None) -> bool:
-    return any(r.get("controller") and r.get("uid") == uid
-               for r in obj["metadata"].get("ownerReferences") or [])
+    return uid is not None and apply.kube.controller_uid(obj) == uid
+
+
+def _with_created(cached: list[dict], created: list[dict]) -> list[dict]:
+    """The cached objects and those we created that the cache does not show yet (Applier.
+    created): ours replaces a cached one of its name (an earlier incarnation, another uid,
+    whose deletion the watch has not shown either: our create succeeded, so it is gone)."""
+    if not created:
+        return cached
+    names = {c["metadata"]["name"] for c in created}
+    return [c for c in cached if c["metadata"]["name"] not in names] + created
 
 
 class Controller:
@@ -370,9 +379,14 @@ class Controller:
         launcher = self._one("dtj_launchers", ck)
         if launcher is not None and not _controlled(launcher, uid):
             launcher = None
+        launchers = [launcher] if launcher else []
+        launcher = next(iter(_with_created(launchers, self.applier.created(uid, "Job", launchers))),
+                        None)
         # the job's pods and its launcher Job's pod; another incarnation's (a job deleted and
         # made again) are not this job's: the garbage collector removes them
         owners = {uid, launcher["metadata"].get("uid") if launcher else None}
+        pods = [p for p in self._all("dtj_pods", ck)
+                if any(_controlled(p, owner) for owner in owners if owner)]
         conds = (body.get("status") or {}).get("conditions")
         created = conditions.is_true(conds, "Created")
         view = None if conditions.is_true(conds, "Admitted") else self.namespace_view(ns)
@@ -394,8 +408,7 @@ class Controller:
                    for f in self._all("resource_flavors", n)}
         snap = jobsync.JobSnapshot(
             body=body,
-            pods=[p for p in self._all("dtj_pods", ck)
-                  if any(_controlled(p, owner) for owner in owners if owner)],
+            pods=_with_created(pods, self.applier.created(uid, "Pod", pods)),
             launcher=launcher,
             # by name: with runLauncherAsWorker the launcher has a Service of its own
             service=services.get(render_dtj.service_name(named)),

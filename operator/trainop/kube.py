@@ -261,9 +261,13 @@ def owner_reference(owner: dict) -> dict:
 
 
 def controlled_by(obj: dict, owner: dict) -> bool:
-    uid = owner["metadata"]["uid"]
-    return any(ref.get("controller") and ref.get("uid") == uid
-               for ref in obj["metadata"].get("ownerReferences") or [])
+    return controller_uid(obj) == owner["metadata"]["uid"]
+
+
+def controller_uid(obj: dict) -> str | None:
+    """The uid of the object's controller (its ownerReference with controller: true)."""
+    return next((ref.get("uid") for ref in obj["metadata"].get("ownerReferences") or []
+                 if ref.get("controller")), None)
 
 
 def with_owner(obj: dict, owner: dict | None) -> dict:

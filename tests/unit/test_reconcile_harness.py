@@ -11,11 +11,12 @@ import datetime as dt
 import json
 import re
 import sys
+from collections.abc import Callable
 
 import pytest
 
 from tests.fixtures.harness import T0, Harness, dtj, node
-from trainop import conditions, config, jobsync, kube
+from trainop import apply, conditions, config, controller, jobsync, kube
 from trainop.handlers import indexes
 from trainop.render.dtj import SSHD_EXEC_FAILED
 
@@ -70,6 +71,70 @@ def test_a_new_job_costs_its_children_and_two_status_writes_and_no_read(harness)
     harness.api.reset_calls()
     harness.reconcile("ns", "j")
     assert harness.api.calls == []
+
+
+def _pods(plural_: str) -> Callable:
+    return lambda type_, plural, obj: plural == plural_
+
+
+def test_a_reconcile_ahead_of_its_pods_events_counts_the_pods_it_created(harness):
+    # In a burst kopf's per-object queues deliver the pods' events after the job's own status
+    # event has woken its reconcile again: that reconcile must not create the gang twice.
+    harness.submit(dtj("j"))
+    harness.settle(hold=_pods("pods"))
+    assert harness.held and harness.api.count("POST", "pods") == 2
+    assert harness.reconciles.count((controller.JOB, "ns", "j")) >= 2  # (woken by its status)
+    harness.reconcile("ns", "j")
+    assert harness.api.count("POST", "pods") == 2 and harness.api.count("GET") == 0
+    harness.release()
+    harness.settle()
+    assert harness.ctl.applier.created(harness.job("j")["metadata"]["uid"], "Pod", []) == []
+
+
+def test_a_created_pod_remembered_after_its_event_never_hides_the_cached_one(harness):
+    # The create's thread remembers what the POST returned; the watch event may have reached
+    # the router (seen()) a moment before. The cache's newer pod must still win.
+    harness.submit(dtj("j"))
+    harness.settle(hold=_pods("pods"))
+    posted = [copy.deepcopy(e[2]) for e in harness.held]  # as the POSTs returned them
+    harness.release()
+    harness.start_pods()
+    harness.settle()
+    for pod in posted:
+        harness.ctl.applier._remember(pod)
+    harness.api.reset_calls()
+    harness.reconcile("ns", "j")
+    assert harness.api.calls == []  # no status written back to "0/2 workers ready"
+    assert harness.job("j")["status"]["workers"]["ready"] == 2
+
+
+def test_a_reconcile_ahead_of_its_launchers_event_creates_no_second_launcher(harness):
+    harness.submit(dtj("j"))
+    harness.settle()
+    harness.start_pods()
+    harness.settle(hold=_pods("jobs"))
+    harness.reconcile("ns", "j")
+    assert harness.held and harness.api.count("POST", "jobs") == 1
+    assert harness.api.count("GET") == 0
+
+
+def test_a_created_pod_whose_event_never_comes_is_trusted_only_for_a_while(harness, monkeypatch):
+    harness.submit(dtj("j"))
+    harness.settle(hold=_pods("pods"))
+    harness.held.clear()  # lost: a watch that restarted, for instance
+    monkeypatch.setattr(apply, "CREATED_TTL_S", -1.0)
+    harness.reconcile("ns", "j")  # the caches have no pods: created again, met by a 409 each
+    assert harness.api.count("POST", "pods") == 4 and harness.api.count("GET", "pods") == 2
+
+
+def test_a_created_pod_deleted_before_its_first_event_is_made_again(harness):
+    harness.submit(dtj("j"))
+    harness.settle(hold=_pods("pods"))
+    harness.held.clear()  # kopf processes an object's latest event only: just the DELETED
+    harness.remove("pods", "ns", "j-worker-1")
+    harness.settle()
+    assert harness.api.count("POST", "pods") == 3
+    assert ("v1", "pods", "ns", "j-worker-1") in harness.api.objects
 
 
 def test_a_named_priority_class_costs_no_read_when_the_cache_has_it(harness):

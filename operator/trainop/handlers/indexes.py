@@ -470,6 +470,7 @@ async def route_pod(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noq
     too; one router for both, so a job pod costs one handler call, as before)."""
     ctl = memo.controller
     if LABEL_JOB in (body["metadata"].get("labels") or {}):
+        ctl.applier.seen("Pod", body)  # the index has it now (kopf indexes before handlers)
         if type == "DELETED":  # its last state says why it went (jobsync: departed)
             ctl.pod_departed(*_job_key(body, namespace), slim_pod(body))
         ctl.enqueue_job(*_job_key(body, namespace))
@@ -486,6 +487,7 @@ async def route_pod(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noq
 @kopf.on.event(*PLUGINS_API, "podgroups", labels=_HAS_JOB)
 @kopf.on.event(*VOLCANO_API, "podgroups", labels=_HAS_JOB)
 async def route_job_child(body, namespace, memo: kopf.Memo, **_) -> None:
+    memo.controller.applier.seen(body.get("kind"), body)  # (a launcher Job it created)
     memo.controller.enqueue_job(*_job_key(body, namespace))
 
 
