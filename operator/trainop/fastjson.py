@@ -1,5 +1,5 @@
 """orjson where the operator handles the most JSON: kopf's watch streams, kube.py's responses,
-and the in-memory digests (`canonical`).
+the in-memory digests (`canonical`) and deep copies (`clone`).
 
 At 100 new jobs, decoding watch events with the json module was 15% of the operator's CPU
 (py-spy, bench/control_plane.py --profile, issue 30): every pod, Job and EndpointSlice update
@@ -58,6 +58,14 @@ def canonical(value: Any) -> bytes:
     of the operator's CPU at 500 jobs. Never for a digest that is stored (status.admittedShape):
     its bytes differ from json.dumps's, so a stored one would change under running jobs."""
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS, default=str)
+
+
+def clone(value: Any) -> Any:
+    """A deep copy of JSON data (what the API server sends, what the renderers make) through
+    orjson: 5-10x faster than copy.deepcopy or a json.dumps/json.loads round trip, which were 3
+    and 1.6 % of the operator's CPU over a 100-job ramp (kube.with_owner, the status being
+    built; py-spy, 2026-12-06)."""
+    return orjson.loads(orjson.dumps(value))
 
 
 class _Json:

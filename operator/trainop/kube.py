@@ -20,7 +20,6 @@ NotLeading when a write is asked of a replica that does not hold the Lease (`fen
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -272,7 +271,7 @@ def controller_uid(obj: dict) -> str | None:
 
 def with_owner(obj: dict, owner: dict | None) -> dict:
     """Copy of `obj` carrying the owner's controller reference (if given)."""
-    out = json.loads(json.dumps(obj))
+    out = fastjson.clone(obj)
     if owner is not None:
         out.setdefault("metadata", {})["ownerReferences"] = [owner_reference(owner)]
     return out

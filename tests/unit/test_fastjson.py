@@ -91,3 +91,13 @@ def test_canonical_is_the_same_for_the_same_value_in_any_key_order():
     assert json.loads(fastjson.canonical(a)) == a
     assert fastjson.canonical(a) != fastjson.canonical({**a, "b": [1, {"x": 1, "y": 3}]})
     assert fastjson.canonical({"t": pytest}) == b'{"t":"' + str(pytest).encode() + b'"}'
+
+
+def test_clone_is_a_deep_copy_with_the_same_values_and_types():
+    value = {"a": [1, 2.5, True, None, {"b": "c"}], "n": 2 ** 62, "f": 1.0, "e": {}, "l": []}
+    copy_ = fastjson.clone(value)
+    assert copy_ == value and json.dumps(copy_) == json.dumps(value)
+    assert type(copy_["f"]) is float and type(copy_["n"]) is int
+    copy_["a"][4]["b"] = "changed"
+    copy_["e"]["new"] = 1
+    assert value["a"][4]["b"] == "c" and value["e"] == {}

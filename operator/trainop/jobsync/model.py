@@ -6,11 +6,10 @@ changes).
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 from dataclasses import dataclass, field
 
-from trainop import conditions, phases, priority
+from trainop import conditions, fastjson, phases, priority
 from trainop.actions import Outcome, Problem, delete
 from trainop.admission import Decision
 from trainop.config import Config
@@ -75,7 +74,7 @@ class _Status:
     """The status being built: conditions keep their transition times, phase is a summary."""
 
     def __init__(self, old: dict, generation: int | None, now: dt.datetime):
-        self.data = copy.deepcopy(old or {})
+        self.data = fastjson.clone(old or {})
         self.generation = generation
         self.stamp = _ts(now)
 
