@@ -123,7 +123,7 @@ class Applier:
                 self._apply(action)
             elif isinstance(action, Create):
                 live = _create(kube.with_owner(action.obj, action.owner), action.owner)
-                if live.get("kind") in _READ_YOUR_CREATES:
+                if ((action.owner or {}).get("kind"), live.get("kind")) in _READ_YOUR_CREATES:
                     self._remember(live)
             elif isinstance(action, CreateSSHSecret):
                 self._create_ssh_secret(action)
@@ -168,9 +168,7 @@ class Applier:
         with self._lock:
             mine = self._created.get(owner, {})
             if key in mine and mine[key][0]["metadata"].get("uid") == uid:
-                del mine[key]
-                if not mine:
-                    del self._created[owner]
+                self._drop(owner, [key])
 
     def created(self, owner_uid: str | None, kind: str, cached: list[dict]) -> list[dict]:
         """The `kind` objects created for the owner that the `cached` ones (the index's) do not
@@ -181,10 +179,18 @@ class Applier:
         now, have = time.monotonic(), {c["metadata"].get("uid") for c in cached}
         with self._lock:
             mine = self._created.get(owner_uid, {})
-            for key in [k for k, (obj, t) in mine.items() if k[0] == kind and (
-                    obj["metadata"].get("uid") in have or now - t > CREATED_TTL_S)]:
-                del mine[key]
+            self._drop(owner_uid, [k for k, (obj, t) in mine.items() if k[0] == kind and (
+                obj["metadata"].get("uid") in have or now - t > CREATED_TTL_S)])
             return [obj for (k, _), (obj, _) in mine.items() if k == kind]
+
+    def _drop(self, owner_uid: str, keys: list) -> None:
+        """(Under the lock.) An owner with nothing left unseen leaves the map: seen() then
+        returns at its first check for every event of its children."""
+        mine = self._created.get(owner_uid, {})
+        for key in keys:
+            del mine[key]
+        if not mine:
+            self._created.pop(owner_uid, None)
 
     def has_ssh_secret(self, owner_uid: str | None) -> bool:
         with self._lock:
@@ -245,10 +251,11 @@ class Applier:
             self._applied[key] = (digest, live["metadata"].get("resourceVersion", ""))
 
 
-# What the owner's snapshot reads of its created children (see the module docstring), and how
+# What an owner's snapshot reads of its created children, as (owner kind, child kind) (see the
+# module docstring; a DataStage's copy Jobs are not read so, and would only wait here), and how
 # long one is trusted without its watch event (client-go's expectations wait 5 minutes; a
 # reconcile that trusts a pod that is not there only waits for it, so less).
-_READ_YOUR_CREATES = ("Pod", "Job")
+_READ_YOUR_CREATES = {("DistributedTrainingJob", "Pod"), ("DistributedTrainingJob", "Job")}
 CREATED_TTL_S = 30.0
 
 # Kinds that need another object at once, so never in a stage with it: those that start pods (a

@@ -110,6 +110,22 @@ def test_create_of_our_own_existing_child_is_fine(api):
     assert api.calls == ["create", "create", "get"]
 
 
+def test_a_jobs_created_pods_are_remembered_until_seen_and_nothing_else_is(api):
+    applier = apply.Applier()
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "w", "namespace": "ns", "uid": "p1"}}
+    stage = {**OWNER, "kind": "DataStage", "metadata": {**OWNER["metadata"], "uid": "s1"}}
+    copy_job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "c", "namespace": "ns"}}
+    assert applier.run([Create(pod, OWNER), Create(copy_job, stage), Create(SERVICE, OWNER)]) == []
+    assert [p["metadata"]["name"] for p in applier.created("u1", "Pod", [])] == ["w"]
+    assert applier.created("u1", "Service", []) == [] and applier.created("s1", "Job", []) == []
+    assert applier._created.keys() == {"u1"}  # (the copy Job was never remembered)
+    live = api.objects[("Pod", "ns", "w")]
+    applier.seen("Pod", {**live, "metadata": {**live["metadata"], "uid": "another"}})
+    assert applier.created("u1", "Pod", []) != []  # an event of another incarnation
+    applier.seen("Pod", live)
+    assert applier.created("u1", "Pod", []) == [] and applier._created == {}
+
+
 def test_delete_is_by_uid(api, monkeypatch):
     seen = []
     monkeypatch.setattr(kube, "delete", lambda *a, **kw: seen.append((a, kw)))
