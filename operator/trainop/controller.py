@@ -20,6 +20,7 @@ import asyncio
 import datetime as dt
 import logging
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -56,6 +57,9 @@ WORKERS = 8           # reconciles in flight (each mostly waits on the API serve
 MAX_BACKOFF = 300.0   # seconds between retries of a reconcile that keeps failing
 TRANSIENT_RETRIES = 6  # 2+4+8+16+32 s of an unreachable API server before it is an ERROR
 DEADLINE_SLACK = 0.05  # wake a little after a deadline, never a little before it
+# How long a deleted Node's pods are judged lost by this process: PodGC has deleted them well
+# before (its quarantine is 40 s), and a gang restarted for them has deleted them itself.
+DELETED_NODE_MEMORY_S = 600.0
 
 
 def _transient(exc: Exception) -> bool:
@@ -107,6 +111,9 @@ class Controller:
         self.departed: dict[tuple, dict] = {}  # (ns, job) -> pod name -> last state (deleted)
         self.readings: dict[tuple, tuple] = {}  # (ns, pod uid) -> what it reads (reader_seen)
         self.lost_seen: set[str] = set()  # nodes judged lost, until they report again (node_back)
+        # node name -> (time.monotonic(), its lost verdict) for DELETED_NODE_MEMORY_S after its
+        # Node was deleted (node_deleted), or until a Node of that name is added again
+        self.deleted_nodes: dict[str, tuple[float, dict]] = {}
         self.pool_nodes: Nodes | None = None  # nodes(), until the next node event
         self.tasks: list[asyncio.Task] = []
         self.memo = Memos()  # what decide() may remember between reconciles (memo.py)
@@ -210,10 +217,37 @@ class Controller:
             self.lost_seen.discard(node)
             self.wake_waiting_for_nodes()
 
+    def node_deleted(self, node: str) -> None:
+        """A Node was deleted (a spot VM taken back, a scale-down, `kubectl delete node`):
+        nothing will run or end its pods again, and the PodGC deletes them only after its 40 s
+        quarantine, checked every 20 s (kube-controller-manager, neither configurable). Its
+        gangs are judged as on a lost node, now (docs/pools-and-failures.md)."""
+        since = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.deleted_nodes[node] = (time.monotonic(), {"name": node, "since": since, "deleted": True})
+        self.lost_seen.discard(node)  # (a deleted node reports no more)
+        self._wake_jobs_with_pods_on(node)
+
+    def node_added(self, node: str) -> None:
+        """A Node (again) of a name deleted a moment ago: judged by its own status from now."""
+        self.deleted_nodes.pop(node, None)
+
+    def lost_nodes(self) -> dict[str, dict]:
+        """The nodes whose pods are lost: Ready Unknown (the index) or deleted a while ago."""
+        lost = {n["name"]: n for n in self._all("nodes", (NODE_LOST,))}
+        if self.deleted_nodes:
+            now = time.monotonic()
+            self.deleted_nodes = {n: v for n, v in self.deleted_nodes.items()
+                                  if now - v[0] < DELETED_NODE_MEMORY_S}
+            lost.update((n, v) for n, (_, v) in self.deleted_nodes.items())
+        return lost
+
     def wake_jobs_on_node(self, node: str) -> None:
         """A node was judged lost: the jobs with a pod bound to it (a scan of the pod cache,
         only on such an event: a lost node's object changes a few times, not every heartbeat)."""
         self.lost_seen.add(node)
+        self._wake_jobs_with_pods_on(node)
+
+    def _wake_jobs_with_pods_on(self, node: str) -> None:
         for (namespace, name), store in self.ix["dtj_pods"].items():
             if any((p.get("spec") or {}).get("nodeName") == node for p in store):
                 self.enqueue_job(namespace, name)
@@ -419,7 +453,7 @@ class Controller:
             # an elastic gang's size follows its pool's nodes (jobsync/elastic.py)
             nodes=[] if created and not (body.get("spec") or {}).get("elastic") else self.nodes(),
             tainted_nodes=tuple(self._all("nodes", (NODE_TAINTED,))),
-            lost_nodes={n["name"]: n for n in self._all("nodes", (NODE_LOST,))},
+            lost_nodes=self.lost_nodes(),
             stage=self._one("stage_bodies", (ns, stage)) if stage else None,
             classes=self.priority_classes(),
             workload=workload, workload_slice=workload_slice, replaced_workloads=replaced,

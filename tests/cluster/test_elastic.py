@@ -1,6 +1,6 @@
 """spec.elastic on the real control plane (KWOK pods): spot nodes taken away while the gang
-runs (the node deleted, the controller-manager's PodGC ending its pods, as Azure's eviction of a
-spot VM leaves it) and added back (as the cluster autoscaler does). The real scheduler decides
+runs (the node deleted, as Azure's eviction of a spot VM leaves it: the operator restarts the
+gang on the Node's deletion) and added back (as the cluster autoscaler does). The real scheduler decides
 what fits; the test plays worker 0's log shipper only to report checkpoints into the job's
 progress ConfigMap, as test_resume.py does. With Kueue (the real v0.17.0, its
 ElasticJobsViaWorkloadSlices gate on): the Workload's count follows the size, in place when it
@@ -97,9 +97,9 @@ def test_spot_nodes_taken_and_given_back_shrink_then_grow_the_gang(cluster, name
     report_checkpoint(api, "el", 50, 0)
 
     lost = take_a_node_away(api, pools, "el", "el-worker-3")
-    # PodGC ends the lost node's pods after its 40 s quarantine (test_pools.py): the gang
-    # restarts at 4 (SpotEviction), waits shrinkAfterSeconds for a 4th node, then runs at 2: 3
-    # fit, but 3 workers of 4 cannot share the global batch (the largest size dividing 4)
+    # the Node's deletion restarts the gang at 4 (SpotEviction), which waits shrinkAfterSeconds
+    # for a 4th node, then runs at 2: 3 fit, but 3 workers of 4 cannot share the global batch
+    # (the largest size dividing 4)
     api.wait_running("el", attempt=2, timeout=150)
     status = api.status("el")
     assert status["elastic"]["workers"] == 2 and status["workers"]["total"] == 2

@@ -2,8 +2,9 @@
 scheduler leaves pods Pending until nodes come, the test adds KWOK nodes while the job waits
 (what the cluster autoscaler does on AKS), and disruptions are made by the real mechanisms: the
 Eviction API (the API server marks the pod DisruptionTarget and deletes it) and a deleted node
-(the controller-manager's pod garbage collector marks its pods DisruptionTarget
-DeletionByPodGC, Failed, and deletes them: what a spot VM taken back by Azure leaves).
+(what a spot VM taken back by Azure leaves: the operator restarts the gang on the Node's
+deletion, before the controller-manager's pod garbage collector would mark its pods
+DisruptionTarget DeletionByPodGC after its 40 s quarantine).
 
 Each test makes its own pools (unique agentpool labels) so its nodes serve no other test, and
 deletes its nodes afterwards."""
@@ -172,17 +173,18 @@ def test_spot_node_lost_falls_back_to_the_on_demand_pool(cluster, namespace, api
     assert api.status("sp")["nodePool"] == "spot"
     lost = next(p.spec.node_name for p in api.pods("sp", "worker") if p.metadata.name == "sp-worker-0")
     assert lost in spot
-    pools.remove(lost)  # Azure takes the spot VM back: the node goes, PodGC ends its pods
-    # PodGC deletes a gone node's pods only after a 40 s quarantine, checked every 20 s
-    # (kube-controller-manager's gc_controller.go, neither configurable): up to 60 s before
-    # the gang can restart
-    api.wait_running("sp", attempt=1, timeout=120)
+    pools.remove(lost)  # Azure takes the spot VM back: the Node goes
+    # The Node's deletion restarts the gang at once. PodGC would delete the pods only after its
+    # 40 s quarantine, checked every 20 s (kube-controller-manager's gc_controller.go, neither
+    # configurable): the restart must come before that, so the gang's pods there are still
+    # there when the operator's own force-delete is recorded.
+    api.wait_running("sp", attempt=1, timeout=60)
     status = api.status("sp")
     assert status["nodePool"] == "ondemand"
     assert status["restarts"]["failures"] == 0 and status["restarts"]["spotEvictions"] == 1
     entry = status["restarts"]["history"][-1]
     assert (entry["cause"], entry["counted"], entry["node"]) == ("SpotEviction", False, lost)
-    assert "DeletionByPodGC" in entry["message"]
+    assert "NodeDeleted" in entry["message"] and "DeletionByPodGC" not in entry["message"]
     assert {p.spec.node_name for p in api.pods("sp", "worker")} <= set(ondemand)
 
 

@@ -630,6 +630,37 @@ def test_a_node_judged_lost_restarts_its_gangs_and_force_deletes_their_pods_ther
     assert {p["metadata"]["labels"]["trainop.io/attempt"] for p in harness.api.list("pods")} == {"1"}
 
 
+def test_a_deleted_node_restarts_its_gangs_at_once_and_one_added_again_is_judged_afresh(harness, monkeypatch):
+    """A Node deleted (a spot VM taken back): its pods will never run or end, and PodGC deletes
+    them only after its 40 s quarantine. The node's DELETED event restarts the gang now."""
+    run_to_running(harness, "j", runPolicy={"backoffLimit": 0})
+    deletes = []
+
+    def recording(method, url_path, **kw):
+        if method == "DELETE" and "/pods/" in url_path:
+            deletes.append((url_path.rsplit("/", 1)[1], (kw.get("body") or {}).get("gracePeriodSeconds")))
+        return harness.api.request(method, url_path, **kw)
+    monkeypatch.setattr(kube, "request", recording)
+    gone = copy.deepcopy(harness.api.objects[("v1", "nodes", None, "gpu-0")])
+    harness.remove("nodes", None, "gpu-0")
+    harness.settle()
+    status = harness.job("j")["status"]
+    assert status["attempt"] == 1 and status["restarts"]["failures"] == 0
+    entry = status["restarts"]["history"][-1]
+    assert (entry["cause"], entry["counted"], entry["node"]) == ("NodeLost", False, "gpu-0")
+    assert "NodeDeleted" in entry["message"] and "the Node was deleted at " in entry["message"]
+    assert sorted(deletes) == [("j-launcher-0", 0), ("j-worker-0", 0), ("j-worker-1", 0)]
+    # a Node of that name registers again: its new pods there are not lost
+    harness.api.store("nodes", gone)
+    harness.settle()
+    for _ in range(2):
+        harness.start_pods()
+        harness.settle()
+    status = harness.job("j")["status"]
+    assert status["phase"] == "Running" and status["attempt"] == 1
+    assert harness.ctl.deleted_nodes == {}
+
+
 @pytest.mark.parametrize("scenario", sorted(_scenarios()))
 def test_every_field_decide_reads_survives_the_caches_slimming(scenario, monkeypatch):
     """decide() runs, in the real reconcile, on the full objects (what the API server sends),

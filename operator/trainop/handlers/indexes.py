@@ -537,6 +537,10 @@ async def route_node(type, body, memo: kopf.Memo, **_) -> None:  # noqa: A002
     memo.controller.node_changed()
     if type in ("ADDED", "DELETED"):  # not heartbeats; label edits wait for the resync
         memo.controller.wake_waiting_for_nodes()
+    if type == "DELETED":  # its pods are lost now, not after PodGC's quarantine
+        memo.controller.node_deleted(body["metadata"]["name"])
+    elif type == "ADDED":
+        memo.controller.node_added(body["metadata"]["name"])
     if type == "MODIFIED" and node_lost(body):  # the gangs with a pod there restart now
         memo.controller.wake_jobs_on_node(body["metadata"]["name"])
     elif type == "MODIFIED":  # a lost node back: room for a shrunk elastic gang

@@ -188,19 +188,22 @@ def _matches(rule: FailureRule, failure: Failure) -> bool:
 
 
 def lost_node_failure(pod: dict, lost: dict[str, dict], spot: bool = False) -> Failure | None:
-    """A pod that has not ended, bound to a node judged lost: NodeLost (SpotEviction on a spot
-    pool), a disruption. Its status will never change (no kubelet reports it), so waiting for
+    """A pod that has not ended, bound to a node judged lost (Ready Unknown, or its Node deleted:
+    `deleted` in the verdict): NodeLost (SpotEviction on a spot pool), a disruption. Its status will never change (no kubelet reports it), so waiting for
     its end would wait for the taint manager (the unreachable taint's tolerationSeconds, 300 by
     default) and then for ever (the deleted pod stays Terminating until its kubelet confirms)."""
     node = (pod.get("spec") or {}).get("nodeName") or ""
     verdict = lost.get(node)
     if verdict is None or (pod.get("status") or {}).get("phase") in TERMINAL:
         return None
-    since = f" since {verdict['since']}" if verdict.get("since") else ""
-    said = f": {verdict['message']}" if verdict.get("message") else ""
+    if verdict.get("deleted"):
+        reason, detail = "NodeDeleted", f"the Node was deleted at {verdict['since']}"
+    else:
+        since = f" since {verdict['since']}" if verdict.get("since") else ""
+        said = f": {verdict['message']}" if verdict.get("message") else ""
+        reason, detail = "NodeStatusUnknown", f"the node is lost (Ready Unknown{since}{said})"
     return Failure(pod["metadata"]["name"], pod["spec"]["containers"][0]["name"], None,
-                   "NodeStatusUnknown", "", node, "SpotEviction" if spot else "NodeLost",
-                   detail=f"the node is lost (Ready Unknown{since}{said})")
+                   reason, "", node, "SpotEviction" if spot else "NodeLost", detail=detail)
 
 
 def _launcher_failure(job: Job, pods: list[dict]) -> Failure:
