@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.trainer.conftest import base_env, free_port_block, launch_command, make_image_folder
+from tests.trainer.conftest import BACKGROUND, base_env, free_port_block, launch_command, make_image_folder
 from trainop_trainer import checkpoint, data, elastic
 
 pytestmark = pytest.mark.trainer
@@ -48,6 +48,7 @@ LOSS_TOLERANCE = 1e-9  # relative
 # Absolute. Measured here: PyTorch DDP (gloo) 7e-11; PyTorch, TensorFlow and Keras with Horovod 0
 # (bitwise equal). See the test's docstring.
 PARAMETER_TOLERANCE = 1e-8
+RUN_TIMEOUT = 1200  # one segment; alone, the slowest (TensorFlow's U) takes about 40 s here
 
 
 @dataclass
@@ -68,8 +69,8 @@ def train(tmp: Path, name: str, case: tuple, ranks: int, images: Path, *extra: s
             "--base-lr", "0.002", "--precision", "fp64", "--loader-workers", "0", "--report-seconds", "0",
             "--output-dir", str(out), "--sample-log", str(out / "samples.jsonl"), *extra]
     env = dict(base_env(), TRAINOP_ELASTIC_MAX_WORLD=str(MAX_WORLD), TF_DETERMINISTIC_OPS="1")
-    done = subprocess.run(launch_command(launcher, ranks, args, free_port_block()), env=env, cwd=out,
-                          capture_output=True, text=True, timeout=400)
+    # (at nice 19, the other tests' idle cores: RUN_TIMEOUT leaves room for their busy ones)
+    done = BACKGROUND.run(launch_command(launcher, ranks, args, free_port_block()), RUN_TIMEOUT, env=env, cwd=out)
     log = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()] \
         if (out / "samples.jsonl").exists() else []
     return Segment(ranks, done.stderr + done.stdout, out, log, done.returncode)
@@ -92,41 +93,46 @@ class Chained:
         return out
 
 
-_RUNS: dict[tuple, Chained | str] = {}  # per case: its runs, or why they failed (not run again)
-
-
-@pytest.fixture(scope="module")
-def images(tmp_path_factory) -> Path:
-    return make_image_folder(tmp_path_factory.mktemp("elastic-images") / "train", classes=2, per_class=IMAGES // 2)
-
-
-def run_chain(case: tuple, images: Path, tmp: Path) -> Chained:
+def run_chain(case: tuple, images: Path, tmp: Path) -> Chained | str:
+    """The case's three runs, or why they failed (its tests all fail with it; it is not run again)."""
     ck = tmp / "ck"
-    u = train(tmp, "u", case, 4, images, "--checkpoint-dir", str(ck / "attempt-0"), "--checkpoint-every", str(FIRST))
-    assert u.returncode == 0, u.output[-4000:]
-    first = ck / "attempt-0" / f"step-{FIRST}"
-    assert checkpoint.is_complete(first), u.output[-4000:]
-    s2 = train(tmp, "s2", case, 2, images, "--checkpoint-dir", str(ck / "attempt-1"),
-               "--checkpoint-every", str(SECOND), "--resume-from", str(first))
-    assert s2.returncode == 0, s2.output[-4000:]
-    second = ck / "attempt-1" / f"step-{SECOND}"
-    assert checkpoint.is_complete(second), s2.output[-4000:]
-    s3 = train(tmp, "s3", case, 4, images, "--checkpoint-dir", str(ck / "attempt-2"), "--resume-from", str(second))
-    assert s3.returncode == 0, s3.output[-4000:]
+    tmp.mkdir()
+    try:
+        u = train(tmp, "u", case, 4, images, "--checkpoint-dir", str(ck / "attempt-0"),
+                  "--checkpoint-every", str(FIRST))
+        assert u.returncode == 0, u.output[-4000:]
+        first = ck / "attempt-0" / f"step-{FIRST}"
+        assert checkpoint.is_complete(first), u.output[-4000:]
+        s2 = train(tmp, "s2", case, 2, images, "--checkpoint-dir", str(ck / "attempt-1"),
+                   "--checkpoint-every", str(SECOND), "--resume-from", str(first))
+        assert s2.returncode == 0, s2.output[-4000:]
+        second = ck / "attempt-1" / f"step-{SECOND}"
+        assert checkpoint.is_complete(second), s2.output[-4000:]
+        s3 = train(tmp, "s3", case, 4, images, "--checkpoint-dir", str(ck / "attempt-2"), "--resume-from", str(second))
+        assert s3.returncode == 0, s3.output[-4000:]
+    except (AssertionError, subprocess.TimeoutExpired) as e:
+        return f"the runs of {case} failed: {e}"
     return Chained(u, s2, s3)
 
 
+def start_chains(cases: list[tuple], factory) -> None:
+    """Every case's chain, in the background (tests/trainer/conftest.py's BACKGROUND): from the
+    session's start, so that the tests below find them done."""
+    root = factory.mktemp("elastic")
+    images = make_image_folder(root / "images" / "train", classes=2, per_class=IMAGES // 2)
+    for case in cases:
+        BACKGROUND.submit(("elastic", case), run_chain, case, images, root / "-".join(case))
+
+
 @pytest.fixture
-def chained(request, images, tmp_path_factory) -> Chained:
+def chained(request, tmp_path_factory) -> Chained:
     case = request.param
-    if case not in _RUNS:
-        try:
-            _RUNS[case] = run_chain(case, images, tmp_path_factory.mktemp("-".join(case)))
-        except AssertionError as e:
-            _RUNS[case] = f"the runs of {case} failed: {e}"
-    if isinstance(_RUNS[case], str):
-        pytest.fail(_RUNS[case])
-    return _RUNS[case]
+    if ("elastic", case) not in BACKGROUND.futures:  # collected without the conftest's hook
+        start_chains([case], tmp_path_factory)
+    runs = BACKGROUND.futures[("elastic", case)].result()
+    if isinstance(runs, str):
+        pytest.fail(runs)
+    return runs
 
 
 @pytest.mark.timeout(900)
