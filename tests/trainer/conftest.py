@@ -224,7 +224,10 @@ BACKGROUND = Background()
 
 
 def pytest_collection_finish(session):
-    """The elastic chains of the collected tests/trainer/test_elastic.py cases start now."""
+    """The elastic chains of the collected tests/trainer/test_elastic.py cases start now (not
+    for `--collect-only`, which runs nothing)."""
+    if session.config.option.collectonly:
+        return
     cases = list(dict.fromkeys(  # in the tests' order: the first test's chain is done first
         item.callspec.params["chained"] for item in session.items
         if item.path.parent.name == "trainer" and item.path.name == "test_elastic.py"
