@@ -606,18 +606,24 @@ def test_a_gang_whose_step_stops_moving_is_restarted_as_a_stall(harness):
     assert "stall" not in status
 
 
-def test_a_node_judged_lost_restarts_its_gangs_and_force_deletes_their_pods_there(harness, monkeypatch):
-    """Issue 24: the node's Ready turning Unknown (the node lifecycle controller's verdict) wakes
-    the job through the node's watch and its lost_nodes index; the gang restarts as NodeLost
-    (not counted) and the old pods on that node go with grace 0 (a dead kubelet never confirms)."""
-    run_to_running(harness, "j", runPolicy={"backoffLimit": 0})
+def _recording_pod_deletes(h: Harness, monkeypatch) -> list[tuple[str, int | None]]:
+    """(pod name, gracePeriodSeconds) of every pod DELETE the operator sends from now on."""
     deletes = []
 
     def recording(method, url_path, **kw):
         if method == "DELETE" and "/pods/" in url_path:
             deletes.append((url_path.rsplit("/", 1)[1], (kw.get("body") or {}).get("gracePeriodSeconds")))
-        return harness.api.request(method, url_path, **kw)
+        return h.api.request(method, url_path, **kw)
     monkeypatch.setattr(kube, "request", recording)
+    return deletes
+
+
+def test_a_node_judged_lost_restarts_its_gangs_and_force_deletes_their_pods_there(harness, monkeypatch):
+    """Issue 24: the node's Ready turning Unknown (the node lifecycle controller's verdict) wakes
+    the job through the node's watch and its lost_nodes index; the gang restarts as NodeLost
+    (not counted) and the old pods on that node go with grace 0 (a dead kubelet never confirms)."""
+    run_to_running(harness, "j", runPolicy={"backoffLimit": 0})
+    deletes = _recording_pod_deletes(harness, monkeypatch)
     harness.edit("nodes", None, "gpu-0", lambda n: n["status"].update(conditions=[
         {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown", "lastTransitionTime": T0,
          "message": "Kubelet stopped posting node status."}]))
@@ -634,13 +640,7 @@ def test_a_deleted_node_restarts_its_gangs_at_once_and_one_added_again_is_judged
     """A Node deleted (a spot VM taken back): its pods will never run or end, and PodGC deletes
     them only after its 40 s quarantine. The node's DELETED event restarts the gang now."""
     run_to_running(harness, "j", runPolicy={"backoffLimit": 0})
-    deletes = []
-
-    def recording(method, url_path, **kw):
-        if method == "DELETE" and "/pods/" in url_path:
-            deletes.append((url_path.rsplit("/", 1)[1], (kw.get("body") or {}).get("gracePeriodSeconds")))
-        return harness.api.request(method, url_path, **kw)
-    monkeypatch.setattr(kube, "request", recording)
+    deletes = _recording_pod_deletes(harness, monkeypatch)
     gone = copy.deepcopy(harness.api.objects[("v1", "nodes", None, "gpu-0")])
     harness.remove("nodes", None, "gpu-0")
     harness.settle()
