@@ -11,7 +11,7 @@ demo:  ## set up PyTorch + Horovod only, then run the main example locally, redu
 
 test:  ## set up everything (adds to what demo installed), then run the whole test suite (what CI runs)
 	scripts/bootstrap.sh test
-	$(PYTEST) -ra --durations=20; rc=$$?; \
+	scripts/test_lanes.py $(PYTEST) -ra --durations=20; rc=$$?; \
 	  if [ $$rc = 5 ]; then echo "make test: no tests ran; that is a failure" >&2; exit 1; fi; exit $$rc
 
 unit:  ## only the tests that need no cluster, Azurite or training
