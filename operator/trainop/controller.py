@@ -209,6 +209,13 @@ class Controller:
                 if cond and cond.get("reason") == "NoMatchingNodes" or shrunk:
                     self.enqueue_job(namespace, name)
 
+    def wake_starting(self) -> None:
+        """A lost node changed (its unreachable taint came): the jobs still starting, which
+        may wait for it before they create pods (only on a lost node's events: rare)."""
+        for (namespace, name), store in self.ix["dtj_bodies"].items():
+            if any((body.get("status") or {}).get("phase") == "Starting" for body in store):
+                self.enqueue_job(namespace, name)
+
     def node_back(self, node: str) -> None:
         """A node judged lost is no more (its kubelet reports again): the pool has its room
         back, which a shrunk elastic gang grows into (only nodes seen lost: a cheap check on

@@ -621,7 +621,10 @@ def _recording_pod_deletes(h: Harness, monkeypatch) -> list[tuple[str, int | Non
 def test_a_node_judged_lost_restarts_its_gangs_and_force_deletes_their_pods_there(harness, monkeypatch):
     """Issue 24: the node's Ready turning Unknown (the node lifecycle controller's verdict) wakes
     the job through the node's watch and its lost_nodes index; the gang restarts as NodeLost
-    (not counted) and the old pods on that node go with grace 0 (a dead kubelet never confirms)."""
+    (not counted) and the old pods on that node go with grace 0 (a dead kubelet never confirms).
+    The new attempt's pods come only once the node carries the unreachable NoSchedule taint,
+    which the node lifecycle controller adds a moment after the condition: before it, the
+    scheduler could bind them to the dead node again, and the gang would restart twice."""
     run_to_running(harness, "j", runPolicy={"backoffLimit": 0})
     deletes = _recording_pod_deletes(harness, monkeypatch)
     harness.edit("nodes", None, "gpu-0", lambda n: n["status"].update(conditions=[
@@ -633,7 +636,12 @@ def test_a_node_judged_lost_restarts_its_gangs_and_force_deletes_their_pods_ther
     entry = status["restarts"]["history"][-1]
     assert (entry["cause"], entry["counted"], entry["node"]) == ("NodeLost", False, "gpu-0")
     assert sorted(deletes) == [("j-launcher-0", 0), ("j-worker-0", 0), ("j-worker-1", 0)]
+    assert harness.api.list("pods") == [] and status["phase"] == "Starting"
+    harness.edit("nodes", None, "gpu-0", lambda n: n["spec"].update(taints=[
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": T0}]))
+    harness.settle()
     assert {p["metadata"]["labels"]["trainop.io/attempt"] for p in harness.api.list("pods")} == {"1"}
+    assert harness.job("j")["status"]["attempt"] == 1
 
 
 def test_a_deleted_node_restarts_its_gangs_at_once_and_one_added_again_is_judged_afresh(harness, monkeypatch):

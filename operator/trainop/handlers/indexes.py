@@ -25,7 +25,8 @@ children then fit in tens of MB.
                          (NODE_TAINTED,)          the names of the nodes that carry the preflight's taint
                          (NODE_LOST,)             the nodes whose Ready condition is Unknown (the node
                                                   lifecycle controller's verdict: the kubelet went silent),
-                                                  {name, since, message}
+                                                  {name, since, message, fenced: its unreachable
+                                                  NoSchedule taint is on}
                          (NODE_ADDRESS, name)     its InternalIP (where its kubelet mounts NFS from)
     quotas               ns                       ResourceQuotas
     stage_bodies         (ns, name)               DataStages
@@ -320,6 +321,8 @@ async def dtj_podgroups_volcano(body, namespace, **_):
 # manager patched each about once a minute for two minutes; three handlers plus the router cost
 # twice what this one does).
 NODE_POOL, NODE_TAINTED, NODE_LOST, NODE_ADDRESS = "pool", "tainted", "lost", "address"  # the keys' first parts
+# The node lifecycle controller's taints that keep the scheduler off a node it judged lost.
+FENCING_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
 
 
 @kopf.index("v1", "nodes")
@@ -342,7 +345,9 @@ async def nodes(body, **_):
     ready = node_lost(body)
     if ready is not None:
         out[(NODE_LOST,)] = {"name": meta["name"], "since": ready.get("lastTransitionTime") or "",
-                             "message": (ready.get("message") or "")[:256]}
+                             "message": (ready.get("message") or "")[:256],
+                             "fenced": any(t.get("key") in FENCING_TAINTS and t.get("effect") == "NoSchedule"
+                                           for t in (body.get("spec") or {}).get("taints") or [])}
     return out
 
 
@@ -543,6 +548,7 @@ async def route_node(type, body, memo: kopf.Memo, **_) -> None:  # noqa: A002
         memo.controller.node_added(body["metadata"]["name"])
     if type == "MODIFIED" and node_lost(body):  # the gangs with a pod there restart now
         memo.controller.wake_jobs_on_node(body["metadata"]["name"])
+        memo.controller.wake_starting()  # (a gang waits for the lost node's taint: gang.py)
     elif type == "MODIFIED":  # a lost node back: room for a shrunk elastic gang
         memo.controller.node_back(body["metadata"]["name"])
 

@@ -151,6 +151,11 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
                        or (job.elastic and elastic.grow(plan, job, st))))
     if ended:
         return ended
+    unfenced = _unfenced_lost_nodes(plan) if len(workers) < job.workers else []
+    if unfenced:
+        st.phase("Starting")
+        return plan.wait(f"waiting for the node lifecycle controller to taint lost node(s) {', '.join(unfenced)} "
+                         "unreachable: until then the scheduler could bind the new pods there")
     resume_from = resume.plan(job, st.data.get("checkpoint"))
     job = _with_save(job, st)  # the pods made now: their grace period from the slowest save
     ready = _workers(plan, job, st, workers, attempt_, claim, resume_from)
@@ -188,6 +193,17 @@ def _run_gang(plan: _Plan, job: Job, st: _Status, claim) -> Outcome:
     return plan.out
 
 
+def _unfenced_lost_nodes(plan: _Plan) -> list[str]:
+    """Nodes judged lost (Ready Unknown) that do not carry the unreachable NoSchedule taint yet.
+    The node lifecycle controller sets the condition, then taints the node from a queue of its
+    own: a moment later, seconds on a loaded control plane. A gang restarted in between had its
+    new pods bound to the dead node again (the scheduler reads taints, not conditions), which
+    then restarted the gang a second time (seen in a CI run, tests/e2e/test_node_lost.py). A
+    deleted Node takes no pods."""
+    return sorted(name for name, verdict in plan.snap.lost_nodes.items()
+                  if not verdict.get("fenced") and not verdict.get("deleted"))
+
+
 def _previous_attempt(plan: _Plan, st: _Status, attempt_: int) -> Outcome | None:
     """The previous attempt's pods and launcher must be gone before their names are reused."""
     label, launcher = common.LABEL_ATTEMPT, plan.snap.launcher
@@ -204,7 +220,8 @@ def _previous_attempt(plan: _Plan, st: _Status, attempt_: int) -> Outcome | None
     # still alive on a partitioned node has no peers to make progress with; the next attempt
     # writes its checkpoints and logs into folders of its own (attempt-<n>); and a node that
     # comes back finds the pod gone (or under another uid) and its kubelet kills the
-    # containers. (The unreachable NoSchedule taint keeps new pods off the node meanwhile.)
+    # containers. (The unreachable NoSchedule taint keeps new pods off the node meanwhile:
+    # _unfenced_lost_nodes waits for it.)
     # Pods first, then the launcher: see model._stop.
     plan.out.actions.extend(force_delete(p) for p in lost)
     _delete_pods(plan, [p for p in stale if p not in lost])
