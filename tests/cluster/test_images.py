@@ -150,7 +150,8 @@ def test_load_removes_an_images_older_builds_by_every_name(loaded):
     """An older build of the operator image (here: the mpi-pi image under an older content-hash
     tag of the operator's repository, and under the image-ID name the CRI plugin gives every
     image, which alone would keep its layers) is removed when the operator is loaded; another
-    image that shares no name with it stays."""
+    image that shares no name with it stays, and so does another image under another tag of the
+    operator's repository (as the MPI Operator's pi images share mpioperator/mpi-pi)."""
     mpi_pi = images.ensure(["mpi-pi"])[0]
     images.load(loaded, ["mpi-pi"])
     operator = images.ensure(["operator"])[0]
@@ -158,6 +159,8 @@ def test_load_removes_an_images_older_builds_by_every_name(loaded):
     alias = "sha256:" + "0" * 64
     for name in (older, alias):
         ctr(loaded, "images", "tag", "--force", mpi_pi.refs[0], name)
+    sibling = operator.refs[-1].rpartition(":")[0] + ":another-image"
+    ctr(loaded, "images", "tag", "--force", images.reference("pause"), sibling)
     for ref in mpi_pi.refs:  # the old build's own names gone, as after a rebuild
         ctr(loaded, "images", "rm", ref)
     assert images.containerd_images(loaded)[alias] == mpi_pi.meta["digest"]
@@ -165,6 +168,8 @@ def test_load_removes_an_images_older_builds_by_every_name(loaded):
     present = images.containerd_images(loaded)
     assert older not in present and alias not in present
     assert present[operator.refs[0]] == operator.meta["digest"]
+    assert present[sibling] == present[images.reference("pause")]
+    ctr(loaded, "images", "rm", sibling)
 
 
 def test_pause_runs_until_sigterm_and_exits_0(loaded):

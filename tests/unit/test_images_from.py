@@ -77,3 +77,16 @@ def test_references_are_named_as_the_kubelet_looks_them_up():
     assert images.split_reference("localhost:5000/team/x") == ("localhost:5000/team/x", "latest")
     assert images.cri_name("localhost/team/x:2") == "localhost/team/x:2"
     assert images.cri_name("team/x:1") == images.containerd_refs("mpi-pi")[1].replace("trainop/mpi-pi:0.1.0", "team/x:1")
+
+
+def test_loading_one_pi_image_leaves_the_other_under_its_sibling_tag():
+    """The two pi images share a repository (mpioperator/mpi-pi:openmpi, :mpich), so their
+    content-hash names do too: loading one removes its own older builds only."""
+    repo = "docker.io/mpioperator/mpi-pi"
+    present = {f"{repo}:1111111111111111": "sha256:o", f"{repo}:openmpi": "sha256:o", "sha256:oid": "sha256:o",
+               f"{repo}:2222222222222222": "sha256:m-old", f"{repo}:mpich": "sha256:m-old",
+               f"{repo}:3333333333333333": "sha256:m-older", "sha256:molderid": "sha256:m-older"}
+    refs = [f"{repo}:4444444444444444", f"{repo}:mpich"]
+    assert images._older_builds(present, refs, "sha256:m") == {
+        f"{repo}:2222222222222222", f"{repo}:mpich",  # still named as this image: the build before
+        f"{repo}:3333333333333333", "sha256:molderid"}  # only a content-hash name and an ID left

@@ -841,9 +841,7 @@ def load_results(containerd_address: str, results: list[Result], log=_log,
         digest, refs = result.meta["digest"], result.meta["refs"]
         # Older builds of this image go first: a trainer is gigabytes twice over (content and
         # unpacked snapshot), and a disk that holds one copy may not hold two.
-        repositories = {ref.rpartition(":")[0] for ref in refs}
-        _remove(containerd_address, present,
-                {ref for ref, d in present.items() if ref.rpartition(":")[0] in repositories and d != digest})
+        _remove(containerd_address, present, _older_builds(present, refs, digest))
         if all(present.get(ref) == digest for ref in refs):
             done[result.name] = False
             continue
@@ -855,6 +853,30 @@ def load_results(containerd_address: str, results: list[Result], log=_log,
         log(f"images: {result.name} imported into {containerd_address} in {time.monotonic() - started:.0f}s")
         done[result.name] = True
     return done
+
+
+HASH_TAG = re.compile(r"[0-9a-f]{16}")  # a content-hash name's tag (Plan.hash)
+
+
+def _older_builds(present: dict[str, str], refs: list[str], digest: str) -> set[str]:
+    """Every name of the images in `present` that are older builds of the image named `refs`
+    (content-hash name first) at `digest`: those one of its names still points at (before the
+    new build is tagged), and those only content-hash names of its repository and image IDs
+    name (a build whose names moved on). Another tag of the repository is another image: the
+    MPI Operator's pi examples are mpioperator/mpi-pi:openmpi and :mpich."""
+    repository = refs[0].rpartition(":")[0]
+    names: dict[str, set[str]] = {}
+    for ref, d in present.items():
+        names.setdefault(d, set()).add(ref)
+
+    def hash_name(ref: str) -> bool:
+        repo, _, tag = ref.rpartition(":")
+        return repo == repository and HASH_TAG.fullmatch(tag) is not None
+
+    old = {d for d, named in names.items() if d != digest and (
+        named & set(refs) or (any(map(hash_name, named)) and all(hash_name(n) or n.startswith("sha256:")
+                                                                 for n in named)))}
+    return {ref for d in old for ref in names[d]}
 
 
 def import_archive(containerd_address: str, archive: Path, tags=(), snapshotter: str = "overlayfs") -> list[str]:
