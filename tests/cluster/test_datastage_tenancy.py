@@ -9,7 +9,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster.test_datastage import FAST, GROUP, SAS_REF, VERSION, Api, datastage, sas_secret
-from tests.fixtures.cluster import server_disk
+from tests.fixtures.cluster import delete_namespaces, server_disk
 from tests.fixtures.waiting import wait_until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -26,7 +26,7 @@ def other_namespace(cluster, namespace):
     wait_until(lambda: cluster.kubectl("get", "-n", name, "serviceaccount", "default", check=False).returncode == 0,
                timeout=30, what=f"ServiceAccount default in {name}")
     yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    delete_namespaces(cluster, name)
 
 
 def test_pv_names_cannot_collide_and_a_stage_deletes_only_its_own_pv(cluster, namespace, other_namespace,

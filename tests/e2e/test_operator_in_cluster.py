@@ -17,6 +17,7 @@ import yaml
 from bench.chaos import job_reconciles
 from tests.e2e.test_network_policy import IDLE, can_connect, pod, start
 from tests.e2e.test_real_pods import digests, reduced, wait_phase
+from tests.fixtures.cluster import delete_namespaces
 from tests.fixtures.waiting import wait_until
 from tests.helm.helm import CHART, helm_binary
 
@@ -65,7 +66,7 @@ def test_chart_installed_operator_runs_a_job(real_cluster, tmp_path):
                    timeout=30, what="the job in the operator pod's log")
     finally:
         subprocess.run([*helm, "uninstall", "trainop", "-n", system, "--wait"], capture_output=True)
-        real_cluster.kubectl("delete", "namespace", system, jobs, scrapers, "--wait=false", check=False)
+        delete_namespaces(real_cluster, system, jobs, scrapers)
 
 
 UPGRADE_JOBS = 50
@@ -162,6 +163,6 @@ def test_helm_upgrade_with_jobs_running_makes_no_pod_anew(real_cluster, tmp_path
         assert "[ERROR" not in log and " ERROR " not in log, log[-3000:]
     finally:
         subprocess.run([*helm, "uninstall", "trainop", "-n", system, "--wait"], capture_output=True)
-        real_cluster.kubectl("delete", "namespace", system, jobs, "--wait=false", check=False)
+        delete_namespaces(real_cluster, system, jobs)
         for node in made:
             real_cluster.kubectl("delete", "node", node, "--wait=false", check=False)

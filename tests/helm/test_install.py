@@ -19,7 +19,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fixtures.cluster import OperatorProcess, _free_port, server_disk
+from tests.fixtures.cluster import OperatorProcess, _free_port, delete_namespaces, server_disk
 from tests.fixtures.waiting import wait_until
 from tests.helm.helm import CHART, docs
 
@@ -52,7 +52,7 @@ def install(cluster, helm_bin, tmp_path_factory):
         yield types.SimpleNamespace(system=system, jobs=jobs, values=values, helm=helm)
     finally:
         subprocess.run([*helm, "uninstall", RELEASE, "-n", system, "--wait"], capture_output=True)
-        cluster.kubectl("delete", "namespace", system, jobs, "--wait=false", check=False)
+        delete_namespaces(cluster, system, jobs)
 
 
 def token_kubeconfig(cluster, namespace: str, path) -> str:
@@ -440,4 +440,4 @@ def test_a_default_install_has_no_node_or_volume_rights(cluster, install, tmp_pa
         assert policy["spec"]["policyTypes"] == ["Ingress"] and not policy["spec"].get("ingress")
     finally:
         subprocess.run([*install.helm, "uninstall", release, "-n", system, "--wait"], capture_output=True)
-        cluster.kubectl("delete", "namespace", system, "--wait=false", check=False)
+        delete_namespaces(cluster, system)
