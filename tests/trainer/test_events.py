@@ -61,3 +61,18 @@ def test_without_a_writer_the_run_goes_on_and_says_so(tmp_path, monkeypatch, cap
     r = report.Reporter(tmp_path / "m.jsonl", world_size=1, global_batch=8, chief=True, events=None)
     r.epoch(1, 1, 1.0, 8.0, 1)
     assert "totalSteps" not in json.loads((tmp_path / "m.jsonl").read_text())  # unknown: left out
+
+
+def test_a_pytorch_chiefs_writer_leaves_tensorflow_unloaded(tmp_path):
+    """TensorFlow is installed here beside PyTorch, as in a venv with both: the PyTorch writer
+    still goes through tensorboard's own stub, not an import of TensorFlow (3 CPU-seconds of
+    every PyTorch chief's start on 2 cores), and TensorBoard reads what it wrote."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from trainop_trainer import events; w = events.open_writer('pytorch', sys.argv[1]); "
+            "w.scalars(1, {'train/loss': 0.5}); w.close(); "
+            "print('tensorflow' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr
+    assert scalars(tmp_path / events.FOLDER) == {"train/loss": [(1, 0.5)]}

@@ -10,6 +10,7 @@ goes on and says so once: the metrics file is still the contract.
 from __future__ import annotations
 
 import sys
+import types
 from pathlib import Path
 
 FOLDER = "tensorboard"  # inside --output-dir
@@ -20,6 +21,13 @@ SCALARS = {"loss": "train/loss", "imagesPerSec": "throughput/images_per_sec",
 
 class _Torch:
     def __init__(self, logdir: Path):
+        # SummaryWriter writes through `tensorboard.compat.tf`, which imports the whole of
+        # TensorFlow where it is installed beside PyTorch (a venv with both, as `trainop run
+        # --local` and the tests use): 3 of a chief's 9 CPU-seconds of start-up on 2 cores, to
+        # write local files. tensorboard's own stub writes them the same way; it is what the
+        # PyTorch image (no TensorFlow) gets anyway. `tensorboard.compat.notf` is tensorboard's
+        # switch to it (tensorboard/compat/__init__.py, its no_tensorflow build target).
+        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(logdir))
