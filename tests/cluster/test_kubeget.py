@@ -52,3 +52,13 @@ def test_it_returns_what_kubectl_prints(cluster, namespace):
     with pytest.raises(RuntimeError, match=r"kubectl get cm nope .*failed: Error from server \(NotFound\)"):
         ours(("cm", "nope", *ns))
     assert ours(("no-such-kind",)) is None  # kubectl then says what is wrong with the name
+
+
+def test_no_api_server_is_a_runtime_error_as_kubectls_failure_is(cluster, tmp_path):
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    for entry in config["clusters"]:
+        entry["cluster"]["server"] = "https://127.0.0.1:1"  # nothing listens there
+    dead = tmp_path / "kubeconfig"
+    dead.write_text(yaml.safe_dump(config))
+    with pytest.raises(RuntimeError, match=r"kubectl get .* failed: .*Connection refused"):
+        InProcessGet(dead)(("cm", "a", "-n", "x"))
