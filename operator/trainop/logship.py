@@ -220,7 +220,9 @@ def last_metrics(path: Path) -> dict[str, Any] | None:
 
 class ProgressReporter:
     """Puts the trainer's latest metrics into this job's progress ConfigMap, at most once per
-    `interval` seconds and only when they changed.
+    `interval` seconds and only when they changed. The interval counts from the last patch, not
+    the last look: the first report, or a new one after a quiet spell, goes out at the next pass
+    (the stall clock, jobsync/stall.py, starts at the second distinct step it sees).
 
     Least privilege: the operator gives each job a Role that allows only `patch` on that
     one ConfigMap (resourceNames), bound to the pod's ServiceAccount, whose token is projected
@@ -231,13 +233,11 @@ class ProgressReporter:
     def __init__(self, path: Path, interval: float, patch: Callable[[dict], Any]):
         self.path, self.interval, self.patch = Path(path), interval, patch
         self.sent: dict[str, Any] | None = None
-        self.last_try = float("-inf")
+        self.last_patch = float("-inf")
 
     def tick(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self.last_try < self.interval:
+        if not force and time.monotonic() - self.last_patch < self.interval:
             return
-        self.last_try = now
         reports = last_reports(self.path)
         metrics = reports[-1] if reports else None
         if metrics is None or metrics == self.sent:
@@ -246,7 +246,7 @@ class ProgressReporter:
         # beside it the recent throughput, for `trainop describe`'s chart
         self.patch({"data": {PROGRESS_KEY: json.dumps(metrics, allow_nan=False, sort_keys=True),
                              HISTORY_KEY: json.dumps(history_samples(reports), allow_nan=False)}})
-        self.sent = metrics
+        self.sent, self.last_patch = metrics, time.monotonic()
 
 
 def kube_progress_patcher(name: str, namespace: str) -> Callable[[dict], Any]:

@@ -277,8 +277,9 @@ def test_progress_reporter_patches_at_a_bounded_rate_and_only_changes(tmp_path):
     path = tmp_path / "metrics.jsonl"
     patches = []
     reporter = logship.ProgressReporter(path, interval=3600, patch=patches.append)
+    reporter.tick()  # no report yet: nothing sent, and the interval not started by it
     path.write_bytes(b'{"step": 1, "loss": 3.0}\n')
-    reporter.tick()
+    reporter.tick()  # the first report goes out at once
     path.write_bytes(b'{"step": 2, "loss": NaN}\n')
     reporter.tick()  # within the interval: nothing sent
     reporter.tick(force=True)

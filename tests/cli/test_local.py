@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,10 @@ def test_mpi_plan_runs_the_rendered_launcher_script_over_a_local_hostfile(tmp_pa
     assert plan.env["TRAINOP_JOB_NAME"] == "resnet50-horovod"
     assert plan.env["PATH"].startswith(str(Path(sys.executable).parent))
     assert plan.trainer
+    # Horovod's negotiation cycle, lengthened for ranks that share a few cores; the job's own wins
+    assert plan.env["HOROVOD_CYCLE_TIME"] == localrun.HOROVOD_CYCLE_TIME == "50"
+    own = replace(j, env=({"name": "HOROVOD_CYCLE_TIME", "value": "5"},))
+    assert localrun.plan(own, localrun.Options(cpus=2), tmp_path, rdzv_port=1234).env["HOROVOD_CYCLE_TIME"] == "5"
 
 
 def test_reduction_is_listed_and_full_keeps_the_manifests_sizes(tmp_path):
@@ -138,6 +143,7 @@ def test_torchrun_plan_runs_every_workers_rendered_script_with_a_local_rendezvou
         assert ".svc" not in script and " /output" not in script
         assert f"--output-dir {tmp_path}/output" in script
     assert plan.files == {}
+    assert "HOROVOD_CYCLE_TIME" not in plan.env  # no Horovod under torchrun
 
 
 def test_data_stage_becomes_synthetic_or_the_local_folder(tmp_path):

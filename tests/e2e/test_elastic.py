@@ -41,7 +41,10 @@ def trainer_everywhere(real_cluster):
 
 
 def elastic_manifest(name: str) -> dict:
-    manifest = reduced("pytorch-horovod-synthetic.yaml", name, steps=STEPS, image_size=32)
+    # Not paced (test_real_pods.HOLD): with held steps, one run of two (2026-12-07) saw the
+    # launcher's mpirun exit (205) as the node died, before the node was judged lost, which
+    # counts as the job's own failure; unpaced, the run times that every CI run passed with.
+    manifest = reduced("pytorch-horovod-synthetic.yaml", name, steps=STEPS, paced=False)
     manifest["spec"].update(
         gpusPerWorker=0,
         # both real nodes; a worker needs more than half a node's 2 CPUs: one per node

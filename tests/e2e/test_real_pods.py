@@ -1,8 +1,8 @@
 """Jobs on real pods: sshd, mpirun over ssh through cluster DNS, torchrun, the log sidecar and a
 gang restart, each in a container on a real kubelet (the trainer image, PyTorch CPU build).
 
-The jobs are the examples reduced to finish in about a minute on 2 cores: ResNet-18, 64-pixel
-images, batch 8, 2 workers x 1 rank, a few steps.
+The jobs are the examples reduced to finish in about a minute on 2 cores: ResNet-18 with 10
+classes, 32-pixel images, batch 8, 2 workers x 1 rank, a few steps, each held to HOLD seconds.
 """
 
 from __future__ import annotations
@@ -27,22 +27,37 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DIGEST = re.compile(r"rank (\d+)/(\d+) parameter sha256 ([0-9a-f]{64})")
 MPI_PI_IMAGE = "trainop/mpi-pi:0.1.0"  # built by devcluster/images.py from tests/e2e/images/mpi-pi
 RUN_TIMEOUT = 600  # seconds for a reduced job on a loaded 2-core machine, cold page cache
+# Every step of a reduced job lasts at least this (the trainer's --min-step-seconds): a fault test
+# sizes its run in steps so that its fault lands mid-run, and the hold keeps that length on an idle
+# machine as on a loaded one, with the ranks asleep rather than computing (a step's compute here
+# is ~0.1 s a rank).
+HOLD = 0.5
+# Reports within the epoch every 2 s (the trainer's default: 60, or a quarter of the stall
+# timeout): a test that waits for the first step report before its fault sees one mid-run.
+REPORT_SECONDS = 2
 
 
-def reduced(example: str, name: str, steps: int = 5, image_size: int = 64, **spec_changes) -> dict:
-    """The example with 2 workers x 1 GPU and a small model, as `trainop run --local` reduces it."""
+def reduced(example: str, name: str, steps: int = 5, paced: bool = True, **spec_changes) -> dict:
+    """The example with 2 workers x 1 GPU and a small model, as `trainop run --local` reduces it;
+    `paced`: 10 classes, each step held to HOLD seconds, reports every REPORT_SECONDS."""
     manifest = yaml.safe_load((EXAMPLES / example).read_text())
     manifest["metadata"] = {"name": name}
     body = manifest["spec"]
     body |= {"workers": 2, "gpusPerWorker": 1}
     body["training"] = dict(body.get("training", {}), batchSize=8, epochs=1, stepsPerEpoch=steps,
-                            imageSize=image_size, channelsLast=False)
+                            imageSize=32, channelsLast=False)
     body["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
     body.update(spec_changes)
     for key in [k for k, v in spec_changes.items() if v is None]:
         del body[key]
     job = spec.parse(manifest | {"metadata": {"name": name, "namespace": "x"}}, config.load())
     body["args"] = [*render_dtj.trainer_args(job), "--model", "resnet18"]
+    if paced:
+        # (--num-classes: synthetic data only; a folder's own classes win)
+        body["args"] += ["--num-classes", "10", "--min-step-seconds", str(HOLD), "--report-seconds", str(REPORT_SECONDS)]
+        # Horovod's background thread negotiates every cycle (1 ms by default), spinning in MPI
+        # while its rank sleeps out a hold or waits for its peer; 50 ms costs these steps nothing.
+        body["env"] = [*body.get("env", []), {"name": "HOROVOD_CYCLE_TIME", "value": "50"}]
     return manifest
 
 

@@ -16,11 +16,13 @@ from trainop.cli.logs import job_folder
 
 pytestmark = [pytest.mark.real, pytest.mark.azurite]
 
+STEPS = 60  # held to HOLD seconds each: the kill, after the first checkpoint is reported, lands mid-run
+
 
 def test_killed_worker_restarts_the_gang_from_the_last_checkpoint(real_cluster, real_namespace, real_operator,
                                                                   pod_azurite):
     ns, name = real_namespace, "resume"
-    manifest = reduced("pytorch-horovod-synthetic.yaml", name, steps=100)
+    manifest = reduced("pytorch-horovod-synthetic.yaml", name, steps=STEPS)
     manifest["spec"]["runPolicy"] = {"backoffLimit": 2, "cleanPodPolicy": "None"}
     manifest["spec"]["checkpoint"] = {"everySteps": 10}
     with_blob_output(manifest, real_cluster, ns, pod_azurite)
@@ -31,7 +33,7 @@ def test_killed_worker_restarts_the_gang_from_the_last_checkpoint(real_cluster, 
 
     first = wait_until(lambda: dtj_status().get("checkpoint"), timeout=RUN_TIMEOUT, interval=1,
                        what="status.checkpoint of the first attempt")
-    assert first["attempt"] == 0 and first["step"] % 10 == 0 and first["step"] < 100
+    assert first["attempt"] == 0 and first["step"] % 10 == 0 and first["step"] < STEPS
     folder = job_folder(real_cluster.get("dtj", name, "-n", ns))
     assert folder.startswith(f"runs/{ns}/{name}-")  # <namespace>/<name>-<uid8> (issue 22 M3)
     assert first["path"] == f"{folder}/0/output/checkpoints/attempt-0/step-{first['step']}"
@@ -50,13 +52,13 @@ def test_killed_worker_restarts_the_gang_from_the_last_checkpoint(real_cluster, 
                            fetch)
     assert resumed_at, fetch
     step = int(resumed_at[1])
-    assert first["step"] <= step < 100
+    assert first["step"] <= step < STEPS
     launcher = real_cluster.logs(ns, f"job/{name}-launcher", "-c", "launcher")
     assert f"resuming from /var/trainop/resume/step-{step} at step {step}" in launcher, launcher[-3000:]
-    # the step the final report counts from is the resumed one: 100 steps in all, not 100 more
+    # the step the final report counts from is the resumed one: STEPS in all, not STEPS more
     final = wait_until(lambda: (dtj_status().get("metrics") or {}).get("final") and dtj_status()["metrics"],
                        timeout=120, what="the final metrics")
-    assert final["step"] == 100
+    assert final["step"] == STEPS
     # attempt 1 saved into its own folder, and the operator followed
     assert wait_until(lambda: (dtj_status().get("checkpoint") or {}).get("attempt") == 1, timeout=120,
                       what="status.checkpoint of attempt 1")

@@ -27,7 +27,7 @@ FREEZE = ("for d in /proc/[0-9]*; do [ \"${d#/proc/}\" = $$ ] && continue; "
 def test_a_hung_rank_stalls_the_gang_which_restarts_and_resumes(real_cluster, real_namespace, real_operator,
                                                                pod_azurite, tmp_path):
     ns, name = real_namespace, "stall"
-    manifest = reduced("pytorch-horovod-synthetic.yaml", name, steps=60)
+    manifest = reduced("pytorch-horovod-synthetic.yaml", name, steps=80)
     manifest["spec"]["runPolicy"] = {"backoffLimit": 2, "stallTimeoutSeconds": 30}
     manifest["spec"]["checkpoint"] = {"everySteps": 5}
     with_blob_output(manifest, real_cluster, ns, pod_azurite)

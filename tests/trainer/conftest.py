@@ -52,7 +52,8 @@ def free_port_block(n: int = 4) -> int:
 def base_env() -> dict:
     env = dict(os.environ)
     env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3",
-               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", CUDA_VISIBLE_DEVICES="")
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", CUDA_VISIBLE_DEVICES="",
+               HOROVOD_CYCLE_TIME="50")  # as `trainop run --local` sets it (why: localrun.HOROVOD_CYCLE_TIME)
     env.pop("TF_CONFIG", None)
     return env
 
@@ -62,7 +63,8 @@ def launch_command(launcher: str, ranks: int, args: list[str], port: int) -> lis
     if launcher == "mpirun":
         return [shutil.which("mpirun") or "mpirun", "-np", str(ranks), "--oversubscribe", "--bind-to", "none",
                 "-x", "PYTHONUNBUFFERED", "-x", "OMP_NUM_THREADS", "-x", "TF_CPP_MIN_LOG_LEVEL",
-                "-x", "CUDA_VISIBLE_DEVICES", "-x", f"MASTER_PORT={port}", sys.executable, *trainer]
+                "-x", "CUDA_VISIBLE_DEVICES", "-x", "HOROVOD_CYCLE_TIME", "-x", f"MASTER_PORT={port}",
+                sys.executable, *trainer]
     if launcher == "torchrun":
         return [str(VENV_BIN / "torchrun"), "--nnodes", "1", "--nproc-per-node", str(ranks),
                 "--master-addr", "127.0.0.1", "--master-port", str(port), *trainer]

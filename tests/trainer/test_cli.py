@@ -60,3 +60,10 @@ def test_auto_backend_is_native_outside_mpirun():
     single = world.World("single", 0, 1, 0, 1, "127.0.0.1", 29500, ("127.0.0.1",))
     cfg = cli.parse(["--framework", "keras", "--output-dir", "/tmp/x", "--synthetic", "--batch-size", "2"], single)
     assert cfg.backend == "native"
+
+
+def test_min_step_seconds_defaults_to_the_environment(monkeypatch):
+    assert cli.parse([*BASE, "--synthetic", "--batch-size", "2"], TWO).min_step_seconds == 0
+    monkeypatch.setenv("TRAINOP_MIN_STEP_SECONDS", "0.25")
+    assert cli.parse([*BASE, "--synthetic", "--batch-size", "2"], TWO).min_step_seconds == 0.25
+    assert cli.parse([*BASE, "--synthetic", "--batch-size", "2", "--min-step-seconds", "0"], TWO).min_step_seconds == 0

@@ -90,8 +90,11 @@ def test_rank_0_reports_within_an_epoch_at_most_every_report_seconds(trainer_run
     """--report-seconds: between the epochs' reports rank 0 reports its own throughput times the
     ranks, so that status.progress's ETA moves within a long epoch (an ImageNet epoch is many
     minutes). With an interval shorter than a step, every step reports: PyTorch's loop,
-    TensorFlow's custom loop and Keras's model.fit (a callback) alike."""
-    run = trainer_runs("torchrun", framework, "native", ("--report-seconds", "1e-9"))
+    TensorFlow's custom loop and Keras's model.fit (a callback) alike.
+    The same runs hold each step to --min-step-seconds, which each of the three loops honours:
+    every step's report but an epoch's first (timed from the epoch's start) shows at least it."""
+    held = 0.3  # the tiny model's step takes ~0.05 s here: no step time would reach it unheld
+    run = trainer_runs("torchrun", framework, "native", ("--report-seconds", "1e-9", "--min-step-seconds", str(held)))
     assert run.returncode == 0, run.explain()
     steps, epochs = int(TINY[TINY.index("--steps-per-epoch") + 1]), int(TINY[TINY.index("--epochs") + 1])
     records = [r for r in run.records if not r["final"]]
@@ -101,3 +104,8 @@ def test_rank_0_reports_within_an_epoch_at_most_every_report_seconds(trainer_run
     assert all(r["imagesPerSec"] > 0 and r["stepTime"] > 0 and r["totalSteps"] == steps * epochs for r in records)
     assert [r["time"] for r in run.records] == sorted(r["time"] for r in run.records)
     assert run.records[-1]["final"]
+    # per epoch: its steps' own reports, then the epoch's; an epoch's first step is timed from its start
+    within = [r for e in range(epochs) for r in records[e * (steps + 1) + 1:e * (steps + 1) + steps]]
+    assert [r["step"] % steps for r in within] == [*range(2, steps), 0] * epochs
+    # (a hold counts from the end of the previous one, a moment before that step's report)
+    assert all(r["stepTime"] >= held * 0.98 for r in within), [(r["step"], r["stepTime"]) for r in records]

@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rank 0 also reports within an epoch at most this often (its own throughput "
                         "times the ranks), for progress and the ETA; 0: once per epoch (default 60, or a "
                         "quarter of --stall-seconds: the operator judges a stall by these reports)")
+    p.add_argument("--min-step-seconds", type=float, default=float(env.get("TRAINOP_MIN_STEP_SECONDS") or 0),
+                   help="hold every step to at least this wall time, sleeping the rest (default: "
+                        "$TRAINOP_MIN_STEP_SECONDS; 0: off). For rehearsals of the platform on CPU (fault "
+                        "tests, demos): a run lasts long enough for a fault to land mid-run without the "
+                        "compute of a bigger model or image")
     p.add_argument("--checkpoint-dir", type=Path, default=env.get("TRAINOP_CHECKPOINT_DIR") or None,
                    help="this attempt's checkpoint folder, <root>/attempt-<n> (default: $TRAINOP_CHECKPOINT_DIR; "
                         "unset: no checkpoints)")
@@ -217,6 +222,7 @@ def parse(argv: list[str], world: world_mod.World) -> Config:
         checkpoint_every=int(args.checkpoint_every),
         report_seconds=max(0.0, args.report_seconds),
         stall_seconds=max(0.0, args.stall_seconds),
+        min_step_seconds=max(0.0, args.min_step_seconds),
         resume_from=args.resume_from,
         max_bad_samples=args.max_bad_samples,
         elastic=elastic_cfg,

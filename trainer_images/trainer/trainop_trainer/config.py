@@ -42,6 +42,7 @@ class Config:
     resume_from: str | None = None
     report_seconds: float = 60.0  # rank 0 also reports within an epoch, at most this often (0: never)
     stall_seconds: float = 0.0  # the hang timeout: every rank's stacks to stderr after half of it (0: off)
+    min_step_seconds: float = 0.0  # every step held to at least this wall time (report.Reporter.alive)
     max_bad_samples: float = MAX_BAD_SAMPLES  # fraction of the set that may be bad (data.BadSamples)
     elastic: Elastic | None = None  # $TRAINOP_ELASTIC_MAX_WORLD (elastic.py); None: not elastic
     sample_log: Path | None = None  # every rank appends a JSON line per step: its samples and loss share

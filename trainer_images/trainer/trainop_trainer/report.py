@@ -55,6 +55,10 @@ class Reporter:
     # Bad samples the gang skipped (data.BadSamples), as of the last epoch's collective (reports
     # within an epoch repeat it: they gather nothing); None: synthetic data, no key reported.
     bad_samples: int | None = None
+    # --min-step-seconds: alive() sleeps what is left of it after each step. Every rank holds its
+    # own steps alike, so the ranks still meet in each collective together.
+    min_step_seconds: float = 0.0
+    _held_until: float = 0.0  # perf_counter() before which the current step may not end
     _tick: tuple[float, int] | None = None  # (time, global step) of the last report within the epoch
     # (seconds, steps) per epoch, seconds derived from the gathered throughput. Epochs after the
     # first (which holds compilation and warm-up) make the final figure, as in the reference.
@@ -71,7 +75,11 @@ class Reporter:
         self._tick = (time.perf_counter(), step)
 
     def alive(self) -> None:
-        """A step ended (every rank calls it): the stall watchdog starts its count again."""
+        """A step ended (every rank calls it): held to --min-step-seconds (the first step of the
+        run is not: it holds the warm-up), then the stall watchdog starts its count again."""
+        if self.min_step_seconds:
+            time.sleep(max(0.0, self._held_until - time.perf_counter()))
+            self._held_until = time.perf_counter() + self.min_step_seconds
         if self.stall_seconds:
             faulthandler.dump_traceback_later(self.stall_seconds / 2, exit=False)
 

@@ -204,7 +204,7 @@ def _train(cfg: Config, world: World, device: torch.device, comm: _Collective,
     sample_log = elastic.SampleLog(cfg.sample_log, world.rank, world.size) if cfg.sample_log else None
     reporter = report.Reporter(cfg.metrics_file, world.size, cfg.batch_size * cfg.scale(world.size), world.is_chief,
                                total_steps=cfg.epochs * steps, report_seconds=cfg.report_seconds,
-                               stall_seconds=cfg.stall_seconds,
+                               stall_seconds=cfg.stall_seconds, min_step_seconds=cfg.min_step_seconds,
                                events=events.open_writer(cfg.framework, cfg.output_dir) if world.is_chief else None,
                                bad_samples=0 if bad_samples is not None else None)
 
