@@ -18,7 +18,7 @@ import yaml
 
 from tests.fixtures.cluster import OperatorProcess, cli_config
 from tests.fixtures.waiting import wait_until
-from trainop import config, spec
+from trainop import config, localrun, spec
 from trainop.render import dtj as render_dtj
 
 pytestmark = [pytest.mark.real, pytest.mark.azurite]
@@ -37,7 +37,8 @@ HOLD = 0.5
 REPORT_SECONDS = 2
 
 
-def reduced(example: str, name: str, steps: int = 5, paced: bool = True, **spec_changes) -> dict:
+def reduced(example: str, name: str, steps: int = 5, image_size: int = 32, paced: bool = True,
+            **spec_changes) -> dict:
     """The example with 2 workers x 1 GPU and a small model, as `trainop run --local` reduces it;
     `paced`: 10 classes, each step held to HOLD seconds, reports every REPORT_SECONDS."""
     manifest = yaml.safe_load((EXAMPLES / example).read_text())
@@ -45,7 +46,7 @@ def reduced(example: str, name: str, steps: int = 5, paced: bool = True, **spec_
     body = manifest["spec"]
     body |= {"workers": 2, "gpusPerWorker": 1}
     body["training"] = dict(body.get("training", {}), batchSize=8, epochs=1, stepsPerEpoch=steps,
-                            imageSize=32, channelsLast=False)
+                            imageSize=image_size, channelsLast=False)
     body["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"}}
     body.update(spec_changes)
     for key in [k for k, v in spec_changes.items() if v is None]:
@@ -55,9 +56,8 @@ def reduced(example: str, name: str, steps: int = 5, paced: bool = True, **spec_
     if paced:
         # (--num-classes: synthetic data only; a folder's own classes win)
         body["args"] += ["--num-classes", "10", "--min-step-seconds", str(HOLD), "--report-seconds", str(REPORT_SECONDS)]
-        # Horovod's background thread negotiates every cycle (1 ms by default), spinning in MPI
-        # while its rank sleeps out a hold or waits for its peer; 50 ms costs these steps nothing.
-        body["env"] = [*body.get("env", []), {"name": "HOROVOD_CYCLE_TIME", "value": "50"}]
+        # as `trainop run --local` sets it, why: there (Horovod's cycle spins while a rank sleeps)
+        body["env"] = [*body.get("env", []), {"name": "HOROVOD_CYCLE_TIME", "value": localrun.HOROVOD_CYCLE_TIME}]
     return manifest
 
 
