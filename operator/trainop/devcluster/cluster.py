@@ -290,10 +290,20 @@ class DevCluster:
             self._spawn(name, [str(bins / "gpu-device-plugin"), *args])
 
     def kill_node(self, node_name: str) -> None:
-        """A real node dies as a VM that loses power would: its kubelet, containerd and device
-        plugins SIGKILLed, then every container process of the node and its runc shims. Its
-        Node object and pods stay in the API, as they say last; `revive_node` starts it again."""
+        """A real node dies as a VM that loses power would: its network goes silent first (its
+        pods' bridge down), then its kubelet, containerd and device plugins are SIGKILLed, then
+        every container process of the node and its runc shims. Its Node object and pods stay
+        in the API, as they say last; `revive_node` starts it again.
+
+        Silent, because a powered-off VM sends nothing: its peers' connections to it hang until
+        a timeout or the operator's restart, as on a cloud. Killed processes on a live kernel
+        would close their sockets instead, and a launcher on another node would see its remote
+        daemons' connections reset and fail at once, before the node lifecycle controller
+        judges the node lost (what the operator reads): a failure of the job, not of its node.
+        One CI run of the elastic test (2026-12-07) failed so, with the launcher on the node
+        that lived."""
         node = next(n for n in self.real_nodes if n.name == node_name)
+        nodes.cut_node_network(node)
         state = self._state()
         for name in [n for n in self.components() if n.endswith(f"/{node.name}")]:
             pid = state["pids"].pop(name, None)  # dead on purpose: no waiting fails for it
@@ -307,6 +317,7 @@ class DevCluster:
         """A node killed by `kill_node` boots again: its containerd (images kept), kubelet and
         device plugins start with the state it left; returns once the node is Ready again."""
         node = next(n for n in self.real_nodes if n.name == node_name)
+        nodes.restore_node_network(node)
         self._start_node(node, Path(self._state()["bin_dir"]), timeout, load_images=False)
         self._wait(lambda: self._node_ready(node.name), timeout, f"{node.name} Ready again")
 

@@ -166,6 +166,16 @@ def setup_host_network(nodes: list[RealNode]) -> None:
         sh("iptables", "-I", "FORWARD", "1", "-j", FORWARD_CHAIN)
 
 
+def cut_node_network(node: RealNode) -> None:
+    """The node's pods fall silent (kill_node): with their bridge down, nothing they send
+    leaves and nothing reaches them, not even the resets of their processes' closing sockets."""
+    sh("ip", "link", "set", node.bridge, "down")
+
+
+def restore_node_network(node: RealNode) -> None:
+    sh("ip", "link", "set", node.bridge, "up")
+
+
 def teardown_host_network() -> None:
     """Remove every interface, netns and chain real nodes make (also after a crash)."""
     links = json.loads(sh("ip", "-j", "link", "show").stdout or "[]")
