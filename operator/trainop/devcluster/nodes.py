@@ -166,14 +166,22 @@ def setup_host_network(nodes: list[RealNode]) -> None:
         sh("iptables", "-I", "FORWARD", "1", "-j", FORWARD_CHAIN)
 
 
+# A dead node's subnet is dropped here rather than sent to the host's default route (off the
+# machine, where something might answer). Its metric loses to the bridge's own route, so a
+# leftover one (a test that died before revive_node) harms nothing.
+SILENT_METRIC = "4242"
+
+
 def cut_node_network(node: RealNode) -> None:
     """The node's pods fall silent (kill_node): with their bridge down, nothing they send
     leaves and nothing reaches them, not even the resets of their processes' closing sockets."""
+    sh("ip", "route", "replace", "blackhole", str(node.subnet), "metric", SILENT_METRIC)
     sh("ip", "link", "set", node.bridge, "down")
 
 
 def restore_node_network(node: RealNode) -> None:
     sh("ip", "link", "set", node.bridge, "up")
+    sh("ip", "route", "del", "blackhole", str(node.subnet), "metric", SILENT_METRIC, check=False)
 
 
 def teardown_host_network() -> None:
@@ -185,6 +193,9 @@ def teardown_host_network() -> None:
             sh("ip", "link", "del", link["ifname"], check=False)
     for name in sorted(ours):
         sh("ip", "link", "del", name, check=False)
+    for route in json.loads(sh("ip", "-j", "route", "show", "type", "blackhole").stdout or "[]"):
+        if str(route.get("metric")) == SILENT_METRIC:  # cut_node_network's
+            sh("ip", "route", "del", "blackhole", route["dst"], "metric", SILENT_METRIC, check=False)
     sh("ip", "addr", "del", f"{HOST_IP}/32", "dev", "lo", check=False)
     remove_chains()
     remove_ipsets()  # after the chains: a set still referenced by a rule cannot be destroyed
