@@ -103,8 +103,8 @@ install_helm() { scripts/install-helm.sh; }
 # The project's images, built from its Dockerfiles on a Debian base (cached by content hash).
 install_images() { .venv/bin/trainop devcluster images; }
 
-phases=()  # name <tab> what it installs <tab> function
-add_phase() { phases+=("$1"$'\t'"$2"$'\t'"$3"); }
+phases=()  # name <tab> what it installs <tab> function <tab> "beside" or nothing
+add_phase() { phases+=("$1"$'\t'"$2"$'\t'"$3"$'\t'"${4:-}"); }
 add_phase apt "${apt_packages[*]} (those missing)" install_apt
 add_phase "pip: trainop" "into .venv: pip install ${pip_specs[*]}" install_python
 add_phase "frameworks: $frameworks" "$(pins) (wheels kept in \$TRAINOP_CACHE/wheelhouse)$kept" \
@@ -112,19 +112,21 @@ add_phase "frameworks: $frameworks" "$(pins) (wheels kept in \$TRAINOP_CACHE/whe
 add_phase "horovod build" "Horovod from source for $frameworks (wheel kept in \$TRAINOP_CACHE/horovod)" \
   install_horovod
 if [[ $target == test ]]; then
+  # The images need the Horovod wheel and nothing after it; their build keeps 2 cores only 56 %
+  # busy (a cold install, 2026-12-07), so it runs beside the next phases.
+  add_phase images "the project's images from its Dockerfiles (cached by content hash)" install_images beside
   add_phase "npm: azurite" "node_modules: Azurite (package.json)" install_azurite
   add_phase "go: control plane" "the local control plane (kube-apiserver, controller-manager, scheduler, etcd, KWOK) and the real-node add-ons, built from source (cached by version)" \
     install_control_plane
   add_phase "go: kueue" "the Kueue controller built from source (cached by version)" install_kueue
   add_phase helm "the Helm binary (cached by version)" install_helm
-  add_phase images "the project's images from its Dockerfiles (cached by content hash)" install_images
 fi
 
 if ((plan)); then
   echo "scripts/bootstrap.sh $target installs, phase by phase:"
   for p in "${phases[@]}"; do
-    IFS=$'\t' read -r name what _ <<<"$p"
-    printf '  %-32s %s\n' "$name" "$what"
+    IFS=$'\t' read -r name what _ mode <<<"$p"
+    printf '  %-32s %s%s\n' "$name" "$what" "${mode:+ (beside the next phases)}"
   done
   exit 0
 fi
@@ -138,7 +140,8 @@ mkdir -p "$TRAINOP_CACHE"
 echo "scripts/bootstrap.sh $target: $((${#phases[@]})) phases (later runs only check)"
 progress_log "${TRAINOP_BOOTSTRAP_LOG:-$PWD/.cache/logs/bootstrap-$target.log}"
 for p in "${phases[@]}"; do
-  IFS=$'\t' read -r name _ fn <<<"$p"
-  phase "$name" "$fn"
+  IFS=$'\t' read -r name _ fn mode <<<"$p"
+  if [[ $mode == beside ]]; then phase_beside "$name" "$fn"; else phase "$name" "$fn"; fi
 done
+phases_joined
 echo "scripts/bootstrap.sh $target: ready in $(_duration $SECONDS)"

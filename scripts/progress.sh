@@ -9,6 +9,14 @@
 #                        inside CMD, so a failing step would go unnoticed): a failure ends the script
 #                        with CMD's status, and the EXIT trap set here prints the log's path and last
 #                        lines on stderr.
+#   phase_beside NAME CMD...   the same, but CMD runs in the background and the script goes on
+#                        with the next phases: for a phase that leaves a core idle beside phases
+#                        that do not need what it makes (the images' build, busy 56 % of 2 cores,
+#                        beside the Go builds). Its output goes to a log of its own, appended to
+#                        the log when it is joined.
+#   phases_joined        waits for the phases started beside, in order: prints each one's line
+#                        ("NAME  <seconds> (beside)", its own start to its own end), or fails the
+#                        script as `phase` does, with that phase's report.
 # $TRAINOP_TIMINGS (when set) gets "NAME seconds" lines too: .ci/run prints them in its summary.
 
 PROGRESS_LOG=/dev/null
@@ -39,8 +47,52 @@ phase() {
   _phase_name=""
 }
 
+_beside=()  # the phases running beside: "NAME<TAB>PID<TAB>START<TAB>OWN LOG"
+
+phase_beside() {
+  local name=$1 log
+  shift
+  log="$PROGRESS_LOG.beside.${#_beside[@]}"
+  printf '\n=== %s: %s (%s)\n' "$name" "$*" "$(date '+%F %T')" >"$log"
+  # (errexit holds in the subshell; its EXIT trap notes when it ended, failed or not)
+  ( trap 'echo $SECONDS >"$log.end"' EXIT; "$@" ) >>"$log" 2>&1 &
+  _beside+=("$name"$'\t'"$!"$'\t'"$SECONDS"$'\t'"$log")
+  printf '  %-32s started, beside the next phases\n' "$name"
+}
+
+phases_joined() {
+  local entry pid log rc took
+  for entry in "${_beside[@]}"; do
+    IFS=$'\t' read -r _phase_name pid _phase_start log <<<"$entry"
+    rc=0
+    wait "$pid" || rc=$?
+    _phase_line=$(wc -l <"$PROGRESS_LOG")
+    cat "$log" >>"$PROGRESS_LOG"
+    took=$(($(cat "$log.end" 2>/dev/null || echo $SECONDS) - _phase_start))
+    rm -f "$log" "$log.end"
+    if ((rc)); then
+      printf '  %-32s ' "$_phase_name"
+      _phase_start=$((SECONDS - took))  # (the report's time: the phase's own)
+      exit "$rc"
+    fi
+    printf '  %-32s %s (beside)\n' "$_phase_name" "$(_duration "$took")"
+    [[ -z ${TRAINOP_TIMINGS:-} ]] || printf '  %-30s %5ds  beside\n' "$_phase_name" "$took" >>"$TRAINOP_TIMINGS"
+  done
+  _beside=() _phase_name=""
+}
+
+_kill_tree() {  # (no job control here: the phase's builders are not in a group of their own)
+  local child
+  for child in $(pgrep -P "$1" || true); do _kill_tree "$child"; done
+  kill "$1" 2>/dev/null || true
+}
+
 _progress_exit() {
-  local rc=$1
+  local rc=$1 entry pid
+  for entry in "${_beside[@]}"; do  # the script ends early: what runs beside stops too
+    IFS=$'\t' read -r _ pid _ _ <<<"$entry"
+    _kill_tree "$pid"
+  done
   [[ -n $_phase_name ]] || return 0
   local took=$((SECONDS - _phase_start))
   echo "FAILED after $(_duration "$took")"

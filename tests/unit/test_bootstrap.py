@@ -52,7 +52,10 @@ def test_test_installs_everything_demo_does_and_the_rest(tmp_path):
     root = fresh_clone(tmp_path)
     demo, test = plan(root, "demo", tmp_path), plan(root, "test", tmp_path)
     assert list(test) == ["apt", "pip: trainop", "frameworks: pytorch,tensorflow", "horovod build",
-                          "npm: azurite", "go: control plane", "go: kueue", "helm", "images"]
+                          "images", "npm: azurite", "go: control plane", "go: kueue", "helm"]
+    # the images need the Horovod wheel only: built beside the Go builds
+    assert test["images"].endswith(" (beside the next phases)")
+    assert [name for name, what in test.items() if "beside" in what] == ["images"]
     assert set(demo["apt"].split()) < set(test["apt"].split())
     assert test["pip: trainop"] == "into .venv: pip install -e .[test,tensorboard] -e trainer_images/trainer"
     pins = " ".join(TRAINER_EXTRAS["pytorch"] + TRAINER_EXTRAS["tensorflow"])
@@ -110,6 +113,42 @@ def test_a_failing_phase_stops_the_script_and_shows_the_log_and_its_last_lines(t
     assert proc.stderr.splitlines()[-1] == f"the whole output: {log}"
     assert (tmp_path / "logs/b.log.1").read_text() == "the previous run\n"
     assert any(line.startswith("free disk: ") and line[-1] in "KMGT" for line in stderr)
+
+
+def test_a_phase_beside_runs_while_the_next_ones_do_and_is_joined_at_the_end(tmp_path):
+    # `wait_for` returns once the phase beside has written its mark: it ran at the same time
+    proc = run_phases(tmp_path, 'mark() { echo beside-ran > mark; echo building images; }\n'
+                                'wait_for() { for _ in $(seq 200); do [[ -f mark ]] && return 0; sleep 0.05; done; return 1; }\n'
+                                'phase_beside "images" mark\nphase "go" wait_for\nphases_joined\necho joined\n')
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()[1:]
+    assert lines[0].split() == ["images", "started,", "beside", "the", "next", "phases"]
+    assert lines[1].split()[0] == "go" and lines[2].split()[0] == "images" and lines[2].endswith(" s (beside)")
+    assert lines[3] == "joined"
+    log = (tmp_path / "logs/b.log").read_text()
+    assert log.index("=== go:") < log.index("=== images: mark") < log.index("building images")  # its own log, appended
+    timings = [line.split() for line in (tmp_path / "timings").read_text().splitlines()]
+    assert [t[0] for t in timings] == ["go", "images"] and timings[1][2:] == ["beside"]
+
+
+def test_a_failing_phase_beside_fails_the_script_with_its_report_when_joined(tmp_path):
+    proc = run_phases(tmp_path, 'build() { echo building; cc -c bad.c -o bad.o; echo after-the-compiler; }\n'
+                                'phase_beside "images" build\nphase "go" true\nphases_joined\necho never\n')
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[-1].split()[:3] == ["images", "FAILED", "after"]
+    assert "never" not in proc.stdout
+    assert "after-the-compiler" not in (tmp_path / "logs/b.log").read_text()
+    stderr = proc.stderr.splitlines()
+    assert stderr[:2] == ["images failed (exit status 1)", "its first errors:"]
+    assert "error: 'undeclared_name' undeclared" in stderr[2]
+    assert "    building" in stderr
+
+
+def test_a_failing_phase_stops_the_phases_beside_it(tmp_path):
+    proc = run_phases(tmp_path, 'phase_beside "images" sleep 123.456\nphase "go" false\n')
+    assert proc.returncode == 1 and proc.stdout.splitlines()[-1].split()[:3] == ["go", "FAILED", "after"]
+    left = subprocess.run(["pgrep", "-f", "^sleep 123.456$"], capture_output=True, text=True)
+    assert left.stdout == "", "the phase beside still runs"
 
 
 def test_a_full_disk_under_npm_is_named_in_the_first_errors(tmp_path):
