@@ -2,8 +2,8 @@
 
 On a dev cluster with real nodes (system=1, gpu=1), a checkpointing 2-worker PyTorch + Horovod
 job runs; once its first checkpoint is reported, the node of its workers is killed as a VM that
-loses power (kubelet, containerd, device plugin and every container process SIGKILLed:
-`DevCluster.kill_node`). The node lifecycle controller marks it Ready Unknown after
+loses power (its pods' network cut first, so that it falls silent; then kubelet, containerd,
+device plugin and every container process SIGKILLed: `DevCluster.kill_node`). The node lifecycle controller marks it Ready Unknown after
 --node-monitor-grace-period (20 s on the dev cluster, 40-50 s by default elsewhere); the operator
 then restarts the gang as a disruption (NodeLost) and force-deletes the old pods; the node is
 brought back (`DevCluster.revive_node`: the dev cluster has no other GPU node) and the job resumes
