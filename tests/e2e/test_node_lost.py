@@ -1,12 +1,12 @@
 """A GPU node dies under training (issue 24), on real pods: the node running the gang falls silent
 (its pods' network cut), then its kubelet, containerd, device plugin and every container process
-are SIGKILLed, as a VM that loses power (`DevCluster.kill_node`). Its Node and pods stay in the API as they were last reported. Once the
-node lifecycle controller marks the node Ready Unknown (--node-monitor-grace-period: 20 s on the
-dev cluster, nodes.NODE_GRACE_SECONDS), the operator restarts the gang as a disruption (NodeLost,
-not counted against backoffLimit), force-deletes the old attempt's pods that a dead kubelet will
-never confirm, and the new attempt resumes from the last checkpoint once the node is back (the
-dev cluster has one GPU node: the gang has nowhere else to go) and Succeeds with the step count
-continuing.
+are SIGKILLed, as a VM that loses power (`DevCluster.kill_node`). Its Node and pods stay in the API
+as they were last reported. Once the node lifecycle controller marks the node Ready Unknown
+(--node-monitor-grace-period: 20 s on the dev cluster, nodes.NODE_GRACE_SECONDS), the operator
+restarts the gang as a disruption (NodeLost, not counted against backoffLimit), force-deletes the
+old attempt's pods that a dead kubelet will never confirm, and the new attempt resumes from the
+last checkpoint once the node is back (the dev cluster has one GPU node: the gang has nowhere else
+to go) and Succeeds with the step count continuing.
 
 `lose_a_node` is the scenario; bench/chaos_node.py runs it for bench/chaos.py's table row.
 """

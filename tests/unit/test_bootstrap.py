@@ -7,6 +7,8 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+from tests.fixtures.waiting import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 TRAINER_EXTRAS = tomllib.loads((REPO / "trainer_images/trainer/pyproject.toml").read_text())[
     "project"]["optional-dependencies"]
@@ -147,8 +149,9 @@ def test_a_failing_phase_beside_fails_the_script_with_its_report_when_joined(tmp
 def test_a_failing_phase_stops_the_phases_beside_it(tmp_path):
     proc = run_phases(tmp_path, 'phase_beside "images" sleep 123.456\nphase "go" false\n')
     assert proc.returncode == 1 and proc.stdout.splitlines()[-1].split()[:3] == ["go", "FAILED", "after"]
-    left = subprocess.run(["pgrep", "-f", "^sleep 123.456$"], capture_output=True, text=True)
-    assert left.stdout == "", "the phase beside still runs"
+    def gone() -> bool:
+        return subprocess.run(["pgrep", "-f", "^sleep 123.456$"], capture_output=True).stdout == b""
+    wait_until(gone, timeout=10, interval=0.05, what="the phase beside stopped")
 
 
 def test_a_full_disk_under_npm_is_named_in_the_first_errors(tmp_path):
