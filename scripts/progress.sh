@@ -43,8 +43,12 @@ phase() {
   "$@" >>"$PROGRESS_LOG" 2>&1
   local took=$((SECONDS - _phase_start))
   _duration "$took"
-  [[ -z ${TRAINOP_TIMINGS:-} ]] || printf '  %-30s %5ds\n' "$_phase_name" "$took" >>"$TRAINOP_TIMINGS"
+  _timing "$_phase_name" "$took"
   _phase_name=""
+}
+
+_timing() {  # NAME SECONDS [MARK]: a line for $TRAINOP_TIMINGS, when set
+  [[ -z ${TRAINOP_TIMINGS:-} ]] || printf '  %-30s %5ds%s\n' "$1" "$2" "${3:+  $3}" >>"$TRAINOP_TIMINGS"
 }
 
 _beside=()  # the phases running beside: "NAME<TAB>PID<TAB>START<TAB>OWN LOG"
@@ -76,7 +80,7 @@ phases_joined() {
       exit "$rc"
     fi
     printf '  %-32s %s (beside)\n' "$_phase_name" "$(_duration "$took")"
-    [[ -z ${TRAINOP_TIMINGS:-} ]] || printf '  %-30s %5ds  beside\n' "$_phase_name" "$took" >>"$TRAINOP_TIMINGS"
+    _timing "$_phase_name" "$took" beside
   done
   _beside=() _phase_name=""
 }
@@ -96,7 +100,7 @@ _progress_exit() {
   [[ -n $_phase_name ]] || return 0
   local took=$((SECONDS - _phase_start))
   echo "FAILED after $(_duration "$took")"
-  [[ -z ${TRAINOP_TIMINGS:-} ]] || printf '  %-30s %5ds  FAILED\n' "$_phase_name" "$took" >>"$TRAINOP_TIMINGS"
+  _timing "$_phase_name" "$took" FAILED
   # A build's last lines are often the tool's traceback; the cause (a compiler's error, a full
   # disk) comes earlier, so the phase's first error lines are shown too, and the free space: a
   # full disk is the usual failure of a machine whose caches are warm.

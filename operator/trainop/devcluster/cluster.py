@@ -300,7 +300,7 @@ class DevCluster:
         would close their sockets instead, and a launcher on another node would see its remote
         daemons' connections reset and fail at once, before the node lifecycle controller
         judges the node lost (what the operator reads): a failure of the job, not of its node.
-        One CI run of the elastic test (2026-12-07) failed so, with the launcher on the node
+        One run of the elastic e2e test (2026-12-07) failed so, with the launcher on the node
         that lived."""
         node = next(n for n in self.real_nodes if n.name == node_name)
         nodes.cut_node_network(node)
