@@ -19,6 +19,9 @@ fell on the first operator's ramp only). Per operator and N it reports
   watch runs in this script, which shares the 2 cores with the operator and lags behind a
   CPU-hungry one at 100 jobs and more; the operator's API requests over the ramp (audit log),
   and how many met a 409 (a create of something that existed: its cache behind its own writes);
+  and (`p50_steps_s`, in the JSON lines) the median seconds of each step of a job's path in the
+  audit log: applied -> the operator's first child -> the workers created -> both Running (KWOK)
+  -> the launcher Job created -> its pod bound -> Running, which says where the p50 goes;
 - the operator's CPU seconds over the ramp and its peak RSS (/proc: utime+stime, VmHWM); an
   operator that dies during the ramp is restarted, as its Deployment would (`restarts`; CPU is
   summed over its lives, sampled every 0.2 s; peak RSS is its last life's);
@@ -216,12 +219,26 @@ def own_requests(audit_log: Path, operator: str, t0: float, t1: float) -> tuple[
     return len(seen), conflicts
 
 
-def audit_latencies(audit_log: Path, namespace: str, plural: str) -> dict[str, float]:
-    """Per job, seconds from its create to its launcher pod's first status write by KWOK (the
-    pod Running), both as the API server received them: the same path as LauncherWatch's,
-    without this script's own watch, which lags behind under a CPU-hungry operator on 2 cores
-    (its thread shares them)."""
-    created, running = {}, {}
+# The path of one job, as the API server received it (audit log): each marker's request, first
+# (or, for the workers, the last of the gang) per job. Both operators walk the same path
+# (`launcherCreationPolicy: WaitForWorkersReady`), so the differences between their steps say
+# where one loses time to the other.
+MARKERS = ("applied", "first child", "workers created", "workers running", "launcher job",
+           "launcher bound", "launcher running")
+
+
+def audit_path(audit_log: Path, namespace: str, plural: str) -> dict[str, dict[str, float]]:
+    """Per job, the wall-clock time of each of MARKERS (those seen). Names are the two operators'
+    common ones: `<job>-worker-<i>` pods, a `<job>-launcher` Job, whose pod is
+    `<job>-launcher-<suffix>` (named by the Job controller: its create's audit event may carry
+    no name, so the launcher's own steps start at the scheduler's binding)."""
+    path: dict[str, dict[str, float]] = {}
+    workers_running: dict[str, dict[str, float]] = {}
+
+    def mark(job: str, marker: str, when: float, last: bool = False) -> None:
+        seen = path.setdefault(job, {})
+        seen[marker] = max(seen.get(marker, when), when) if last else min(seen.get(marker, when), when)
+
     with audit_log.open() as f:
         for line in f:
             if namespace not in line:
@@ -230,14 +247,50 @@ def audit_latencies(audit_log: Path, namespace: str, plural: str) -> dict[str, f
             ref = event.get("objectRef") or {}
             if event.get("stage") != "ResponseComplete" or ref.get("namespace") != namespace:
                 continue
-            name = ref.get("name") or ""
+            if (event.get("responseStatus") or {}).get("code", 200) >= 300:
+                continue
+            name, resource, sub = ref.get("name") or "", ref.get("resource"), ref.get("subresource")
+            verb, agent = event["verb"], event.get("userAgent") or ""
             when = dt.datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
-            if ref.get("resource") == plural and event["verb"] == "create" and not ref.get("subresource"):
-                created.setdefault(name, when)
-            elif ref.get("resource") == "pods" and ref.get("subresource") == "status" and \
-                    "-launcher-" in name and (event.get("userAgent") or "").startswith("kwok"):
-                running.setdefault(name.rsplit("-launcher-", 1)[0], when)
-    return {job: running[job] - t for job, t in created.items() if job in running}
+            if resource == plural and verb == "create" and not sub:
+                mark(name, "applied", when)
+            elif "-launcher-" in name and resource == "pods":
+                job = name.rsplit("-launcher-", 1)[0]
+                if sub == "binding":
+                    mark(job, "launcher bound", when)
+                elif sub == "status" and agent.startswith("kwok"):
+                    mark(job, "launcher running", when)
+            elif "-worker-" in name and resource == "pods":
+                job = name.rsplit("-worker-", 1)[0]
+                if verb == "create" and not sub:
+                    mark(job, "workers created", when, last=True)
+                elif sub == "status" and agent.startswith("kwok"):
+                    workers_running.setdefault(job, {}).setdefault(name, when)
+            elif resource == "jobs" and verb == "create" and name.endswith("-launcher"):
+                mark(name[:-len("-launcher")], "launcher job", when)
+            if verb == "create" and resource != plural and not agent.startswith(("kwok", "kube-")):
+                # (a child is named <job> (the Service, trainop's NetworkPolicy) or <job>-...)
+                job = next((j for j in path if name == j or name.startswith(j + "-")), None)
+                if job:
+                    mark(job, "first child", when)
+    for job, pods in workers_running.items():
+        mark(job, "workers running", max(pods.values()))
+    return path
+
+
+def audit_latencies(audit_log: Path, namespace: str, plural: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Per job, seconds from its create to its launcher pod's first status write by KWOK (the
+    pod Running), both as the API server received them: the same path as LauncherWatch's,
+    without this script's own watch, which lags behind under a CPU-hungry operator on 2 cores
+    (its thread shares them). And the median seconds of each step of that path (MARKERS)."""
+    path = audit_path(audit_log, namespace, plural)
+    done = {job: seen for job, seen in path.items() if "applied" in seen and "launcher running" in seen}
+    steps = {}
+    for before, after in zip(MARKERS, MARKERS[1:]):
+        gaps = [seen[after] - seen[before] for seen in done.values() if before in seen and after in seen]
+        if gaps:
+            steps[f"{before} -> {after}"] = round(percentile(gaps, 50), 3)
+    return {job: seen["launcher running"] - seen["applied"] for job, seen in done.items()}, steps
 
 
 class LauncherWatch:
@@ -377,7 +430,8 @@ def run_one(cluster: DevCluster, api: k8s.ApiClient, operator: str, n: int, wind
     time.sleep(2)  # the audit log's events of the ramp written
     result["ramp_requests"], result["ramp_409"] = own_requests(cluster.audit_log, kind,
                                                                wall_start, wall_done)
-    seen = audit_latencies(cluster.audit_log, namespace, plural)
+    seen, steps = audit_latencies(cluster.audit_log, namespace, plural)
+    result["p50_steps_s"] = steps
     if seen:
         result |= {"p50_audit_s": round(percentile(list(seen.values()), 50), 2),
                    "p99_audit_s": round(percentile(list(seen.values()), 99), 2)}
