@@ -42,10 +42,10 @@ def trainer_everywhere(real_cluster):
 
 def elastic_manifest(name: str) -> dict:
     # Not paced (test_real_pods.HOLD): alone on the 2-core machine holding the steps saved no CPU
-    # and cost time (2026-12-07: held 215 s and 321 core-seconds, unheld 178 s and 319). Its steps
-    # are CPU work, though: in CI, beside the main lane, the full-size gang's last ~150 steps took
-    # 427 s of the test's 642 (4602bba). So its ranks have reduced()'s one thread and 50 ms cycle,
-    # which cut a step's CPU by a third here.
+    # and cost time (2026-12-07: held 215 s and 321 core-seconds, unheld 178 s and 319). Its ranks
+    # have reduced()'s one thread and 50 ms cycle (a step's CPU a third less). In the clean-clone
+    # CI runs its wait for Succeeded after the grow took 427 and 434 s, with and without them,
+    # against 109 s alone: not its steps' CPU (docs/DEVELOPING.md, open).
     manifest = reduced("pytorch-horovod-synthetic.yaml", name, steps=STEPS, paced=False)
     manifest["spec"].update(
         gpusPerWorker=0,
