@@ -54,10 +54,13 @@ def test_preflight_measures_the_gang_in_real_pods_then_training_starts(real_clus
     assert (transport["status"], transport["reason"]) == ("True", "Socket"), transport  # not an IB job: as asked
 
     # Both workers' init containers really ran it, on a real node, and agreed on the result.
+    # status.preflight comes from worker 0's report alone: worker 1's kubelet may post its own
+    # terminated state a moment later (CI caught it PodInitializing), so wait for each.
     real_cluster.assert_ran_on_real_nodes(ns, "trainop.io/job-name=pf,trainop.io/role=worker")
     for i in (0, 1):
-        term = preflight_state(real_cluster, ns, f"pf-worker-{i}")
-        assert term and term["exitCode"] == 0, term
+        term = wait_until(lambda: preflight_state(real_cluster, ns, f"pf-worker-{i}"), timeout=120,
+                          interval=1, what=f"pf-worker-{i}'s preflight to end")
+        assert term["exitCode"] == 0, term
         log = real_cluster.logs(ns, f"pf-worker-{i}", "-c", "preflight")
         line = next(x for x in log.splitlines() if x.startswith("trainop-preflight: "))
         assert json.loads(line.split(": ", 1)[1])["busBandwidthGBps"] == pre["busBandwidthGBps"], log[-2000:]
