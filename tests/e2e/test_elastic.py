@@ -43,9 +43,9 @@ def trainer_everywhere(real_cluster):
 def elastic_manifest(name: str) -> dict:
     # Not paced (test_real_pods.HOLD): alone on the 2-core machine holding the steps saved no CPU
     # and cost time (2026-12-07: held 215 s and 321 core-seconds, unheld 178 s and 319). Its ranks
-    # have reduced()'s one thread and 50 ms cycle (a step's CPU a third less). In the clean-clone
-    # CI runs its wait for Succeeded after the grow took 427 and 434 s, with and without them,
-    # against 109 s alone: not its steps' CPU (docs/DEVELOPING.md, open).
+    # have reduced()'s one thread and 50 ms cycle (a step's CPU a third less). Its wait for
+    # Succeeded after the grow is the gang's last ~180 steps: 65 s alone, 189-434 s with the main
+    # lane beside it, as fast as the cores the main lane leaves (docs/DEVELOPING.md).
     manifest = reduced("pytorch-horovod-synthetic.yaml", name, steps=STEPS, paced=False)
     manifest["spec"].update(
         gpusPerWorker=0,
