@@ -39,3 +39,18 @@ def test_stopping_leaves_the_host_to_the_live_cluster_that_owns_it(tmp_path, mon
     mine._remove_real_nodes([], proxy_ran=False)
     assert "teardown_host_network" in calls and "remove_cgroups" in calls
     assert nodes.other_owner(Path(tmp_path / "mine"), lambda s: False) is None
+
+
+def test_a_killed_nodes_blackhole_route_is_a_leftover_while_it_is_there(tmp_path):
+    """The one test here that touches the host: a route of kill_node's kind, on a subnet no
+    node uses (real nodes take 10.245.<index>.0/24 from 0 up), in the real routing table.
+    (Not teardown_host_network itself, which removes it through the same _silent_routes: it would
+    take down the real-node cluster the e2e lane's session still holds while tests/unit run.)"""
+    dst = "10.245.250.0/24"
+    nodes.sh("ip", "route", "replace", "blackhole", dst, "metric", nodes.SILENT_METRIC)
+    try:
+        assert f"blackhole route {dst}" in nodes.leftovers(tmp_path)
+        assert dst in nodes._silent_routes()
+    finally:
+        nodes.sh("ip", "route", "del", "blackhole", dst, "metric", nodes.SILENT_METRIC, check=False)
+    assert f"blackhole route {dst}" not in nodes.leftovers(tmp_path)

@@ -193,12 +193,17 @@ def teardown_host_network() -> None:
             sh("ip", "link", "del", link["ifname"], check=False)
     for name in sorted(ours):
         sh("ip", "link", "del", name, check=False)
-    for route in json.loads(sh("ip", "-j", "route", "show", "type", "blackhole").stdout or "[]"):
-        if str(route.get("metric")) == SILENT_METRIC:  # cut_node_network's
-            sh("ip", "route", "del", "blackhole", route["dst"], "metric", SILENT_METRIC, check=False)
+    for dst in _silent_routes():
+        sh("ip", "route", "del", "blackhole", dst, "metric", SILENT_METRIC, check=False)
     sh("ip", "addr", "del", f"{HOST_IP}/32", "dev", "lo", check=False)
     remove_chains()
     remove_ipsets()  # after the chains: a set still referenced by a rule cannot be destroyed
+
+
+def _silent_routes() -> list[str]:
+    """The destinations of cut_node_network's blackhole routes still in the table."""
+    routes = json.loads(sh("ip", "-j", "route", "show", "type", "blackhole").stdout or "[]")
+    return [r["dst"] for r in routes if str(r.get("metric")) == SILENT_METRIC]
 
 
 def _ipsets() -> list[str]:
@@ -569,12 +574,13 @@ def release_host(state_dir: Path) -> None:
 
 def leftovers(state_dir: Path) -> list[str]:
     """What real nodes made that still exists (empty after a clean `down`): interfaces, the host
-    address, iptables chains (ours, kube-proxy's, the kubelet's, kube-router's), kube-router's
+    address, a killed node's blackhole route, iptables chains (ours, kube-proxy's, the kubelet's, kube-router's), kube-router's
     ipsets, cgroups, mounts and processes."""
     found = [f"interface {link['ifname']}" for link in json.loads(sh("ip", "-j", "link", "show").stdout or "[]")
              if link["ifname"].startswith("trainop")]
     if HOST_IP in sh("ip", "-o", "addr", "show", "dev", "lo").stdout:
         found.append(f"address {HOST_IP} on lo")
+    found += [f"blackhole route {dst}" for dst in _silent_routes()]
     for table in ("filter", "nat", "mangle"):
         found += [f"iptables {table} chain {line.split()[1]}" for line in
                   sh("iptables", "-t", table, "-S", check=False).stdout.splitlines()
