@@ -574,8 +574,8 @@ def release_host(state_dir: Path) -> None:
 
 def leftovers(state_dir: Path) -> list[str]:
     """What real nodes made that still exists (empty after a clean `down`): interfaces, the host
-    address, a killed node's blackhole route, iptables chains (ours, kube-proxy's, the kubelet's, kube-router's), kube-router's
-    ipsets, cgroups, mounts and processes."""
+    address, a killed node's blackhole route, iptables chains (ours, kube-proxy's, the kubelet's,
+    kube-router's), kube-router's ipsets, cgroups, mounts and processes."""
     found = [f"interface {link['ifname']}" for link in json.loads(sh("ip", "-j", "link", "show").stdout or "[]")
              if link["ifname"].startswith("trainop")]
     if HOST_IP in sh("ip", "-o", "addr", "show", "dev", "lo").stdout:
