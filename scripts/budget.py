@@ -21,6 +21,7 @@ COLD_INSTALL_S = 5 * 60
 BUDGET_MIN = {"cold": {"install": 25, "tests": 35, "total": 60},
               "warm": {"tests": 35, "total": 40}}
 GUARD = 1.5
+KIND_SAID = {"cold": "the install built what the caches lacked", "warm": "the install found every cache filled"}
 
 
 def _minutes(seconds: float) -> str:
@@ -31,8 +32,7 @@ def verdict(install_s: float, test_s: float) -> tuple[list[str], bool]:
     """The report's lines, and whether the run stays under the guard."""
     kind = "cold" if install_s >= COLD_INSTALL_S else "warm"
     took = {"install": install_s, "tests": test_s, "total": install_s + test_s}
-    lines = [f"=== budget ({kind} run: the install built what the caches lacked)" if kind == "cold"
-             else f"=== budget ({kind} run: the install found every cache filled)"]
+    lines = [f"=== budget ({kind} run: {KIND_SAID[kind]})"]
     ok = True
     for part, budget in BUDGET_MIN[kind].items():
         seconds = took[part]
