@@ -6,8 +6,8 @@ the file capability cap_net_bind_service=+eip, user mpiuser (uid 1000), and Open
 MPICH. The jobs are `trainop convert` of the MPI Operator's own pi examples
 (tests/fixtures/peers/mpi-pi*.yaml), changed only where this machine needs it: small resource
 requests (2 cores), and no imagePullPolicy Always (there is no registry: the images are imported
-into each real node's containerd). They are built on first use (minutes cold, cached by content
-hash) and imported here, not at bootstrap.
+into each real node's containerd). `scripts/bootstrap.sh test` builds them (minutes cold, cached by
+content hash; a test builds what is missing); they are imported here.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+from tests.e2e import test_peer_images
 from tests.fixtures.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,6 +59,9 @@ def test_test_installs_everything_demo_does_and_the_rest(tmp_path):
     # the images need the Horovod wheel only: built beside the Go builds
     assert test["images"].endswith(" (beside the next phases)")
     assert [name for name, what in test.items() if "beside" in what] == ["images"]
+    # with the MPI Operator's images that test_peer_images runs, which a cold run built inside it
+    peers = [build for _, build, _ in test_peer_images.EXAMPLES.values()]
+    assert f"the MPI Operator's {' '.join(peers)} (cached" in test["images"]
     assert set(demo["apt"].split()) < set(test["apt"].split())
     assert test["pip: trainop"] == "into .venv: pip install -e .[test,tensorboard] -e trainer_images/trainer"
     pins = " ".join(TRAINER_EXTRAS["pytorch"] + TRAINER_EXTRAS["tensorflow"])
