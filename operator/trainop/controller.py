@@ -44,7 +44,7 @@ from trainop import (
 )
 from trainop.actions import Problem
 from trainop.config import Config
-from trainop.handlers.indexes import NODE_ADDRESS, NODE_LOST, NODE_POOL, NODE_TAINTED
+from trainop.handlers.indexes import NODE_ADDRESS, NODE_LOST, NODE_POOL, NODE_TAINTED, POD_GROUPS
 from trainop.memo import Memos
 from trainop.render import dtj as render_dtj
 from trainop.render import logship as render_logship
@@ -268,7 +268,7 @@ class Controller:
                                                 "Created")
                 if cond and cond.get("reason") == "WaitingForResourceFlavor" and any(
                         flavor in kueue.flavor_names(w)
-                        for w in self._all("dtj_workloads", (namespace, name))):
+                        for w in self._all("dtj_children", (namespace, name, "Workload"))):
                     self.enqueue_job(namespace, name)
 
     def wake_jobs_of_stage(self, namespace: str, stage: str) -> None:
@@ -388,9 +388,11 @@ class Controller:
         self.pool_nodes = None
 
     def priority_classes(self) -> priority.Classes:
-        return priority.Classes.of(
-            [c for store in self.ix["priority_classes"].values() for c in store],
-            [c for store in self.ix["workload_priority_classes"].values() for c in store])
+        found: dict[str, list] = {"PriorityClass": [], "WorkloadPriorityClass": []}
+        for (kind, _), store in self.ix["scheduling"].items():  # (ResourceFlavors too)
+            if kind in found:
+                found[kind].extend(store)
+        return priority.Classes.of(found["PriorityClass"], found["WorkloadPriorityClass"])
 
     def namespace_view(self, namespace: str) -> gate.NamespaceView:
         wakes = self.gate.wakes(namespace)  # with the caches, in the loop that runs the wake-ups
@@ -417,7 +419,7 @@ class Controller:
         if body is None:
             return None
         uid, ck = body["metadata"].get("uid"), (ns, name)
-        launcher = self._one("dtj_launchers", ck)
+        launcher = self._one("dtj_children", (*ck, "Job"))
         if launcher is not None and not _controlled(launcher, uid):
             launcher = None
         launchers = [launcher] if launcher else []
@@ -435,18 +437,18 @@ class Controller:
         # Chosen by name, and the progress report only from the job's own: a ConfigMap that
         # someone labelled like it is not the shipper's report (the hostfile's owner is judged
         # by jobsync, which never adopts).
-        config_maps = {c["metadata"]["name"]: c for c in self._all("dtj_configmaps", ck)}
-        services = {s["metadata"]["name"]: s for s in self._all("dtj_services", ck)}
+        config_maps = {c["metadata"]["name"]: c for c in self._all("dtj_children", (*ck, "ConfigMap"))}
+        services = {s["metadata"]["name"]: s for s in self._all("dtj_children", (*ck, "Service"))}
         named = SimpleNamespace(name=name)  # what the renderers' name functions read
         progress = config_maps.get(render_logship.progress_name(named))
         if progress is not None and not _controlled(progress, uid):
             progress = None
         workload, workload_slice, replaced = kueue.pick(
-            [w for w in self._all("dtj_workloads", ck) if _controlled(w, uid)])
-        pod_group = next((g for ix in ("dtj_podgroups_plugins", "dtj_podgroups_volcano")
-                          for g in self._all(ix, ck) if _controlled(g, uid)), None)
+            [w for w in self._all("dtj_children", (*ck, "Workload")) if _controlled(w, uid)])
+        pod_group = next((g for kind in POD_GROUPS
+                          for g in self._all("dtj_children", (*ck, kind)) if _controlled(g, uid)), None)
         flavors = {n: f for n in kueue.flavor_names(workload)
-                   for f in self._all("resource_flavors", n)}
+                   for f in self._all("scheduling", ("ResourceFlavor", n))}
         snap = jobsync.JobSnapshot(
             body=body,
             pods=_with_created(pods, self.applier.created(uid, "Pod", pods)),
@@ -455,7 +457,7 @@ class Controller:
             service=services.get(render_dtj.service_name(named)),
             launcher_service=services.get(render_dtj.launcher_service_name(named)),
             config_map=config_maps.get(render_dtj.config_map_name(named)),
-            progress=progress, network_policy=self._one("dtj_netpols", ck),
+            progress=progress, network_policy=self._one("dtj_children", (*ck, "NetworkPolicy")),
             ssh_secret=self.applier.has_ssh_secret(uid),
             # an elastic gang's size follows its pool's nodes (jobsync/elastic.py)
             nodes=[] if created and not (body.get("spec") or {}).get("elastic") else self.nodes(),
@@ -500,14 +502,14 @@ class Controller:
         refs = _stage_refs(body)
         return stagesync.StageSnapshot(
             body=body,
-            service_accounts={r for r in refs if (ns, r) in self.ix["service_accounts"]},
-            claims={r for r in refs if (ns, r) in self.ix["claims"]},
-            service=self._one("stage_services", (ns, name, "Service")),
-            statefulset=self._one("stage_statefulsets", (ns, name, "StatefulSet")),
-            copy_jobs=self._all("stage_jobs", (ns, name, "Job")),
+            service_accounts={r for r in refs if ("ServiceAccount", ns, r) in self.ix["references"]},
+            claims={r for r in refs if ("PersistentVolumeClaim", ns, r) in self.ix["references"]},
+            service=self._one("stage_children", (ns, name, "Service")),
+            statefulset=self._one("stage_children", (ns, name, "StatefulSet")),
+            copy_jobs=self._all("stage_children", (ns, name, "Job")),
             readers=[(r["podIP"], self._one("nodes", (NODE_ADDRESS, r["nodeName"])) or "")
                      for r in self._all("stage_readers", (ns, name))],
-            server_pod=self._one("stage_pods", (ns, name, "Pod")))
+            server_pod=self._one("stage_children", (ns, name, "Pod")))
 
     async def _reconcile_stage(self, key: tuple) -> None:
         snap = self.stage_snapshot(key)

@@ -31,7 +31,7 @@ def indexed(cluster, namespace: str) -> tuple[int, dict]:
     items = cluster.get("configmaps", "-n", namespace, "-l", indexes.LABEL_JOB)["items"]
     held: dict = {}  # key -> values, as kopf's index stores them
     for body in items:
-        for key, value in asyncio.run(indexes.dtj_configmaps(body=body, namespace=namespace)).items():
+        for key, value in asyncio.run(indexes.dtj_children(body=body, namespace=namespace)).items():
             held.setdefault(key, []).append(value)
     return sum(len(json.dumps(b)) for b in items), held
 
@@ -75,15 +75,15 @@ def test_a_flood_of_labelled_config_maps_does_not_grow_the_index(cluster, namesp
     print(f"labelled ConfigMaps listed: {listed} bytes; held by the index: {size} bytes")
     assert listed > FLOOD * len(BIG)
     # only the job's own progress ConfigMap, with only what decide reads
-    assert list(held) == [(namespace, "victim")]
-    (progress,) = held[(namespace, "victim")]
+    assert list(held) == [(namespace, "victim", "ConfigMap")]
+    (progress,) = held[(namespace, "victim", "ConfigMap")]
     assert progress["metadata"]["name"] == "victim-progress" and progress["data"] == {logship.PROGRESS_KEY: metrics}
     assert size < 4096
 
     # the real key, but larger than any report the shipper writes: dropped, not held
     put(cm("victim-progress", "victim", True, {logship.PROGRESS_KEY: BIG}, role=logship.PROGRESS_ROLE))
     _, held = indexed(cluster, namespace)
-    assert [v["data"] for v in held[(namespace, "victim")]] == [{}]
+    assert [v["data"] for v in held[(namespace, "victim", "ConfigMap")]] == [{}]
 
 
 

@@ -1,11 +1,13 @@
 """Gang placement at the scheduler: the PodGroup (render/podgroup.py, podgroup.render_for) and
 what the pods carry, for scheduler-plugins and Volcano."""
 
+import asyncio
 import dataclasses
 
 import pytest
 
 from trainop import config, podgroup
+from trainop.handlers import indexes
 from trainop.render import dtj
 from trainop.render import podgroup as render
 from trainop.spec import SpecError, parse
@@ -90,3 +92,14 @@ def test_the_pod_groups_class_and_queue_are_judged_like_the_pods_class():
     assert "priorityClassName" not in podgroup.render_for(j)["spec"]
     with pytest.raises(config.ConfigError, match="gangScheduling.allowedQueues"):
         config.from_dict({"gangScheduling": {"allowedQueues": "all"}})
+
+
+def test_the_two_schedulers_pod_groups_have_keys_of_their_own_in_the_index():
+    """Both APIs call the kind PodGroup: the one index of a job's children keys each by its API
+    group too, in the order the controller looks in (POD_GROUPS)."""
+    keys = []
+    for kind in (render.PLUGINS, render.VOLCANO):
+        body = {"apiVersion": render.API_VERSION[kind], "kind": "PodGroup", "metadata": {
+            "name": "j1", "namespace": "team-a", "labels": {indexes.LABEL_JOB: "j1"}}}
+        keys += asyncio.run(indexes.dtj_children(body=body, namespace="team-a"))
+    assert keys == [("team-a", "j1", kind) for kind in indexes.POD_GROUPS]

@@ -420,10 +420,7 @@ def _tracked_decide(h: Harness, name: str, monkeypatch) -> tuple[dict, dict]:
 
 
 # Which index slims each field of the snapshot.
-INDEX_OF = {"pods": "dtj_pods", "departed": "dtj_pods", "nodes": "nodes", "launcher": "dtj_launchers", "service": "dtj_services",
-            "config_map": "dtj_configmaps", "progress": "dtj_configmaps",
-            "network_policy": "dtj_netpols", "workload": "dtj_workloads",
-            "pod_group": "dtj_podgroups_plugins"}
+INDEX_OF = {"pods": "dtj_pods", "departed": "dtj_pods", "nodes": "nodes", **dict.fromkeys(ONE_FIELDS, "dtj_children")}
 
 
 def _scenarios():

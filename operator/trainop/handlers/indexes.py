@@ -10,17 +10,18 @@ children then fit in tens of MB.
     index                key                      value
     dtj_bodies           (ns, name)               the DistributedTrainingJob
     dtj_pods             (ns, job-name)           its pods
-    dtj_launchers        (ns, job-name)           its launcher batch/v1 Job
-    dtj_services         (ns, job-name)           its headless Service
-    dtj_configmaps       (ns, job-name)           its hostfile ConfigMap, its progress ConfigMap (only the
-                                                  keys decide reads, each at most MAX_PROGRESS_VALUE);
-                                                  only these two names, controlled by a job
-    dtj_netpols          (ns, job-name)           its NetworkPolicy (restored if edited/deleted)
-    dtj_workloads        (ns, job-name)           its Kueue Workload (conditions, admission, the pod
-                                                  sets' counts and resources; none without Kueue)
-    dtj_podgroups_plugins, dtj_podgroups_volcano
-                         (ns, job-name)           its PodGroup (runPolicy.schedulingPolicy; none
-                                                  where that scheduler's API is not served)
+    dtj_children         (ns, job-name, kind)     its launcher batch/v1 Job ("Job"), its headless
+                                                  Services ("Service"), its hostfile ConfigMap and
+                                                  progress ConfigMap ("ConfigMap": only the keys
+                                                  decide reads, each at most MAX_PROGRESS_VALUE; only
+                                                  these two names, controlled by a job), its
+                                                  NetworkPolicy ("NetworkPolicy", restored if
+                                                  edited/deleted), its Kueue Workload ("Workload":
+                                                  conditions, admission, the pod sets' counts and
+                                                  resources; none without Kueue), its PodGroup
+                                                  (POD_GROUPS: the kind with the scheduler's API
+                                                  group; runPolicy.schedulingPolicy; none where that
+                                                  scheduler's API is not served)
     nodes                (NODE_POOL, agentpool)   nodes (labels, allocatable)
                          (NODE_TAINTED,)          the names of the nodes that carry the preflight's taint
                          (NODE_LOST,)             the nodes whose Ready condition is Unknown (the node
@@ -31,18 +32,20 @@ children then fit in tens of MB.
     quotas               ns                       ResourceQuotas
     stage_bodies         (ns, name)               DataStages
     stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet, copy Jobs, and
-                                                  its Ganesha server's pod (stage_pods: its
+                                                  its Ganesha server's pod (with its
                                                   CLIENTS_ANNOTATION)
     stage_readers        (ns, stage)              the running pods labelled LABEL_READS_STAGE with the
                                                   DataStage's name: {podIP, nodeName} (the export's
                                                   clients: render/datastage.py export_clients)
-    service_accounts     (ns, name)               every ServiceAccount's name (workload identity)
-    claims               (ns, name)               every PersistentVolumeClaim's name (volumeClaim)
-    priority_classes     name                     PriorityClasses (value, globalDefault)
-    workload_priority_classes name                Kueue's WorkloadPriorityClasses (value; none
-                                                  without Kueue)
-    resource_flavors     name                     Kueue's ResourceFlavors (nodeLabels, tolerations:
-                                                  what an admitted pod set's pods get)
+    references           (kind, ns, name)         every ServiceAccount's name (workload identity) and
+                                                  PersistentVolumeClaim's name (volumeClaim)
+    scheduling           (kind, name)             PriorityClasses (value, globalDefault), Kueue's
+                                                  WorkloadPriorityClasses (value) and ResourceFlavors
+                                                  (nodeLabels, tolerations: what an admitted pod
+                                                  set's pods get); none of Kueue's without Kueue
+
+Few indexes, each fed by one function for several kinds: kopf builds every handler's kwargs
+with each index in them, so fewer indexes cost less per watch event (issue 30).
 
 Watched without an index (decide() applies them without reading them; a change or a deletion
 makes the apply layer forget them and wakes the owner, which applies them again:
@@ -229,16 +232,6 @@ async def dtj_pods(body, namespace, **_):
     return {_job_key(body, namespace): slim_pod(body)}
 
 
-@kopf.index("batch", "v1", "jobs", labels=_HAS_JOB)
-async def dtj_launchers(body, namespace, **_):
-    return {_job_key(body, namespace): _obj(body, status=dict(body.get("status") or {}))}
-
-
-@kopf.index("v1", "services", labels=_HAS_JOB)
-async def dtj_services(body, namespace, **_):
-    return {_job_key(body, namespace): _obj(body)}
-
-
 # What decide reads of the progress ConfigMap (render/logship.py, resume.py), each value at most
 # this long (the shipper writes a few hundred bytes): the rest (the history `trainop describe`
 # draws, anything a user adds) is not held in the operator's memory.
@@ -259,20 +252,14 @@ def _jobs_config_map(body) -> bool:
                for ref in meta.get("ownerReferences") or [])
 
 
-@kopf.index("v1", "configmaps", labels=_HAS_JOB)
-async def dtj_configmaps(body, namespace, **_):
+def _slim_config_map(body) -> dict | None:
     if not _jobs_config_map(body):
-        return {}  # not indexed (and dropped if it was)
+        return None  # not indexed (and dropped if it was)
     if body["metadata"]["labels"].get(common.LABEL_ROLE) == render_logship.PROGRESS_ROLE:
         data = {k: v for k, v in (body.get("data") or {}).items()
                 if k in PROGRESS_KEYS and isinstance(v, str) and len(v) <= MAX_PROGRESS_VALUE}
-        return {_job_key(body, namespace): _obj(body, data=data)}
-    return {_job_key(body, namespace): _obj(body)}
-
-
-@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=_HAS_JOB)
-async def dtj_netpols(body, namespace, **_):
-    return {_job_key(body, namespace): _obj(body)}
+        return _obj(body, data=data)
+    return _obj(body)
 
 
 def slim_workload(body) -> dict:
@@ -299,19 +286,39 @@ def slim_workload(body) -> dict:
     return out
 
 
+def _child_kind(body) -> str:
+    """The last part of a dtj_children key: the child's kind; a PodGroup's with its API group
+    (the scheduler-plugins' and Volcano's share the kind)."""
+    kind = body.get("kind")
+    return f"{kind}.{_group_version(body.get('apiVersion') or '')[0]}" if kind == "PodGroup" else kind
+
+
+# a PodGroup's _child_kind, the scheduler-plugins' first (the order the controller looks in)
+POD_GROUPS = tuple(f"PodGroup.{api[0]}" for api in (PLUGINS_API, VOLCANO_API))
+
+
+# One index for a job's children but its pods (read across jobs): kopf builds every handler's
+# kwargs with each index in them, so fewer indexes cost less per watch event (issue 30).
+@kopf.index("batch", "v1", "jobs", labels=_HAS_JOB)
+@kopf.index("v1", "services", labels=_HAS_JOB)
+@kopf.index("v1", "configmaps", labels=_HAS_JOB)
+@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=_HAS_JOB)
 @kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=_HAS_JOB)
-async def dtj_workloads(body, namespace, **_):
-    return {_job_key(body, namespace): slim_workload(body)}
-
-
 @kopf.index(*PLUGINS_API, "podgroups", labels=_HAS_JOB)
-async def dtj_podgroups_plugins(body, namespace, **_):
-    return {_job_key(body, namespace): _obj(body)}
-
-
 @kopf.index(*VOLCANO_API, "podgroups", labels=_HAS_JOB)
-async def dtj_podgroups_volcano(body, namespace, **_):
-    return {_job_key(body, namespace): _obj(body)}
+async def dtj_children(body, namespace, **_):
+    kind = body.get("kind")
+    if kind == "ConfigMap":
+        slim = _slim_config_map(body)
+        if slim is None:
+            return {}
+    elif kind == "Job":  # the launcher
+        slim = _obj(body, status=dict(body.get("status") or {}))
+    elif kind == "Workload":
+        slim = slim_workload(body)
+    else:
+        slim = _obj(body)
+    return {(*_job_key(body, namespace), _child_kind(body)): slim}
 
 
 # ---- cluster state the gate and placement read ----------------------------------------------
@@ -364,33 +371,23 @@ async def stage_bodies(body, name, namespace, **_):
     return {(namespace, name): slim_owner(body)}
 
 
-def _stage_child(body, namespace, **parts):
-    key = (namespace, body["metadata"]["labels"][LABEL_STAGE], body.get("kind"))
-    return {key: _obj(body, **parts)}
-
-
+# One index for a DataStage's children (why: dtj_children)
 @kopf.index("v1", "services", labels=_HAS_STAGE)
-async def stage_services(body, namespace, **_):
-    return _stage_child(body, namespace, spec={"clusterIP": (body.get("spec") or {}).get("clusterIP")})
-
-
 @kopf.index("apps", "v1", "statefulsets", labels=_HAS_STAGE)
-async def stage_statefulsets(body, namespace, **_):
-    return _stage_child(body, namespace, status=dict(body.get("status") or {}))
-
-
 @kopf.index("batch", "v1", "jobs", labels=_HAS_STAGE)
-async def stage_jobs(body, namespace, **_):
-    return _stage_child(body, namespace, status=dict(body.get("status") or {}))
-
-
 @kopf.index("v1", "pods", labels=_STAGE_SERVER)
-async def stage_pods(body, namespace, **_):
-    annotations = body["metadata"].get("annotations") or {}
-    pod = _obj(body)
-    pod["metadata"]["annotations"] = {k: annotations[k] for k in (render_stage.CLIENTS_ANNOTATION,)
-                                      if k in annotations}
-    return {(namespace, body["metadata"]["labels"][LABEL_STAGE], "Pod"): pod}
+async def stage_children(body, namespace, **_):
+    kind = body.get("kind")
+    if kind == "Service":
+        slim = _obj(body, spec={"clusterIP": (body.get("spec") or {}).get("clusterIP")})
+    elif kind == "Pod":  # its Ganesha server
+        annotations = body["metadata"].get("annotations") or {}
+        slim = _obj(body)
+        slim["metadata"]["annotations"] = {k: annotations[k] for k in (render_stage.CLIENTS_ANNOTATION,)
+                                           if k in annotations}
+    else:
+        slim = _obj(body, status=dict(body.get("status") or {}))
+    return {(namespace, body["metadata"]["labels"][LABEL_STAGE], kind): slim}
 
 
 def reading(body) -> tuple[str, str, str] | None:
@@ -409,46 +406,31 @@ async def stage_readers(body, namespace, **_):
     return {(namespace, found[0]): {"podIP": found[1], "nodeName": found[2]}} if found else {}
 
 
+# (one index for both, and one for the cluster-scoped kinds below: why at dtj_children)
 @kopf.index("v1", "serviceaccounts")
-async def service_accounts(name, namespace, **_):
-    return {(namespace, name): name}
-
-
 @kopf.index("v1", "persistentvolumeclaims")
-async def claims(name, namespace, **_):
-    return {(namespace, name): name}
+async def references(body, name, namespace, **_):
+    return {(body.get("kind"), namespace, name): name}
 
 
-# ---- priority classes (cluster-scoped; only admins create them) -------------------------------
-
-def _priority_class(body, name) -> dict:
-    return {name: {"metadata": {"name": name}, "value": body.get("value"),
-                   "globalDefault": body.get("globalDefault")}}
-
+# ---- priority classes and flavors (cluster-scoped; only admins create them) -------------------
 
 @kopf.index("scheduling.k8s.io", "v1", "priorityclasses")
-async def priority_classes(body, name, **_):
-    return _priority_class(body, name)
-
-
 @kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloadpriorityclasses")
-async def workload_priority_classes(body, name, **_):
-    return _priority_class(body, name)
-
-
 @kopf.index(KUEUE_GROUP, KUEUE_VERSION, "resourceflavors")
-async def resource_flavors(body, name, **_):
-    spec = body.get("spec") or {}
-    return {name: {"metadata": {"name": name}, "spec": {
-        "nodeLabels": dict(spec.get("nodeLabels") or {}),
-        "tolerations": [dict(t) for t in spec.get("tolerations") or []]}}}
+async def scheduling(body, name, **_):
+    kind = body.get("kind")
+    if kind == "ResourceFlavor":
+        spec = body.get("spec") or {}
+        return {(kind, name): {"metadata": {"name": name}, "spec": {
+            "nodeLabels": dict(spec.get("nodeLabels") or {}),
+            "tolerations": [dict(t) for t in spec.get("tolerations") or []]}}}
+    return {(kind, name): {"metadata": {"name": name}, "value": body.get("value"),
+                           "globalDefault": body.get("globalDefault")}}
 
 
-INDEXES = ("dtj_bodies", "dtj_pods", "dtj_launchers", "dtj_services", "dtj_configmaps", "dtj_netpols",
-           "dtj_workloads", "dtj_podgroups_plugins", "dtj_podgroups_volcano", "nodes", "quotas", "stage_bodies",
-           "stage_services", "stage_statefulsets", "stage_jobs", "stage_pods", "stage_readers",
-           "service_accounts", "claims",
-           "priority_classes", "workload_priority_classes", "resource_flavors")
+INDEXES = ("dtj_bodies", "dtj_pods", "dtj_children", "nodes", "quotas", "stage_bodies", "stage_children",
+           "stage_readers", "references", "scheduling")
 
 
 # ---- routing: a change wakes the reconcile of whoever owns or reads it -----------------------
