@@ -106,8 +106,11 @@ def test_cluster_queue_admits_jobs_in_its_order_and_unadmitted_jobs_have_no_pods
         assert cond["message"].startswith("Workload dtj-b waits in LocalQueue team")
 
         assert not watch.pods_of("b") and not watch.pods_of("c")
-        wl = api.custom.get_namespaced_custom_object(*KUEUE, namespace, "workloads", "dtj-c")
-        assert {c["type"]: c["status"] for c in wl["status"]["conditions"]}["QuotaReserved"] == "False"
+        # (c is Queued once trainop made its Workload; Kueue writes its status after that)
+        wl = wait_until(lambda: (lambda w: w if "QuotaReserved" in conditions_of(w) else None)(
+            api.custom.get_namespaced_custom_object(*KUEUE, namespace, "workloads", "dtj-c")),
+            what="Kueue's QuotaReserved condition on dtj-c")
+        assert conditions_of(wl)["QuotaReserved"]["status"] == "False"
         assert (wl["spec"]["priorityClassRef"], wl["spec"]["priority"]) == (
             {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": urgent}, 10)
 
