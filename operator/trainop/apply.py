@@ -19,8 +19,8 @@ wakes its owner, whose reconcile applies it again.
 
 Pods and Jobs it created are remembered (`created`) until the watch shows them: the snapshot
 of the owner's next reconcile counts them (read your writes, as client-go's controllers keep
-"expectations"). In a burst the pods' events wait in kopf's queues behind other objects' while
-the job's own status event wakes its reconcile; without this, that reconcile found no pods and
+"expectations"). In a burst the pods' events can arrive after the job's own status event
+has woken its reconcile (they come on another watch); without this, that reconcile found no pods and
 created them again (a 409 and a GET each).
 
 Secrets are the one kind the operator does not watch: listing them would give it every

@@ -1,4 +1,5 @@
-"""Observe -> decide -> act. kopf's indexes (handlers/indexes.py) hold the observed state and
+"""Observe -> decide -> act. kopf's indexes (handlers/indexes.py) and the pod cache
+(handlers/pods.py, fed by the operator's own pod watch: informer.py) hold the observed state and
 wake keys in a work queue; workers take a key, build its snapshot from the indexes, call the
 pure decide() (jobsync, stagesync), and hand the outcome to the apply layer in a thread.
 
@@ -44,6 +45,7 @@ from trainop import (
 )
 from trainop.actions import Problem
 from trainop.config import Config
+from trainop.handlers import pods
 from trainop.handlers.indexes import NODE_ADDRESS, NODE_LOST, NODE_POOL, NODE_TAINTED, POD_GROUPS
 from trainop.memo import Memos
 from trainop.render import dtj as render_dtj
@@ -92,8 +94,10 @@ def _with_created(cached: list[dict], created: list[dict]) -> list[dict]:
 
 
 class Controller:
-    def __init__(self, cfg: Config, indices, leadership=None) -> None:
-        self.cfg, self.ix = cfg, indices
+    def __init__(self, cfg: Config, indices, leadership=None, slim_pod=pods.slim_pod) -> None:
+        # the pods' indexes beside kopf's: one lookup for both (handlers/pods.py)
+        self.pods = pods.PodCache(self, slim_pod)
+        self.cfg, self.ix = cfg, {**indices, **self.pods.ix}
         # only the Lease's holder reconciles (leader.py); a standby's caches stay warm
         self.leadership = leadership if leadership is not None else leader.Solo()
         self.queue = WorkQueue()
@@ -109,7 +113,6 @@ class Controller:
         self.failures: dict[tuple, int] = {}   # key -> consecutive failed reconciles
         self.said: dict[tuple, tuple] = {}     # key -> (phase, waiting) last logged
         self.departed: dict[tuple, dict] = {}  # (ns, job) -> pod name -> last state (deleted)
-        self.readings: dict[tuple, tuple] = {}  # (ns, pod uid) -> what it reads (reader_seen)
         self.lost_seen: set[str] = set()  # nodes judged lost, until they report again (node_back)
         # node name -> (time.monotonic(), its lost verdict) for DELETED_NODE_MEMORY_S after its
         # Node was deleted (node_deleted), or until a Node of that name is added again
@@ -173,20 +176,6 @@ class Controller:
         """Remember a deleted pod's last state (one per pod name: bounded by the gang's size)
         for the job's next decisions: a worker that vanished names its node and cause."""
         self.departed.setdefault((namespace, job), {})[pod["metadata"]["name"]] = pod
-
-    def reader_seen(self, namespace: str, uid: str, reading: tuple | None) -> None:
-        """A pod's reading of a DataStage (indexes.reading: stage, pod IP, node; None for no
-        reader, or none any more): a change wakes the DataStages concerned, whose Ganesha
-        export serves its readers. Remembered here because a pod that loses the label matches
-        no label filter any more, and its status changes (most of a job pod's events) are no
-        change."""
-        key = (namespace, uid)
-        before = self.readings.pop(key, None)
-        if reading is not None:
-            self.readings[key] = reading
-        if reading != before:
-            for stage in {r[0] for r in (before, reading) if r is not None}:
-                self.enqueue_stage(namespace, stage)
 
     def wake_gate(self, namespace: str) -> None:
         for name in self.gate.wake(namespace):
@@ -299,6 +288,7 @@ class Controller:
         """Nothing is taken from the queue while this replica is not the leader: wake-ups and
         deadlines only queue keys (coalesced), and kube.py's fence refuses any write that a
         reconcile already running when the Lease was lost would still send."""
+        await self.pods.synced.wait()  # (kopf's indexes: its own barrier, indexes.py)
         while True:
             await self.leadership.wait_leading()
             key = await self.queue.get()
@@ -509,7 +499,7 @@ class Controller:
             copy_jobs=self._all("stage_children", (ns, name, "Job")),
             readers=[(r["podIP"], self._one("nodes", (NODE_ADDRESS, r["nodeName"])) or "")
                      for r in self._all("stage_readers", (ns, name))],
-            server_pod=self._one("stage_children", (ns, name, "Pod")))
+            server_pod=self._one("stage_servers", (ns, name)))
 
     async def _reconcile_stage(self, key: tuple) -> None:
         snap = self.stage_snapshot(key)

@@ -178,6 +178,34 @@ def request(method: str, url_path: str, *, body=None, query: list | None = None,
     return fastjson.api_object(resp.data) if resp.data else None
 
 
+def watch(url_path: str, resource_version: str, timeout_seconds: int):
+    """One watch request from `resource_version`, with bookmarks: yields each event (decoded,
+    managedFields dropped) until the API server ends it after `timeout_seconds`. Raises
+    ApiException for a refusal (410: the version is too old, list again), urllib3's errors for
+    a broken connection. A read that waits past the server's timeout (a frozen or vanished
+    API server) raises too."""
+    api = configure()
+    query = [("watch", "true"), ("allowWatchBookmarks", "true"),
+             ("resourceVersion", resource_version), ("timeoutSeconds", str(timeout_seconds))]
+    _, url, headers, _, _ = api.param_serialize("GET", url_path, query_params=query,
+                                                header_params={"Accept": "application/json"},
+                                                auth_settings=["BearerToken"])
+    resp = api.call_api("GET", url, header_params=headers,
+                        _request_timeout=(REQUEST_TIMEOUT[0], timeout_seconds + 30))
+    try:
+        if not 200 <= resp.status <= 299:
+            resp.read()
+            raise ApiException(http_resp=resp)
+        rest = b""
+        for chunk in resp.response.stream(65536):
+            *lines, rest = (rest + chunk).split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield fastjson.watch_event(line)
+    finally:
+        resp.response.release_conn()
+
+
 def _ref(obj: dict) -> tuple[str, str, str, str | None]:
     meta = obj["metadata"]
     return obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace")

@@ -74,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     # stop_flag: main.py's cleanup raises it on any stop. kopf waits for this flag in a thread of
     # asyncio's default executor, which asyncio.run joins at exit: left unset, SIGTERM would
     # leave the process hanging until the kubelet's SIGKILL.
-    memo = kopf.Memo(stop=lambda: (lost.set(), stop.set()), stop_flag=stop)
+    # namespaces: main.py watches the pods itself, in the namespaces kopf watches the rest in
+    memo = kopf.Memo(stop=lambda: (lost.set(), stop.set()), stop_flag=stop,
+                     namespaces=list(args.namespaces))
     if args.lease:
         from trainop import leader
         namespace = args.lease_namespace or os.environ.get("POD_NAMESPACE") or \

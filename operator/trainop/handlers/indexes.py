@@ -1,15 +1,16 @@
-"""The operator's watch caches: one kopf index per kind a reconcile reads, and the routing that
-wakes the owner of whatever changed (mpi-operator's handleObject). kopf fills every index from
-its initial listing before any other handler runs, and updates an index before the change
-handlers of the same event run, so a woken reconcile sees the change that woke it.
+"""The operator's watch caches of every kind but pods (handlers/pods.py keeps those, from a
+watch of its own: informer.py says why): one kopf index per kind a reconcile reads, and the
+routing that wakes the owner of whatever changed (mpi-operator's handleObject). kopf fills
+every index from its initial listing before any other handler runs, and updates an index
+before the change handlers of the same event run, so a woken reconcile sees the change that
+woke it. (The controller takes nothing from its queue before the pods' first lists are in
+either.)
 
-Values are slimmed to the fields the decisions read (a pod keeps its phase, conditions,
-container states and resources, not its scripts and env): a few hundred jobs' pods, nodes and
-children then fit in tens of MB.
+Values are slimmed to the fields the decisions read (a Job keeps its status, a ConfigMap only
+the keys decide reads): a few hundred jobs' children and nodes then fit in tens of MB.
 
     index                key                      value
     dtj_bodies           (ns, name)               the DistributedTrainingJob
-    dtj_pods             (ns, job-name)           its pods
     dtj_children         (ns, job-name, kind)     its launcher batch/v1 Job ("Job"), its headless
                                                   Services ("Service"), its hostfile ConfigMap and
                                                   progress ConfigMap ("ConfigMap": only the keys
@@ -31,12 +32,7 @@ children then fit in tens of MB.
                          (NODE_ADDRESS, name)     its InternalIP (where its kubelet mounts NFS from)
     quotas               ns                       ResourceQuotas
     stage_bodies         (ns, name)               DataStages
-    stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet, copy Jobs, and
-                                                  its Ganesha server's pod (with its
-                                                  CLIENTS_ANNOTATION)
-    stage_readers        (ns, stage)              the running pods labelled LABEL_READS_STAGE with the
-                                                  DataStage's name: {podIP, nodeName} (the export's
-                                                  clients: render/datastage.py export_clients)
+    stage_children       (ns, stage, kind)        a DataStage's Service, StatefulSet and copy Jobs
     references           (kind, ns, name)         every ServiceAccount's name (workload identity) and
                                                   PersistentVolumeClaim's name (volumeClaim)
     scheduling           (kind, name)             PriorityClasses (value, globalDefault), Kueue's
@@ -70,7 +66,6 @@ import kopf
 from trainop import GROUP, VERSION, metrics, phases
 from trainop.config import POOL_LABEL
 from trainop.jobsync.failures import node_lost
-from trainop.jobsync.starting import NOT_STARTING
 from trainop.kueue import ELASTIC_ANNOTATION, REPLACES_ANNOTATION
 from trainop.kueue import GROUP as KUEUE_GROUP
 from trainop.kueue import VERSION as KUEUE_VERSION
@@ -79,7 +74,7 @@ from trainop.render import datastage as render_stage
 from trainop.render import dtj as render_dtj
 from trainop.render import logship as render_logship
 from trainop.render import podgroup as render_podgroup
-from trainop.render.fabric import PREFLIGHT, UNHEALTHY_TAINT
+from trainop.render.fabric import UNHEALTHY_TAINT
 from trainop.resume import CHECKPOINT_KEY
 from trainop.spec import bounded
 
@@ -88,8 +83,6 @@ JOB_KIND, STAGE_KIND = "DistributedTrainingJob", "DataStage"  # controller.py's 
 LABEL_STAGE = render_stage.LABEL_STAGE
 _HAS_JOB = {LABEL_JOB: kopf.PRESENT}
 _HAS_STAGE = {LABEL_STAGE: kopf.PRESENT}
-_STAGE_SERVER = {LABEL_STAGE: kopf.PRESENT, render_stage.LABEL_ROLE: "nfs-server"}
-_READS_STAGE = {render_stage.LABEL_READS_STAGE: kopf.PRESENT}
 
 
 def _quiet(record: logging.LogRecord) -> bool:
@@ -129,8 +122,8 @@ logging.getLogger("kopf._core.reactor.observation").addFilter(_optional_apis)
 
 def configure(settings: kopf.OperatorSettings) -> None:
     """Server-side label selectors for kinds only jobs own: the API server sends nothing else.
-    (Pods: a job's, a DataStage's server and its readers, which are any pod labelled so, so
-    no server-side selector: a selector cannot say "this label or that one".)"""
+    (Pods, watched by informer.py, have none: a job's, a DataStage's server and its readers
+    are any pod labelled so, and a selector cannot say "this label or that one".)"""
     settings.watching.label_selectors["v1", "configmaps"] = LABEL_JOB
     # (NetworkPolicies: a job's and a DataStage's, so no server-side selector; a namespace
     # holds few)
@@ -151,59 +144,9 @@ def _meta(body) -> dict:
     return out
 
 
-def _obj(body, **parts) -> dict:
+def slim_obj(body, **parts) -> dict:
     return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
             "metadata": _meta(body), **parts}
-
-
-def _containers(items) -> list[dict]:
-    return [{k: c[k] for k in ("name", "resources", "restartPolicy") if k in c} for c in items or []]
-
-
-def _short_waiting(state: dict) -> dict:
-    """A container state with a waiting message of at most 1 KiB (an image pull's can be long)."""
-    waiting = state.get("waiting")
-    if not waiting or len(waiting.get("message") or "") <= 1024:
-        return state
-    return {**state, "waiting": {**waiting, "message": waiting["message"][:1024]}}
-
-
-def slim_pod(body) -> dict:
-    spec, st = body.get("spec") or {}, body.get("status") or {}
-    out_spec = {"containers": _containers(spec.get("containers")),
-                "initContainers": _containers(spec.get("initContainers"))}
-    for key in ("activeDeadlineSeconds", "priorityClassName", "nodeName"):
-        if spec.get(key) is not None:
-            out_spec[key] = spec[key]
-    # the DataStage claim it mounts: a started job keeps it even if the DataStage goes (jobsync)
-    data = [v for v in spec.get("volumes") or [] if v.get("name") == "data" and v.get("persistentVolumeClaim")]
-    if data:
-        out_spec["volumes"] = [{"name": "data", "persistentVolumeClaim": {
-            "claimName": data[0]["persistentVolumeClaim"].get("claimName")}}]
-    out_status = {k: st[k] for k in ("phase", "reason", "podIP") if k in st}  # (podIP: the
-    # launcher's hostAliases, jobsync/gang.py)
-    if st.get("reason") == "Evicted" and st.get("message"):  # a storage-limit eviction counts
-        out_status["message"] = st["message"][:1024]            # (jobsync/failures.py): short
-    # reasons too: PodScheduled's Unschedulable (WaitingForNodes), DisruptionTarget's cause;
-    # and when: schedulingTimeoutSeconds counts from PodScheduled=False's lastTransitionTime
-    # (jobsync._waiting_since), whatever the job's cached status says
-    out_status["conditions"] = [
-        {k: c[k] for k in ("type", "status", "reason", "lastTransitionTime") if k in c}
-        for c in st.get("conditions") or []]
-    out_status["containerStatuses"] = [
-        {k: _short_waiting(cs[k]) if k == "state" else cs[k] for k in ("name", "state", "lastState") if k in cs}
-        for cs in st.get("containerStatuses") or []]
-    # the preflight's result is its termination message (preflight.py; at most 4 KiB); of the
-    # other init containers only why one cannot start (jobsync/starting.py)
-    inits = []
-    for cs in st.get("initContainerStatuses") or []:
-        if cs.get("name") == PREFLIGHT:
-            inits.append({k: cs[k] for k in ("name", "state", "lastState") if k in cs})
-        elif ((cs.get("state") or {}).get("waiting") or {}).get("reason") in NOT_STARTING:
-            inits.append({"name": cs.get("name"), "state": _short_waiting(cs["state"])})
-    if inits:
-        out_status["initContainerStatuses"] = inits
-    return _obj(body, spec=out_spec, status=out_status)
 
 
 # ---- DistributedTrainingJobs and their children ---------------------------------------------
@@ -225,11 +168,6 @@ def slim_owner(body) -> dict:
 @kopf.index(GROUP, VERSION, "distributedtrainingjobs")
 async def dtj_bodies(body, name, namespace, **_):
     return {(namespace, name): slim_owner(body)}
-
-
-@kopf.index("v1", "pods", labels=_HAS_JOB)
-async def dtj_pods(body, namespace, **_):
-    return {_job_key(body, namespace): slim_pod(body)}
 
 
 # What decide reads of the progress ConfigMap (render/logship.py, resume.py), each value at most
@@ -258,8 +196,8 @@ def _slim_config_map(body) -> dict | None:
     if body["metadata"]["labels"].get(common.LABEL_ROLE) == render_logship.PROGRESS_ROLE:
         data = {k: v for k, v in (body.get("data") or {}).items()
                 if k in PROGRESS_KEYS and isinstance(v, str) and len(v) <= MAX_PROGRESS_VALUE}
-        return _obj(body, data=data)
-    return _obj(body)
+        return slim_obj(body, data=data)
+    return slim_obj(body)
 
 
 def slim_workload(body) -> dict:
@@ -277,7 +215,7 @@ def slim_workload(body) -> dict:
                 for c in ((ps.get("template") or {}).get("spec") or {}).get(group) or []]
         for group in ("initContainers", "containers")}}}
         for ps in (body.get("spec") or {}).get("podSets") or []]
-    out = _obj(body, spec={"podSets": pod_sets}, status=status)
+    out = slim_obj(body, spec={"podSets": pod_sets}, status=status)
     # Kueue's workload-slice marks (kueue.pick): which Workload replaces which
     notes = {k: v for k, v in (body["metadata"].get("annotations") or {}).items()
              if k in (ELASTIC_ANNOTATION, REPLACES_ANNOTATION)}
@@ -313,11 +251,11 @@ async def dtj_children(body, namespace, **_):
         if slim is None:
             return {}
     elif kind == "Job":  # the launcher
-        slim = _obj(body, status=dict(body.get("status") or {}))
+        slim = slim_obj(body, status=dict(body.get("status") or {}))
     elif kind == "Workload":
         slim = slim_workload(body)
     else:
-        slim = _obj(body)
+        slim = slim_obj(body)
     return {(*_job_key(body, namespace), _child_kind(body)): slim}
 
 
@@ -360,7 +298,7 @@ async def nodes(body, **_):
 
 @kopf.index("v1", "resourcequotas")
 async def quotas(body, namespace, **_):
-    return {namespace: _obj(body, spec=dict(body.get("spec") or {}),
+    return {namespace: slim_obj(body, spec=dict(body.get("spec") or {}),
                             status=dict(body.get("status") or {}))}
 
 
@@ -375,35 +313,13 @@ async def stage_bodies(body, name, namespace, **_):
 @kopf.index("v1", "services", labels=_HAS_STAGE)
 @kopf.index("apps", "v1", "statefulsets", labels=_HAS_STAGE)
 @kopf.index("batch", "v1", "jobs", labels=_HAS_STAGE)
-@kopf.index("v1", "pods", labels=_STAGE_SERVER)
 async def stage_children(body, namespace, **_):
     kind = body.get("kind")
     if kind == "Service":
-        slim = _obj(body, spec={"clusterIP": (body.get("spec") or {}).get("clusterIP")})
-    elif kind == "Pod":  # its Ganesha server
-        annotations = body["metadata"].get("annotations") or {}
-        slim = _obj(body)
-        slim["metadata"]["annotations"] = {k: annotations[k] for k in (render_stage.CLIENTS_ANNOTATION,)
-                                           if k in annotations}
+        slim = slim_obj(body, spec={"clusterIP": (body.get("spec") or {}).get("clusterIP")})
     else:
-        slim = _obj(body, status=dict(body.get("status") or {}))
+        slim = slim_obj(body, status=dict(body.get("status") or {}))
     return {(namespace, body["metadata"]["labels"][LABEL_STAGE], kind): slim}
-
-
-def reading(body) -> tuple[str, str, str] | None:
-    """What a pod reads: (its DataStage, pod IP, node name), "" while unknown; None for a pod
-    that is no reader, or a finished one (its address goes back to the pool, and another
-    namespace's pod may get it)."""
-    stage = (body["metadata"].get("labels") or {}).get(render_stage.LABEL_READS_STAGE)
-    if not stage or phases.finished(body):
-        return None
-    return stage, (body.get("status") or {}).get("podIP") or "", (body.get("spec") or {}).get("nodeName") or ""
-
-
-@kopf.index("v1", "pods", labels=_READS_STAGE)
-async def stage_readers(body, namespace, **_):
-    found = reading(body)
-    return {(namespace, found[0]): {"podIP": found[1], "nodeName": found[2]}} if found else {}
 
 
 # (one index for both, and one for the cluster-scoped kinds below: why at dtj_children)
@@ -429,8 +345,8 @@ async def scheduling(body, name, **_):
                            "globalDefault": body.get("globalDefault")}}
 
 
-INDEXES = ("dtj_bodies", "dtj_pods", "dtj_children", "nodes", "quotas", "stage_bodies", "stage_children",
-           "stage_readers", "references", "scheduling")
+INDEXES = ("dtj_bodies", "dtj_children", "nodes", "quotas", "stage_bodies", "stage_children",
+           "references", "scheduling")
 
 
 # ---- routing: a change wakes the reconcile of whoever owns or reads it -----------------------
@@ -448,22 +364,6 @@ async def route_job(type, name, namespace, body, memo: kopf.Memo, **_) -> None: 
     spec = body.get("spec") or {}
     if type == "DELETED" or phases.finished(body) or (spec.get("runPolicy") or {}).get("suspend"):
         ctl.wake_gate(namespace)  # its quota is free for the queue
-
-
-@kopf.on.event("v1", "pods")
-async def route_pod(type, body, namespace, memo: kopf.Memo, **_) -> None:  # noqa: A002
-    """A job's pod wakes its job; a pod that starts or stops reading a DataStage (or moves, or
-    gets its address) wakes the DataStage (no label filter: a pod whose label went must be seen
-    too; one router for both, so a job pod costs one handler call, as before)."""
-    ctl = memo.controller
-    if LABEL_JOB in (body["metadata"].get("labels") or {}):
-        ctl.applier.seen("Pod", body)  # the index has it now (kopf indexes before handlers)
-        if type == "DELETED":  # its last state says why it went (jobsync: departed)
-            ctl.pod_departed(*_job_key(body, namespace), slim_pod(body))
-        ctl.enqueue_job(*_job_key(body, namespace))
-        if type == "DELETED" or phases.finished(body):
-            ctl.wake_gate(namespace)  # what frees GPUs no quota counts
-    ctl.reader_seen(namespace, body["metadata"]["uid"], None if type == "DELETED" else reading(body))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=_HAS_JOB)
@@ -549,7 +449,6 @@ async def route_stage(type, name, namespace, body, memo: kopf.Memo, **_) -> None
 @kopf.on.event("v1", "services", labels=_HAS_STAGE)
 @kopf.on.event("apps", "v1", "statefulsets", labels=_HAS_STAGE)
 @kopf.on.event("batch", "v1", "jobs", labels=_HAS_STAGE)
-@kopf.on.event("v1", "pods", labels=_STAGE_SERVER)
 async def route_stage_child(body, namespace, memo: kopf.Memo, **_) -> None:
     memo.controller.enqueue_stage(namespace, body["metadata"]["labels"][LABEL_STAGE])
 
