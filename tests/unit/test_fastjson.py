@@ -101,3 +101,25 @@ def test_clone_is_a_deep_copy_with_the_same_values_and_types():
     copy_["a"][4]["b"] = "changed"
     copy_["e"]["new"] = 1
     assert value["a"][4]["b"] == "c" and value["e"] == {}
+
+
+def test_a_request_body_is_what_the_kubernetes_client_would_have_sent():
+    """kube.request encodes bodies with fastjson.dumps instead of the client's
+    sanitize_for_serialization and json.dumps: the same JSON values, also for what YAML gives
+    (keys that are not strings, dates, tuples)."""
+    import datetime as dt
+    import decimal
+
+    import yaml
+    from kubernetes.client import ApiClient
+
+    manifest = yaml.safe_load("""
+metadata: {name: p, labels: {1: x, app: y}, annotations: {when: 2026-12-08T00:00:00Z}}
+spec: {containers: [{name: c, args: ["a", 2, 2.5, true, null]}], ratio: 0.5, big: 9007199254740993}
+""")
+    manifest["spec"]["tuple"] = (1, 2)
+    manifest["spec"]["day"] = dt.date(2026, 12, 8)
+    manifest["spec"]["decimal"] = decimal.Decimal("1.5")
+    theirs = json.loads(json.dumps(ApiClient().sanitize_for_serialization(manifest)))
+    ours = json.loads(fastjson.dumps(manifest))
+    assert ours == theirs
