@@ -11,9 +11,9 @@ process on the cores moves it far less than the wall-clock benches; a 100-job ra
 bench/control_plane.py varies by 20 % from run to run on this project's 2-core machine, too
 much to see a change of a few percent). The controller behind the routers is a stand-in that
 does nothing: what is measured is kopf's work and the index functions'. A checkout that
-watches pods itself (informer.py) handles a Pod event in its pod cache instead
-(handlers/pods.py: PodCache.observe, the indexes and the routing). Neither side's decoding of
-the event or its queueing before this step is counted.
+watches a kind itself (informer.py) handles its event in its own cache instead
+(handlers/caches.py: observe, the indexes and the routing). Neither side's decoding of the
+event or its queueing before this step is counted.
 """
 
 from __future__ import annotations
@@ -77,16 +77,18 @@ async def _measure(events: int) -> dict:
     memo.controller = _Nothing()
     resources = {"Pod": ("", "v1", "pods"), "Job": ("batch", "v1", "jobs"), "Service": ("", "v1", "services")}
 
-    try:  # a checkout that watches pods itself (informer.py) handles their events there
-        from trainop.handlers.pods import PodCache
-        pod_cache = PodCache(_Nothing())
+    own = {}  # kind -> the cache of a checkout that watches it itself (informer.py)
+    try:
+        from trainop.handlers import caches
+        for _, kind, _, cache in caches.WATCHED:
+            own[kind] = getattr(caches, "PodCache" if cache == "pods" else "ChildCache")(_Nothing())
     except ImportError:
-        pod_cache = None
+        pass
 
     async def run(kind: str) -> None:
-        if kind == "Pod" and pod_cache is not None:
+        if kind in own:
             for i in range(events):
-                pod_cache.observe("MODIFIED", _body(kind, i, indexes.LABEL_JOB))
+                own[kind].observe("MODIFIED", _body(kind, i, indexes.LABEL_JOB))
             return
         group, version, plural = resources[kind]
         resource = references.Resource(group=group, version=version, plural=plural, kind=kind,

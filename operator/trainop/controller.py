@@ -1,5 +1,5 @@
-"""Observe -> decide -> act. kopf's indexes (handlers/indexes.py) and the pod cache
-(handlers/pods.py, fed by the operator's own pod watch: informer.py) hold the observed state and
+"""Observe -> decide -> act. kopf's indexes (handlers/indexes.py) and the caches of the
+operator's own watches (handlers/caches.py, informer.py) hold the observed state and
 wake keys in a work queue; workers take a key, build its snapshot from the indexes, call the
 pure decide() (jobsync, stagesync), and hand the outcome to the apply layer in a thread.
 
@@ -45,7 +45,7 @@ from trainop import (
 )
 from trainop.actions import Problem
 from trainop.config import Config
-from trainop.handlers import pods
+from trainop.handlers import caches
 from trainop.handlers.indexes import NODE_ADDRESS, NODE_LOST, NODE_POOL, NODE_TAINTED, POD_GROUPS
 from trainop.memo import Memos
 from trainop.render import dtj as render_dtj
@@ -94,10 +94,12 @@ def _with_created(cached: list[dict], created: list[dict]) -> list[dict]:
 
 
 class Controller:
-    def __init__(self, cfg: Config, indices, leadership=None, slim_pod=pods.slim_pod) -> None:
-        # the pods' indexes beside kopf's: one lookup for both (handlers/pods.py)
-        self.pods = pods.PodCache(self, slim_pod)
-        self.cfg, self.ix = cfg, {**indices, **self.pods.ix}
+    def __init__(self, cfg: Config, indices, leadership=None, *, whole: bool = False) -> None:
+        # the caches of the operator's own watches beside kopf's indexes: one lookup for all
+        # (handlers/caches.py; whole: the test harness's, of objects not slimmed)
+        self.pods, self.children = caches.PodCache(self, whole), caches.ChildCache(self, whole)
+        self.cfg, self.ix = cfg, {**indices, **self.pods.ix, **self.children.ix}
+        self.synced = asyncio.Event()  # their first lists are in (informer.Watches)
         # only the Lease's holder reconciles (leader.py); a standby's caches stay warm
         self.leadership = leadership if leadership is not None else leader.Solo()
         self.queue = WorkQueue()
@@ -257,7 +259,7 @@ class Controller:
                                                 "Created")
                 if cond and cond.get("reason") == "WaitingForResourceFlavor" and any(
                         flavor in kueue.flavor_names(w)
-                        for w in self._all("dtj_children", (namespace, name, "Workload"))):
+                        for w in self._all("dtj_admission", (namespace, name, "Workload"))):
                     self.enqueue_job(namespace, name)
 
     def wake_jobs_of_stage(self, namespace: str, stage: str) -> None:
@@ -288,7 +290,7 @@ class Controller:
         """Nothing is taken from the queue while this replica is not the leader: wake-ups and
         deadlines only queue keys (coalesced), and kube.py's fence refuses any write that a
         reconcile already running when the Lease was lost would still send."""
-        await self.pods.synced.wait()  # (kopf's indexes: its own barrier, indexes.py)
+        await self.synced.wait()  # (kopf's indexes: its own barrier, indexes.py)
         while True:
             await self.leadership.wait_leading()
             key = await self.queue.get()
@@ -434,9 +436,9 @@ class Controller:
         if progress is not None and not _controlled(progress, uid):
             progress = None
         workload, workload_slice, replaced = kueue.pick(
-            [w for w in self._all("dtj_children", (*ck, "Workload")) if _controlled(w, uid)])
+            [w for w in self._all("dtj_admission", (*ck, "Workload")) if _controlled(w, uid)])
         pod_group = next((g for kind in POD_GROUPS
-                          for g in self._all("dtj_children", (*ck, kind)) if _controlled(g, uid)), None)
+                          for g in self._all("dtj_admission", (*ck, kind)) if _controlled(g, uid)), None)
         flavors = {n: f for n in kueue.flavor_names(workload)
                    for f in self._all("scheduling", ("ResourceFlavor", n))}
         snap = jobsync.JobSnapshot(

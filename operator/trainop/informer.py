@@ -1,17 +1,18 @@
-"""The operator's own list-then-watch of pods (client-go's reflector, for one kind), beside kopf's
-watches of every other kind.
+"""The operator's own list-then-watch (client-go's reflector) of pods and of a job's launcher Job,
+Services, ConfigMaps and NetworkPolicy, beside kopf's watches of the other kinds.
 
-Why not kopf for pods: kopf runs each watch event through its handler machinery (a handler's
+Why not kopf for these: kopf runs each watch event through its handler machinery (a handler's
 keyword arguments with every index in them, its state, outcome and logger), about 250-350 µs of
-CPU per event on this project's machine (bench/kopf_events.py), and pods are about half of the
-events of a ramp of new jobs. Here an event costs its decode, its slimming and a few dict writes
-(handlers/pods.py). No well-kept Python library has an informer the operator could use: the
+CPU per event on this project's machine (bench/kopf_events.py), and these kinds are about
+four-fifths of the events of a ramp of new jobs. Here an event costs its decode, its slimming
+and a few dict writes (handlers/caches.py). kopf keeps the custom resources and every kind
+whose API may be absent (Kueue's, the PodGroups) or whose events are rare. No well-kept Python library has an informer the operator could use: the
 official client's `watch.Watch` neither lists, nor keeps the resourceVersion across a 410, nor
 runs outside the thread that reads it.
 
-    watches = PodWatches(patterns, cache, loop)   # `trainop operator -n` patterns; [] = all
-    watches.start()                               # threads; each change reaches cache in loop
-    await cache.synced.wait()                     # every first list is in
+    watches = Watches(patterns, watched, loop, synced)  # `trainop operator -n` patterns; [] = all
+    watches.start()              # threads; each change reaches its cache in the loop
+    await synced.wait()          # every first list is in
     watches.stop()
 
 Each `Informer` lists its path (a consistent read), hands the whole list to the cache (which
@@ -43,8 +44,8 @@ class Informer:
     obj)` run in `loop`, in the order the API server sent them; nothing after stop()."""
 
     def __init__(self, path: str, kind: str, loop: asyncio.AbstractEventLoop, on_list, on_event,
-                 *, resource_version: str | None = None) -> None:
-        self.path, self.kind, self.loop = path, kind, loop
+                 *, selector: str | None = None, resource_version: str | None = None) -> None:
+        self.path, self.kind, self.loop, self.selector = path, kind, loop, selector
         self.on_list, self.on_event = on_list, on_event
         self.resource_version = resource_version  # None: list first
         self.stopped = threading.Event()
@@ -75,7 +76,8 @@ class Informer:
             try:
                 if self.resource_version is None:
                     self._list()
-                for event in kube.watch(self.path, self.resource_version, SERVER_TIMEOUT):
+                for event in kube.watch(self.path, self.resource_version, SERVER_TIMEOUT,
+                                        self.selector):
                     if self.stopped.is_set():
                         return
                     failures = self._back(failures)
@@ -90,7 +92,8 @@ class Informer:
                 failures = self._failed(failures, repr(exc))
 
     def _list(self) -> None:
-        listed = kube.request("GET", self.path)
+        listed = kube.request("GET", self.path,
+                              query=[("labelSelector", self.selector)] if self.selector else None)
         for item in listed.get("items") or []:  # a list's items leave these out
             item.setdefault("apiVersion", listed.get("apiVersion", "v1"))
             item.setdefault("kind", self.kind)
@@ -131,16 +134,18 @@ def plain(patterns: list[str]) -> bool:
     return all(not any(c in p for c in "!*?,") for p in patterns)
 
 
-class PodWatches:
-    """The pods of the namespaces `trainop operator` serves: one cluster-wide watch (no -n), one
-    per namespace named, or, for patterns, one per matching namespace as namespaces come and go
-    (a watch of Namespaces, as kopf keeps for the other kinds). `cache` (handlers/pods.py)
-    receives them; its `synced` is set when every first list is in."""
+class Watches:
+    """The operator's own watches (handlers/caches.py's WATCHED: (apiVersion, kind, label
+    selector, cache)) in the namespaces `trainop operator` serves: cluster-wide (no -n), in each
+    namespace named, or, for patterns, in each matching namespace as namespaces come and go (a
+    watch of Namespaces, as kopf keeps for the other kinds). `synced` is set when every first
+    list is in."""
 
-    def __init__(self, patterns: list[str], cache, loop: asyncio.AbstractEventLoop) -> None:
-        self.patterns, self.cache, self.loop = list(patterns), cache, loop
-        self.watches: dict[str | None, Informer] = {}  # namespace (None: all) -> its watch
-        self.pending: set[str | None] = set()  # watches whose first list is not in yet
+    def __init__(self, patterns: list[str], watched, loop: asyncio.AbstractEventLoop,
+                 synced: asyncio.Event) -> None:
+        self.patterns, self.watched, self.loop, self.synced = list(patterns), list(watched), loop, synced
+        self.watches: dict[str | None, list[Informer]] = {}  # namespace (None: all) -> its watches
+        self.pending: set[tuple[str | None, str]] = set()  # (namespace, kind) not listed yet
         self.namespaces: Informer | None = None
         self.namespaces_listed = False
 
@@ -155,29 +160,33 @@ class PodWatches:
                                        self._namespaces_listed, self._namespace_event).start()
 
     def stop(self) -> None:
-        for informer in [*self.watches.values(), self.namespaces]:
+        for informer in [*(i for group in self.watches.values() for i in group), self.namespaces]:
             if informer is not None:
                 informer.stop()
 
     def _watch(self, ns: str | None) -> None:
-        path = kube.path("v1", "Pod", ns)
-        self.pending.add(ns)
-        self.watches[ns] = Informer(path, "Pod", self.loop, lambda items: self._listed(ns, items),
-                                    self.cache.observe).start()
+        self.watches[ns] = []
+        for api_version, kind, selector, cache in self.watched:
+            self.pending.add((ns, kind))
 
-    def _listed(self, ns: str | None, items: list[dict]) -> None:
-        self.cache.replace(ns, items)
-        self.pending.discard(ns)
-        self._check_synced()
+            def listed(items, ns=ns, kind=kind, cache=cache):
+                cache.replace(ns, items, kind)
+                self.pending.discard((ns, kind))
+                self._check_synced()
+
+            self.watches[ns].append(Informer(kube.path(api_version, kind, ns), kind, self.loop,
+                                             listed, cache.observe, selector=selector).start())
 
     def _check_synced(self) -> None:
         if not self.pending and (self.namespaces is None or self.namespaces_listed):
-            self.cache.synced.set()
+            self.synced.set()
 
     def _unwatch(self, ns: str) -> None:
-        self.watches.pop(ns).stop()
-        self.pending.discard(ns)
-        self.cache.replace(ns, [])  # (its pods went with it)
+        for informer in self.watches.pop(ns):
+            informer.stop()
+        for _, kind, _, cache in self.watched:
+            self.pending.discard((ns, kind))
+            cache.replace(ns, [], kind)  # (its objects went with it)
 
     def _namespaces_listed(self, items: list[dict]) -> None:
         names = {i["metadata"]["name"] for i in items if _match(i["metadata"]["name"], self.patterns)}

@@ -186,8 +186,9 @@ def request(method: str, url_path: str, *, body=None, query: list | None = None,
     return fastjson.api_object(resp.data) if resp.data else None
 
 
-def watch(url_path: str, resource_version: str, timeout_seconds: int):
-    """One watch request from `resource_version`, with bookmarks: yields each event (decoded,
+def watch(url_path: str, resource_version: str, timeout_seconds: int, selector: str | None = None):
+    """One watch request from `resource_version` (of the objects with the label `selector`), with
+    bookmarks: yields each event (decoded,
     managedFields dropped) until the API server ends it after `timeout_seconds`. Raises
     ApiException for a refusal (410: the version is too old, list again), urllib3's errors for
     a broken connection. A read that waits past the server's timeout (a frozen or vanished
@@ -195,6 +196,8 @@ def watch(url_path: str, resource_version: str, timeout_seconds: int):
     api = configure()
     query = [("watch", "true"), ("allowWatchBookmarks", "true"),
              ("resourceVersion", resource_version), ("timeoutSeconds", str(timeout_seconds))]
+    if selector:
+        query.append(("labelSelector", selector))
     _, url, headers, _, _ = api.param_serialize("GET", url_path, query_params=query,
                                                 header_params={"Accept": "application/json"},
                                                 auth_settings=["BearerToken"])

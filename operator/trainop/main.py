@@ -3,8 +3,8 @@ Deployment and the test fixture. It imports every handler module, sets kopf's se
 starts the controller (controller.py) that the index handlers wake, and the Lease election
 (leader.py) that decides whether this replica acts.
 
-Every kopf handler here only reads (indexes, routing, metrics), and so does the pods' own
-watch (informer.py): both run the same on a standby replica, whose caches stay warm, and
+Every kopf handler here only reads (indexes, routing, metrics), and so do the operator's own
+watches (informer.py): both run the same on a standby replica, whose caches stay warm, and
 kopf's own writes (finalizers, progress annotations, Events, peering) are all off. To add a
 resource's handlers, add one import line below.
 """
@@ -17,7 +17,10 @@ import logging
 import kopf
 
 from trainop import config, controller, crds, fastjson, informer, kube, leader
-from trainop.handlers import indexes  # noqa: F401  (watch caches, wake-up routing, metrics)
+from trainop.handlers import (
+    caches,
+    indexes,  # noqa: F401  (watch caches, wake-up routing, metrics)
+)
 
 
 class _NoDiffBase(kopf.DiffBaseStorage):
@@ -74,10 +77,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     memo.controller = controller.Controller(memo.config, {k: kwargs[k] for k in indexes.INDEXES},
                                             leadership)
     memo.controller.start()  # (its workers wait for the pods' first lists)
-    # pods from a watch of the operator's own (informer.py says why), in kopf's namespaces
-    memo.pod_watches = informer.PodWatches(getattr(memo, "namespaces", []), memo.controller.pods,
-                                           asyncio.get_running_loop())
-    memo.pod_watches.start()
+    # pods and a job's core children from watches of the operator's own (informer.py says
+    # why), in the namespaces kopf watches
+    ctl = memo.controller
+    memo.own_watches = informer.Watches(
+        getattr(memo, "namespaces", []),
+        [(api, kind, selector, getattr(ctl, cache)) for api, kind, selector, cache in caches.WATCHED],
+        asyncio.get_running_loop(), ctl.synced)
+    memo.own_watches.start()
     memo.election = asyncio.create_task(leadership.run(on_lost=getattr(memo, "stop", _no_stop)),
                                         name="trainop-lease")
     logger.info("trainop operator configured: %d node pools, safety resync %.0fs",
@@ -86,8 +93,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_) -> None:
-    if getattr(memo, "pod_watches", None) is not None:
-        memo.pod_watches.stop()
+    if getattr(memo, "own_watches", None) is not None:
+        memo.own_watches.stop()
     if getattr(memo, "controller", None) is not None:
         await memo.controller.stop()
     if getattr(memo, "election", None) is not None:

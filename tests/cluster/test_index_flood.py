@@ -4,7 +4,7 @@ trainop.io/job-name (the operator watches ConfigMaps by that label), with large 
 with the exact name of a job's progress ConfigMap but not owned by it, some owned by a real job
 (ownerReferences are not checked by the API server) under other names. The ConfigMaps are real
 objects on the real API server, listed with the operator's own label selector, and each goes
-through the operator's own index function (handlers/indexes.py); what the index would hold is
+through the operator's own cache of a job's children (handlers/caches.py); what it holds is
 measured."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from kubernetes import client as k8s
 
 from tests.cluster.test_dtj import FAST, Api, manifest
 from tests.fixtures.waiting import wait_until
-from trainop.handlers import indexes
+from trainop.handlers import caches, indexes
 from trainop.render import logship
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -26,13 +26,26 @@ FLOOD = 60
 BIG = "x" * 200_000  # ~200 KB a ConfigMap: 12 MB in all
 
 
+class Wakes:
+    """What the cache calls on the controller: nothing is reconciled here."""
+
+    def __init__(self) -> None:
+        self.applier = self
+
+    def seen(self, kind, body) -> None:
+        pass
+
+    def enqueue_job(self, namespace, name) -> None:
+        pass
+
+
 def indexed(cluster, namespace: str) -> tuple[int, dict]:
     """(bytes listed, what the index holds) for the namespace's labelled ConfigMaps."""
     items = cluster.get("configmaps", "-n", namespace, "-l", indexes.LABEL_JOB)["items"]
-    held: dict = {}  # key -> values, as kopf's index stores them
+    cache = caches.ChildCache(Wakes())
     for body in items:
-        for key, value in asyncio.run(indexes.dtj_children(body=body, namespace=namespace)).items():
-            held.setdefault(key, []).append(value)
+        cache.observe("ADDED", body)
+    held = {key: list(store) for key, store in cache.ix["dtj_children"].items()}  # key -> values
     return sum(len(json.dumps(b)) for b in items), held
 
 

@@ -1,7 +1,8 @@
-"""The operator's own watch of pods (informer.py, handlers/pods.py) against the real API server:
-it lists, then follows each change; it watches exactly the namespaces `trainop operator -n`
-names, by name or by kopf's patterns (namespaces that come later too); and a list reports the
-pods that went while no watch ran as deleted, with their last state.
+"""The operator's own watches (informer.py, handlers/caches.py) against the real API server: they
+list, then follow each change; they watch exactly the namespaces `trainop operator -n` names, by
+name or by kopf's patterns (namespaces that come later too), a job's children by the job label
+only (server-side); and a list reports the objects that went while no watch ran as deleted,
+with their last state.
 
 What the cache calls on the controller is recorded by `Wakes`, the test's observer (a real
 Controller would reconcile the jobs it names: tests/cluster/test_dtj.py runs that whole)."""
@@ -17,7 +18,7 @@ import pytest
 
 from tests.fixtures.waiting import wait_until
 from trainop import informer, kube
-from trainop.handlers import pods
+from trainop.handlers import caches
 from trainop.render.common import LABEL_JOB
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
@@ -60,9 +61,16 @@ def in_loop(loop, fn):
     return done.result(10)
 
 
-def make_cache(loop) -> tuple[pods.PodCache, Wakes]:
+def start(loop, patterns: list[str]) -> tuple[informer.Watches, Wakes]:
+    """The operator's own watches (caches.WATCHED) over `patterns`, feeding a pod cache and a
+    children cache that wake `Wakes`."""
     wakes = Wakes()
-    return in_loop(loop, lambda: pods.PodCache(wakes)), wakes  # (its Event wants the loop)
+    own = {"pods": caches.PodCache(wakes), "children": caches.ChildCache(wakes)}
+    synced = in_loop(loop, asyncio.Event)
+    watches = informer.Watches(patterns, [(a, k, s, own[c]) for a, k, s, c in caches.WATCHED], loop, synced)
+    watches.caches, watches.synced = own, synced
+    watches.start()
+    return watches, wakes
 
 
 def pod(name: str, job: str | None = None) -> dict:
@@ -75,17 +83,25 @@ def job_pods(loop, cache, ns: str, job: str) -> list[str]:
     return in_loop(loop, lambda: sorted(p["metadata"]["name"] for p in cache.ix["dtj_pods"].get((ns, job), [])))
 
 
+def held(loop, watches) -> list[tuple]:
+    """(kind, namespace, name) of everything the caches hold."""
+    return in_loop(loop, lambda: sorted((o["kind"], o["metadata"]["namespace"], o["metadata"]["name"])
+                                        for c in watches.caches.values() for o, _ in c.held.values()))
+
+
 def test_a_named_namespaces_pods_come_change_and_go(cluster, namespace, loop):
     cluster.apply(pod("before", "j"), namespace)
     cluster.apply(pod("other"), namespace)  # no label of ours: not held
-    cache, wakes = make_cache(loop)
-    watches = informer.PodWatches([namespace], cache, loop)
-    watches.start()
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "labels": {LABEL_JOB: "j"}},
+               "spec": {"clusterIP": "None", "selector": {LABEL_JOB: "j"}}}
+    cluster.apply([service, {**service, "metadata": {"name": "unlabelled"}}], namespace)
+    watches, wakes = start(loop, [namespace])
+    cache = watches.caches["pods"]
     try:
-        wait_until(lambda: in_loop(loop, cache.synced.is_set), timeout=30, what="the first list")
-        assert job_pods(loop, cache, namespace, "j") == ["before"]  # in before the barrier
+        wait_until(lambda: in_loop(loop, watches.synced.is_set), timeout=30, what="the first lists")
+        # in before the barrier; the unlabelled Service never sent (the job-label selector)
+        assert held(loop, watches) == [("Pod", namespace, "before"), ("Service", namespace, "s")]
         assert ("enqueue_job", namespace, "j") in wakes.calls
-        assert len(cache.held) == 1
         cluster.apply(pod("after", "j"), namespace)
         wait_until(lambda: job_pods(loop, cache, namespace, "j") == ["after", "before"], timeout=30,
                    what="the new pod in the cache")
@@ -114,11 +130,10 @@ def test_a_pattern_watches_the_namespaces_it_matches_also_those_made_later(clust
             wait_until(lambda ns=ns: cluster.kubectl("get", "-n", ns, "sa", "default", check=False).returncode == 0,
                        timeout=30, what=f"ServiceAccount default in {ns}")
             cluster.apply(pod("p", "j"), ns)
-        cache, wakes = make_cache(loop)
-        watches = informer.PodWatches([f"{prefix}-*"], cache, loop)
-        watches.start()
+        watches, wakes = start(loop, [f"{prefix}-*"])
+        cache = watches.caches["pods"]
         try:
-            wait_until(lambda: in_loop(loop, cache.synced.is_set), timeout=30, what="the first lists")
+            wait_until(lambda: in_loop(loop, watches.synced.is_set), timeout=30, what="the first lists")
             assert job_pods(loop, cache, first, "j") == ["p"]
             cluster.kubectl("create", "namespace", later)
             made.append(later)
@@ -140,14 +155,15 @@ def test_a_new_list_reports_the_pods_gone_meanwhile_as_deleted_and_watches_on(cl
     compaction: tests/unit/test_informer.py) or at its start: list, compare with what the cache
     held, and report a pod that went while no watch ran as deleted, with its last state."""
     cluster.apply(pod("alive", "j"), namespace)
-    cache, wakes = make_cache(loop)
+    wakes = Wakes()
+    cache = caches.PodCache(wakes)
     ghost = pod("ghost", "j")  # the cache's view from before: a pod deleted while no watch ran
     ghost["metadata"].update(namespace=namespace, uid="uid-of-a-pod-gone", resourceVersion="1")
     in_loop(loop, lambda: cache.observe("ADDED", ghost))
     assert job_pods(loop, cache, namespace, "j") == ["ghost"]
     wakes.calls.clear()
     watch = informer.Informer(kube.path("v1", "Pod", namespace), "Pod", loop,
-                              lambda items: cache.replace(namespace, items), cache.observe).start()
+                              lambda items: cache.replace(namespace, items, "Pod"), cache.observe).start()
     try:
         wait_until(lambda: job_pods(loop, cache, namespace, "j") == ["alive"], timeout=30,
                    what="the list")

@@ -36,7 +36,7 @@ class FakeApi:
         return {"apiVersion": "v1", "metadata": {"resourceVersion": "100"},
                 "items": [{k: v for k, v in p.items() if k not in ("apiVersion", "kind")} for p in self.pods]}
 
-    def watch(self, path, rv, timeout):
+    def watch(self, path, rv, timeout, selector=None):
         self.requests.append(("watch", rv))
         if not self.scripts:  # all played: this watch waits until the test has stopped it
             self.played.set()

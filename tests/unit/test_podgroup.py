@@ -95,11 +95,11 @@ def test_the_pod_groups_class_and_queue_are_judged_like_the_pods_class():
 
 
 def test_the_two_schedulers_pod_groups_have_keys_of_their_own_in_the_index():
-    """Both APIs call the kind PodGroup: the one index of a job's children keys each by its API
+    """Both APIs call the kind PodGroup: the one index of a job's Workload and PodGroups keys each by its API
     group too, in the order the controller looks in (POD_GROUPS)."""
     keys = []
     for kind in (render.PLUGINS, render.VOLCANO):
         body = {"apiVersion": render.API_VERSION[kind], "kind": "PodGroup", "metadata": {
             "name": "j1", "namespace": "team-a", "labels": {indexes.LABEL_JOB: "j1"}}}
-        keys += asyncio.run(indexes.dtj_children(body=body, namespace="team-a"))
+        keys += asyncio.run(indexes.dtj_admission(body=body, namespace="team-a"))
     assert keys == [("team-a", "j1", kind) for kind in indexes.POD_GROUPS]

@@ -17,7 +17,7 @@ import pytest
 
 from tests.fixtures.harness import T0, Harness, dtj, node
 from trainop import apply, conditions, config, controller, jobsync, kube
-from trainop.handlers import indexes, pods
+from trainop.handlers import caches, indexes
 from trainop.render.dtj import SSHD_EXEC_FAILED
 
 NODES = [node(f"gpu-{i}") for i in range(8)] + [node("system-0", "system", gpus=0)]
@@ -419,8 +419,11 @@ def _tracked_decide(h: Harness, name: str, monkeypatch) -> tuple[dict, dict]:
     return reads, full
 
 
-# Which index slims each field of the snapshot.
-INDEX_OF = {"pods": "dtj_pods", "departed": "dtj_pods", "nodes": "nodes", **dict.fromkeys(ONE_FIELDS, "dtj_children")}
+# Which kopf index slims each field of the snapshot; the rest are slimmed by the caches of the
+# operator's own watches (SLIM_OF).
+INDEX_OF = {"nodes": "nodes", "workload": "dtj_admission", "pod_group": "dtj_admission"}
+SLIM_OF = {"pods": caches.slim_pod, "departed": caches.slim_pod,
+           **dict.fromkeys(("launcher", "service", "config_map", "progress", "network_policy"), caches.slim_child)}
 
 
 def _scenarios():
@@ -679,9 +682,9 @@ def test_every_field_decide_reads_survives_the_caches_slimming(scenario, monkeyp
         for f, read in reads.items():
             if not read:
                 continue
-            handler = next((hd for hd in full._indexers if hd.id == INDEX_OF[f]), None)
+            handler = next((hd for hd in full._indexers if hd.id == INDEX_OF.get(f)), None)
             for obj in objs[f]:
-                slim = pods.slim_pod(obj) if handler is None else \
+                slim = SLIM_OF[f](obj) if handler is None else \
                     next(iter(_call_index(handler, obj).values()))
                 kept = _paths(slim, (f,))
                 lost = sorted(p for p in read & _paths(obj, (f,)) if p not in kept)
@@ -743,7 +746,7 @@ def test_the_index_functions_the_harness_calls_are_the_operators():
     """The harness feeds the same kopf handlers the operator registers (no copy of them)."""
     with Harness(nodes=NODES) as h:
         assert {hd.id for hd in h._indexers} == set(indexes.INDEXES)
-        assert set(h.ctl.ix) == set(indexes.INDEXES) | set(pods.INDEXES)
+        assert set(h.ctl.ix) == set(indexes.INDEXES) | set(caches.PodCache.INDEXES) | set(caches.ChildCache.INDEXES)
 
 
 # ---- the CRDs are read once, however many reconcile threads ask first (issue 30's cause) --------

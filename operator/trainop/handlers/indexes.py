@@ -1,27 +1,21 @@
-"""The operator's watch caches of every kind but pods (handlers/pods.py keeps those, from a
-watch of its own: informer.py says why): one kopf index per kind a reconcile reads, and the
-routing that wakes the owner of whatever changed (mpi-operator's handleObject). kopf fills
-every index from its initial listing before any other handler runs, and updates an index
-before the change handlers of the same event run, so a woken reconcile sees the change that
-woke it. (The controller takes nothing from its queue before the pods' first lists are in
-either.)
+"""kopf's watch caches: the custom resources and the kinds a reconcile reads that are not the
+operator's own watches' (pods and a job's launcher Job, Services, ConfigMaps and NetworkPolicy:
+handlers/caches.py, informer.py says why), and the routing that wakes the owner of whatever
+changed (mpi-operator's handleObject). kopf fills every index from its initial listing before
+any other handler runs, and updates an index before the change handlers of the same event run,
+so a woken reconcile sees the change that woke it. (The controller takes nothing from its
+queue before the own watches' first lists are in either.)
 
-Values are slimmed to the fields the decisions read (a Job keeps its status, a ConfigMap only
-the keys decide reads): a few hundred jobs' children and nodes then fit in tens of MB.
+Values are slimmed to the fields the decisions read (a node its labels and allocatable, a
+Workload what admission compares): a few hundred jobs' objects and nodes fit in tens of MB.
 
     index                key                      value
     dtj_bodies           (ns, name)               the DistributedTrainingJob
-    dtj_children         (ns, job-name, kind)     its launcher batch/v1 Job ("Job"), its headless
-                                                  Services ("Service"), its hostfile ConfigMap and
-                                                  progress ConfigMap ("ConfigMap": only the keys
-                                                  decide reads, each at most MAX_PROGRESS_VALUE; only
-                                                  these two names, controlled by a job), its
-                                                  NetworkPolicy ("NetworkPolicy", restored if
-                                                  edited/deleted), its Kueue Workload ("Workload":
-                                                  conditions, admission, the pod sets' counts and
-                                                  resources; none without Kueue), its PodGroup
-                                                  (POD_GROUPS: the kind with the scheduler's API
-                                                  group; runPolicy.schedulingPolicy; none where that
+    dtj_admission        (ns, job-name, kind)     its Kueue Workload ("Workload": conditions,
+                                                  admission, the pod sets' counts and resources;
+                                                  none without Kueue), its PodGroup (POD_GROUPS:
+                                                  the kind with the scheduler's API group;
+                                                  runPolicy.schedulingPolicy; none where that
                                                   scheduler's API is not served)
     nodes                (NODE_POOL, agentpool)   nodes (labels, allocatable)
                          (NODE_TAINTED,)          the names of the nodes that carry the preflight's taint
@@ -59,7 +53,6 @@ slices' updates, about three per job, were a sixth of the watch events of a new 
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import kopf
 
@@ -71,11 +64,8 @@ from trainop.kueue import GROUP as KUEUE_GROUP
 from trainop.kueue import VERSION as KUEUE_VERSION
 from trainop.render import common
 from trainop.render import datastage as render_stage
-from trainop.render import dtj as render_dtj
-from trainop.render import logship as render_logship
 from trainop.render import podgroup as render_podgroup
 from trainop.render.fabric import UNHEALTHY_TAINT
-from trainop.resume import CHECKPOINT_KEY
 from trainop.spec import bounded
 
 LABEL_JOB = common.LABEL_JOB
@@ -121,13 +111,15 @@ logging.getLogger("kopf._core.reactor.observation").addFilter(_optional_apis)
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """Server-side label selectors for kinds only jobs own: the API server sends nothing else.
-    (Pods, watched by informer.py, have none: a job's, a DataStage's server and its readers
-    are any pod labelled so, and a selector cannot say "this label or that one".)"""
-    settings.watching.label_selectors["v1", "configmaps"] = LABEL_JOB
-    # (NetworkPolicies: a job's and a DataStage's, so no server-side selector; a namespace
-    # holds few)
-    settings.watching.label_selectors["apps", "v1", "statefulsets"] = LABEL_STAGE
+    """Server-side label selectors: the API server sends kopf only the objects of the kinds it
+    watches that carry the label of their owners' kind here. (A job's launcher Job, Services,
+    ConfigMaps and NetworkPolicy come on the operator's own watches, handlers/caches.py, with
+    the job label as their selector; pods, also there, have none: a job's, a DataStage's
+    server and its readers are any pod labelled so, and a selector cannot say "this label or
+    that one".)"""
+    for resource in (("v1", "services"), ("batch", "v1", "jobs"), ("apps", "v1", "statefulsets"),
+                     ("networking.k8s.io", "v1", "networkpolicies")):
+        settings.watching.label_selectors[resource] = LABEL_STAGE
     settings.watching.label_selectors[KUEUE_GROUP, KUEUE_VERSION, "workloads"] = LABEL_JOB
 
 
@@ -170,36 +162,6 @@ async def dtj_bodies(body, name, namespace, **_):
     return {(namespace, name): slim_owner(body)}
 
 
-# What decide reads of the progress ConfigMap (render/logship.py, resume.py), each value at most
-# this long (the shipper writes a few hundred bytes): the rest (the history `trainop describe`
-# draws, anything a user adds) is not held in the operator's memory.
-PROGRESS_KEYS = (render_logship.PROGRESS_KEY, CHECKPOINT_KEY)
-MAX_PROGRESS_VALUE = 4096
-
-
-def _jobs_config_map(body) -> bool:
-    """One of the two ConfigMaps a job has (its hostfile, its progress), controlled by a job.
-    Anyone who may create ConfigMaps can put the job-name label on one: without this a flood of
-    labelled ConfigMaps would fill the shared operator's memory (issue 22 M7)."""
-    meta = body["metadata"]
-    job = SimpleNamespace(name=meta["labels"][LABEL_JOB])  # what the name renderers read
-    if meta["name"] not in (render_dtj.config_map_name(job), render_logship.progress_name(job)):
-        return False
-    return any(ref.get("controller") and ref.get("kind") == "DistributedTrainingJob"
-               and str(ref.get("apiVersion", "")).startswith(f"{GROUP}/")
-               for ref in meta.get("ownerReferences") or [])
-
-
-def _slim_config_map(body) -> dict | None:
-    if not _jobs_config_map(body):
-        return None  # not indexed (and dropped if it was)
-    if body["metadata"]["labels"].get(common.LABEL_ROLE) == render_logship.PROGRESS_ROLE:
-        data = {k: v for k, v in (body.get("data") or {}).items()
-                if k in PROGRESS_KEYS and isinstance(v, str) and len(v) <= MAX_PROGRESS_VALUE}
-        return slim_obj(body, data=data)
-    return slim_obj(body)
-
-
 def slim_workload(body) -> dict:
     st = body.get("status") or {}
     admission = st.get("admission") or {}
@@ -225,7 +187,7 @@ def slim_workload(body) -> dict:
 
 
 def _child_kind(body) -> str:
-    """The last part of a dtj_children key: the child's kind; a PodGroup's with its API group
+    """The last part of a dtj_admission key: the child's kind; a PodGroup's with its API group
     (the scheduler-plugins' and Volcano's share the kind)."""
     kind = body.get("kind")
     return f"{kind}.{_group_version(body.get('apiVersion') or '')[0]}" if kind == "PodGroup" else kind
@@ -235,27 +197,15 @@ def _child_kind(body) -> str:
 POD_GROUPS = tuple(f"PodGroup.{api[0]}" for api in (PLUGINS_API, VOLCANO_API))
 
 
-# One index for a job's children but its pods (read across jobs): kopf builds every handler's
-# kwargs with each index in them, so fewer indexes cost less per watch event (issue 30).
-@kopf.index("batch", "v1", "jobs", labels=_HAS_JOB)
-@kopf.index("v1", "services", labels=_HAS_JOB)
-@kopf.index("v1", "configmaps", labels=_HAS_JOB)
-@kopf.index("networking.k8s.io", "v1", "networkpolicies", labels=_HAS_JOB)
+# A job's Kueue Workload and its PodGroup (what admits it and gangs its pods): the kinds whose
+# APIs may not be served, which kopf watches where they are and does without where they are not
+# (its other children are the operator's own watch's: handlers/caches.py). One index for all
+# three: kopf builds every handler's kwargs with each index in them (issue 30).
 @kopf.index(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=_HAS_JOB)
 @kopf.index(*PLUGINS_API, "podgroups", labels=_HAS_JOB)
 @kopf.index(*VOLCANO_API, "podgroups", labels=_HAS_JOB)
-async def dtj_children(body, namespace, **_):
-    kind = body.get("kind")
-    if kind == "ConfigMap":
-        slim = _slim_config_map(body)
-        if slim is None:
-            return {}
-    elif kind == "Job":  # the launcher
-        slim = slim_obj(body, status=dict(body.get("status") or {}))
-    elif kind == "Workload":
-        slim = slim_workload(body)
-    else:
-        slim = slim_obj(body)
+async def dtj_admission(body, namespace, **_):
+    slim = slim_workload(body) if body.get("kind") == "Workload" else slim_obj(body)
     return {(*_job_key(body, namespace), _child_kind(body)): slim}
 
 
@@ -345,7 +295,7 @@ async def scheduling(body, name, **_):
                            "globalDefault": body.get("globalDefault")}}
 
 
-INDEXES = ("dtj_bodies", "dtj_children", "nodes", "quotas", "stage_bodies", "stage_children",
+INDEXES = ("dtj_bodies", "dtj_admission", "nodes", "quotas", "stage_bodies", "stage_children",
            "references", "scheduling")
 
 
@@ -366,15 +316,10 @@ async def route_job(type, name, namespace, body, memo: kopf.Memo, **_) -> None: 
         ctl.wake_gate(namespace)  # its quota is free for the queue
 
 
-@kopf.on.event("batch", "v1", "jobs", labels=_HAS_JOB)
-@kopf.on.event("v1", "services", labels=_HAS_JOB)
-@kopf.on.event("v1", "configmaps", labels=_HAS_JOB)
-@kopf.on.event("networking.k8s.io", "v1", "networkpolicies", labels=_HAS_JOB)
 @kopf.on.event(KUEUE_GROUP, KUEUE_VERSION, "workloads", labels=_HAS_JOB)
 @kopf.on.event(*PLUGINS_API, "podgroups", labels=_HAS_JOB)
 @kopf.on.event(*VOLCANO_API, "podgroups", labels=_HAS_JOB)
 async def route_job_child(body, namespace, memo: kopf.Memo, **_) -> None:
-    memo.controller.applier.seen(body.get("kind"), body)  # (a launcher Job it created)
     memo.controller.enqueue_job(*_job_key(body, namespace))
 
 
