@@ -30,6 +30,7 @@ import logging
 import threading
 
 import urllib3
+from kopf._cogs.structs.references import match_namespace
 from kubernetes.client.exceptions import ApiException
 
 from trainop import kube
@@ -90,6 +91,11 @@ class Informer:
                 failures = self._failed(failures, f"{exc.status} {exc.reason}")
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 failures = self._failed(failures, repr(exc))
+            except Exception:  # a bug, or an answer garbled: said, and listed again, never a
+                # watch that ends in silence
+                log.exception("watching %s failed; listing again", self.path)
+                self.resource_version = None
+                failures = self._failed(max(failures, 1), "")
 
     def _list(self) -> None:
         listed = kube.request("GET", self.path,
@@ -123,9 +129,8 @@ class Informer:
 
 
 def _match(name: str, patterns: list[str]) -> bool:
-    # kopf's own matcher, so that the pods are watched in exactly the namespaces kopf watches
-    # everything else in (globs, "!"-exclusions, comma-separated parts)
-    from kopf._cogs.structs.references import match_namespace
+    # kopf's own matcher, so that these kinds are watched in exactly the namespaces kopf watches
+    # the others in (globs, "!"-exclusions, comma-separated parts)
     return any(match_namespace(name, p) for p in patterns)
 
 

@@ -112,3 +112,13 @@ def test_a_broken_connection_watches_again_from_the_last_version_saying_so_once(
                                              (["!kube-*"], False), (["a,b"], False)])
 def test_names_and_patterns(patterns, plain):
     assert informer.plain(patterns) is plain
+
+
+def test_an_answer_it_cannot_read_is_an_error_said_once_and_a_new_list(monkeypatch, caplog):
+    garbled = {"type": "MODIFIED", "object": {"kind": "Pod"}}  # no metadata
+    api = FakeApi([pod("a", 95)], [[garbled]])
+    with caplog.at_level(logging.INFO, logger="trainop.informer"):
+        seen = run(api, monkeypatch)
+    assert seen == [("list", ["a"]), ("list", ["a"])]
+    assert api.requests == [("list", None), ("watch", "100"), ("list", None), ("watch", "100")]
+    assert [r.levelname for r in caplog.records] == ["ERROR", "INFO"]
