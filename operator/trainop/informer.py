@@ -3,12 +3,12 @@ Services, ConfigMaps and NetworkPolicy, beside kopf's watches of the other kinds
 
 Why not kopf for these: kopf runs each watch event through its handler machinery (a handler's
 keyword arguments with every index in them, its state, outcome and logger), about 250-350 µs of
-CPU per event on this project's machine (bench/kopf_events.py), and these kinds are about
-four-fifths of the events of a ramp of new jobs. Here an event costs its decode, its slimming
-and a few dict writes (handlers/caches.py). kopf keeps the custom resources and every kind
-whose API may be absent (Kueue's, the PodGroups) or whose events are rare. No well-kept Python library has an informer the operator could use: the
-official client's `watch.Watch` neither lists, nor keeps the resourceVersion across a 410, nor
-runs outside the thread that reads it.
+CPU per event on this project's machine (bench/kopf_events.py), and these kinds send most of
+the events of a ramp of new jobs. Here an event costs its decode, its slimming and a few dict
+writes, 5-10 µs (handlers/caches.py). kopf keeps the custom resources and every kind whose API
+may be absent (Kueue's, the PodGroups) or whose events are rare. Written here because no
+well-kept Python library has an informer: the official client's `watch.Watch` streams one
+request, and neither lists, nor lists again after a 410, nor reports what went meanwhile.
 
     watches = Watches(patterns, watched, loop, synced)  # `trainop operator -n` patterns; [] = all
     watches.start()              # threads; each change reaches its cache in the loop
