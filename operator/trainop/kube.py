@@ -12,6 +12,7 @@ in-cluster service account or $KUBECONFIG (`connect()`, the one place that reads
     kube.get("trainop.io/v1alpha1", "DataStage", name, ns)   # None when absent
     kube.delete("v1", "Pod", name, ns)                        # False when already gone
     kube.patch("v1", "ConfigMap", name, ns, {"data": {...}})  # JSON merge patch
+    for event in kube.watch("/api/v1/pods", rv, 300): ...      # one watch request (informer.py)
 
 Errors: kubernetes.client.ApiException for API failures; OwnershipError when an object with
 the child's name exists but belongs to someone else (never adopted, never overwritten);
@@ -188,8 +189,8 @@ def request(method: str, url_path: str, *, body=None, query: list | None = None,
 
 def watch(url_path: str, resource_version: str, timeout_seconds: int, selector: str | None = None):
     """One watch request from `resource_version` (of the objects with the label `selector`), with
-    bookmarks: yields each event (decoded,
-    managedFields dropped) until the API server ends it after `timeout_seconds`. Raises
+    bookmarks: yields each event (decoded, managedFields dropped) until the API server ends it
+    after `timeout_seconds` (informer.py lists and watches on). Raises
     ApiException for a refusal (410: the version is too old, list again), urllib3's errors for
     a broken connection. A read that waits past the server's timeout (a frozen or vanished
     API server) raises too."""
