@@ -80,8 +80,8 @@ async def _measure(events: int) -> dict:
     own = {}  # kind -> the cache of a checkout that watches it itself (informer.py)
     try:
         from trainop.handlers import caches
-        for _, kind, _, cache in caches.WATCHED:
-            own[kind] = getattr(caches, "PodCache" if cache == "pods" else "ChildCache")(_Nothing())
+        for _, kind, _, cls in caches.WATCHED:
+            own[kind] = cls(_Nothing())
     except ImportError:
         pass
 

@@ -97,8 +97,8 @@ class Controller:
     def __init__(self, cfg: Config, indices, leadership=None, *, whole: bool = False) -> None:
         # the caches of the operator's own watches beside kopf's indexes: one lookup for all
         # (handlers/caches.py; whole: the test harness's, of objects not slimmed)
-        self.pods, self.children = caches.PodCache(self, whole), caches.ChildCache(self, whole)
-        self.cfg, self.ix = cfg, {**indices, **self.pods.ix, **self.children.ix}
+        self.caches = {cls: cls(self, whole) for cls in (caches.PodCache, caches.ChildCache)}
+        self.cfg, self.ix = cfg, {**indices, **{k: v for c in self.caches.values() for k, v in c.ix.items()}}
         self.synced = asyncio.Event()  # their first lists are in (informer.Watches)
         # only the Lease's holder reconciles (leader.py); a standby's caches stay warm
         self.leadership = leadership if leadership is not None else leader.Solo()

@@ -79,11 +79,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: lo
     memo.controller.start()  # (its workers wait for the pods' first lists)
     # pods and a job's core children from watches of the operator's own (informer.py says
     # why), in the namespaces kopf watches
-    ctl = memo.controller
-    memo.own_watches = informer.Watches(
-        getattr(memo, "namespaces", []),
-        [(api, kind, selector, getattr(ctl, cache)) for api, kind, selector, cache in caches.WATCHED],
-        asyncio.get_running_loop(), ctl.synced)
+    memo.own_watches = informer.Watches(getattr(memo, "namespaces", []),
+                                        caches.watches(memo.controller.caches),
+                                        asyncio.get_running_loop(), memo.controller.synced)
     memo.own_watches.start()
     memo.election = asyncio.create_task(leadership.run(on_lost=getattr(memo, "stop", _no_stop)),
                                         name="trainop-lease")

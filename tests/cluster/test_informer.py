@@ -65,9 +65,9 @@ def start(loop, patterns: list[str]) -> tuple[informer.Watches, Wakes]:
     """The operator's own watches (caches.WATCHED) over `patterns`, feeding a pod cache and a
     children cache that wake `Wakes`."""
     wakes = Wakes()
-    own = {"pods": caches.PodCache(wakes), "children": caches.ChildCache(wakes)}
+    own = {cls: cls(wakes) for cls in (caches.PodCache, caches.ChildCache)}
     synced = in_loop(loop, asyncio.Event)
-    watches = informer.Watches(patterns, [(a, k, s, own[c]) for a, k, s, c in caches.WATCHED], loop, synced)
+    watches = informer.Watches(patterns, caches.watches(own), loop, synced)
     watches.caches, watches.synced = own, synced
     watches.start()
     return watches, wakes
@@ -96,7 +96,7 @@ def test_a_named_namespaces_pods_come_change_and_go(cluster, namespace, loop):
                "spec": {"clusterIP": "None", "selector": {LABEL_JOB: "j"}}}
     cluster.apply([service, {**service, "metadata": {"name": "unlabelled"}}], namespace)
     watches, wakes = start(loop, [namespace])
-    cache = watches.caches["pods"]
+    cache = watches.caches[caches.PodCache]
     try:
         wait_until(lambda: in_loop(loop, watches.synced.is_set), timeout=30, what="the first lists")
         # in before the barrier; the unlabelled Service never sent (the job-label selector)
@@ -131,7 +131,7 @@ def test_a_pattern_watches_the_namespaces_it_matches_also_those_made_later(clust
                        timeout=30, what=f"ServiceAccount default in {ns}")
             cluster.apply(pod("p", "j"), ns)
         watches, wakes = start(loop, [f"{prefix}-*"])
-        cache = watches.caches["pods"]
+        cache = watches.caches[caches.PodCache]
         try:
             wait_until(lambda: in_loop(loop, watches.synced.is_set), timeout=30, what="the first lists")
             assert job_pods(loop, cache, first, "j") == ["p"]

@@ -286,10 +286,15 @@ class ChildCache(Cache):
             self.ctl.enqueue_job(meta.get("namespace"), name)
 
 
-# What the operator's own watches list and watch: (apiVersion, kind, label selector, the
-# controller's cache that keeps them).
-WATCHED = (("v1", "Pod", None, "pods"),
-           ("batch/v1", "Job", LABEL_JOB, "children"),
-           ("v1", "Service", LABEL_JOB, "children"),
-           ("v1", "ConfigMap", LABEL_JOB, "children"),
-           ("networking.k8s.io/v1", "NetworkPolicy", LABEL_JOB, "children"))
+# What the operator's own watches list and watch: (apiVersion, kind, label selector, the class
+# of the cache that keeps them: one instance each, Controller.caches).
+WATCHED = (("v1", "Pod", None, PodCache),
+           ("batch/v1", "Job", LABEL_JOB, ChildCache),
+           ("v1", "Service", LABEL_JOB, ChildCache),
+           ("v1", "ConfigMap", LABEL_JOB, ChildCache),
+           ("networking.k8s.io/v1", "NetworkPolicy", LABEL_JOB, ChildCache))
+
+
+def watches(instances: dict) -> list[tuple]:
+    """WATCHED with each cache class replaced by its instance in `instances` (class -> cache)."""
+    return [(api_version, kind, selector, instances[cls]) for api_version, kind, selector, cls in WATCHED]
